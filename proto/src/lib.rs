@@ -1,0 +1,1 @@
+//! Wire protocols of dra-cpu.

@@ -1,0 +1,8 @@
+//! The pure core of dra-cpu: CPU sets, topology, allocation, pools, the
+//! assignment store and the coordination types shared by dra-plugin and
+//! nri-plugin. No I/O policy of either process lives here.
+
+pub mod cpuset;
+pub mod topology;
+
+pub use cpuset::{CpuSet, CpuSetError};
