@@ -2,7 +2,9 @@
 //! assignment store and the coordination types shared by dra-plugin and
 //! nri-plugin. No I/O policy of either process lives here.
 
+pub mod assignment;
 pub mod cpuset;
 pub mod topology;
 
+pub use assignment::{AllocatedDevice, ClaimAssignment};
 pub use cpuset::{CpuSet, CpuSetError};

@@ -1,1 +1,2 @@
-//! End-to-end harness of dra-cpu.
+//! End-to-end harness of dra-cpu: a private containerd with NRI, kubelet
+//! stand-ins (CRI and DRA), cgroup read-back and a fake API server.

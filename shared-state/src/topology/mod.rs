@@ -53,3 +53,6 @@ pub struct Topology {
     /// `devices/system/cpu/isolated`.
     pub isolated: CpuSet,
 }
+
+pub mod discover;
+pub mod synthetic;

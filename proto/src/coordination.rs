@@ -1,0 +1,1 @@
+//! The dra-plugin/nri-plugin coordination protocol `dracpu.v1` (tonic).

@@ -1,0 +1,1 @@
+//! Kubelet DRA, plugin registration and DRA health bindings (tonic).

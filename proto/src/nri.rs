@@ -1,0 +1,1 @@
+//! NRI bindings (ttrpc) and the NRI plugin client.

@@ -1,0 +1,32 @@
+//! What a prepared claim holds: the record dra-plugin stores durably and
+//! sends to nri-plugin.
+
+use crate::cpuset::CpuSet;
+use serde::{Deserialize, Serialize};
+
+/// One device of this driver in a claim's allocation result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedDevice {
+    /// Request name in the claim spec.
+    pub request: String,
+    /// ResourceSlice pool (the node name).
+    pub pool: String,
+    /// Device name, e.g. `cpudevnuma000` or `cpudev005`.
+    pub device: String,
+    /// `consumedCapacity["dra.cpu/cpu"]` for grouped devices; `None` for individual ones.
+    pub consumed_cpus: Option<u32>,
+}
+
+/// A prepared ResourceClaim and the exact CPUs it was given on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimAssignment {
+    pub claim_uid: String,
+    pub namespace: String,
+    pub name: String,
+    /// UIDs of the pods in the claim's `status.reservedFor`.
+    pub consumer_pods: Vec<String>,
+    pub devices: Vec<AllocatedDevice>,
+    pub cpus: CpuSet,
+    /// Wall-clock time of the prepare, milliseconds since the Unix epoch.
+    pub prepared_at_unix_ms: u64,
+}

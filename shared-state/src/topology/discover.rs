@@ -1,0 +1,1 @@
+//! Topology discovery from a sysfs root.

@@ -1,0 +1,1 @@
+//! Synthetic topologies built from a shape, for tests and benchmarks.
