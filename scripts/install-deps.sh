@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Installs what the end-to-end tests need on a Debian bookworm machine, as root:
+#   - containerd 1.7 with NRI (from Debian trixie, pinned low so nothing else
+#     upgrades) with bookworm's runc,
+#   - busybox-static (the test image is built from /bin/busybox),
+#   - protobuf-compiler (build scripts of the CRI protocol crate need protoc),
+#   - the Python package kubernetes-validate (checks objects against the real
+#     Kubernetes OpenAPI schemas).
+# Idempotent and quiet: skips what is already there, logs to a file and prints
+# that log only when a step fails, with the reason.
+set -euo pipefail
+
+log_file="${DRA_CPU_INSTALL_LOG:-${TMPDIR:-/tmp}/dra-cpu-install-deps.log}"
+: >"$log_file"
+
+trixie_source=/etc/apt/sources.list.d/dra-cpu-trixie.sources
+trixie_pin=/etc/apt/preferences.d/dra-cpu-trixie
+apt_packages=(runc containerd/trixie busybox-static protobuf-compiler)
+
+fail() {
+  echo "install-deps: FAILED: $*" >&2
+  if [ -s "$log_file" ]; then
+    echo "install-deps: log ($log_file):" >&2
+    tail -n 80 "$log_file" >&2
+  fi
+  exit 1
+}
+
+step() {
+  # Runs a command with its output in the log; a failure names the step.
+  local what="$1"
+  shift
+  echo "== $what: $*" >>"$log_file"
+  "$@" >>"$log_file" 2>&1 || fail "$what (command: $*)"
+}
+
+[ "$(id -u)" -eq 0 ] || fail "must run as root (apt-get and containerd need it)"
+command -v apt-get >/dev/null || fail "apt-get not found: this script supports Debian only"
+
+# True when containerd is installed at version 1.7 or newer (the first with NRI).
+containerd_has_nri() {
+  local version
+  version="$(dpkg-query -W -f='${Version}' containerd 2>/dev/null || true)"
+  [ -n "$version" ] && [ -x /usr/bin/containerd ] && dpkg --compare-versions "$version" ge 1.7
+}
+
+deb_installed() {
+  [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]
+}
+
+apt_done() {
+  containerd_has_nri && deb_installed runc && deb_installed busybox-static &&
+    deb_installed protobuf-compiler && [ -x /bin/busybox ] && command -v protoc >/dev/null
+}
+
+# Prints "URIS<TAB>SIGNED_BY" of the machine's own Debian archive entry: the
+# deb822 stanza whose Suites lists the bare release codename (not -security or
+# -updates). The trixie entry reuses it so no mirror host is written anywhere.
+debian_archive_entry() {
+  local codename="$1" file
+  for file in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$file" ] || continue
+    [ "$file" = "$trixie_source" ] && continue
+    awk -v codename="$codename" '
+      function flush() {
+        if (types ~ /(^| )deb( |$)/ && suites_ok && uris != "") {
+          print uris "\t" signed; found = 1; exit
+        }
+        types = ""; uris = ""; signed = ""; suites_ok = 0
+      }
+      /^[[:space:]]*#/ { next }
+      /^[[:space:]]*$/ { flush(); next }
+      {
+        key = $1; sub(/:$/, "", key); value = $0; sub(/^[^:]*:[[:space:]]*/, "", value)
+        if (key == "Types") types = value
+        else if (key == "URIs") uris = value
+        else if (key == "Signed-By") signed = value
+        else if (key == "Suites") {
+          n = split(value, list, /[[:space:]]+/)
+          for (i = 1; i <= n; i++) if (list[i] == codename) suites_ok = 1
+        }
+      }
+      END { if (!found) flush() }
+    ' "$file" && return 0
+  done
+  # One-line format fallback: "deb [options] URI codename components".
+  if [ -f /etc/apt/sources.list ]; then
+    awk -v codename="$codename" '
+      $1 == "deb" {
+        i = 2; signed = ""
+        if ($2 ~ /^\[/) {
+          while (i <= NF && $i !~ /\]$/) { if ($i ~ /signed-by=/) { signed = $i }; i++ }
+          if ($i ~ /signed-by=/) signed = $i
+          i++
+        }
+        if ($(i + 1) == codename) {
+          gsub(/^\[?signed-by=|\]$/, "", signed)
+          print $i "\t" signed; exit
+        }
+      }
+    ' /etc/apt/sources.list
+  fi
+}
+
+write_trixie_source() {
+  local codename entry uris signed_by
+  codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+  [ -n "$codename" ] || fail "cannot read VERSION_CODENAME from /etc/os-release"
+  entry="$(debian_archive_entry "$codename")"
+  [ -n "$entry" ] || fail "no Debian apt source entry for suite '$codename' found under /etc/apt to derive a trixie entry from"
+  uris="${entry%%$'\t'*}"
+  signed_by="${entry#*$'\t'}"
+  {
+    echo "# Debian trixie, for containerd 1.7 with NRI. Derived by scripts/install-deps.sh"
+    echo "# from this machine's own '$codename' entry; pinned low in $trixie_pin."
+    echo "Types: deb"
+    echo "URIs: $uris"
+    echo "Suites: trixie"
+    echo "Components: main"
+    if [ -n "$signed_by" ]; then echo "Signed-By: $signed_by"; fi
+  } >"$trixie_source.new"
+  mv "$trixie_source.new" "$trixie_source"
+  cat >"$trixie_pin" <<'EOF'
+# Only packages asked for as <name>/trixie come from trixie; nothing else upgrades.
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+EOF
+}
+
+if apt_done; then
+  echo "install-deps: containerd $(dpkg-query -W -f='${Version}' containerd), runc, busybox-static, protoc already installed"
+else
+  write_trixie_source
+  export DEBIAN_FRONTEND=noninteractive
+  step "apt-get update" apt-get -q update
+  step "apt-get install" apt-get -q -y --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    install "${apt_packages[@]}"
+  apt_done || fail "packages installed but containerd >= 1.7, runc, /bin/busybox or protoc still missing"
+  echo "install-deps: installed containerd $(dpkg-query -W -f='${Version}' containerd), runc $(dpkg-query -W -f='${Version}' runc), busybox-static, protobuf-compiler"
+fi
+
+python="$(command -v python3 || true)"
+[ -n "$python" ] || fail "python3 not found (needed for kubernetes-validate)"
+if "$python" -c 'import kubernetes_validate' >/dev/null 2>&1 && command -v kubernetes-validate >/dev/null; then
+  echo "install-deps: kubernetes-validate already installed"
+else
+  step "pip install kubernetes-validate" "$python" -m pip install -q --disable-pip-version-check kubernetes-validate
+  # pyenv installs console scripts behind shims that must be regenerated.
+  if command -v pyenv >/dev/null; then step "pyenv rehash" pyenv rehash; fi
+  echo "install-deps: installed kubernetes-validate"
+fi
+step "kubernetes-validate --help" kubernetes-validate --help
+versions="$("$python" -c '
+import kubernetes_validate.utils as u
+print(" ".join(sorted(set(u.all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))))' 2>>"$log_file")" || fail "cannot list the Kubernetes versions kubernetes-validate supports"
+echo "install-deps: kubernetes-validate schemas: ${versions}"
+for wanted in 1.34 1.37; do
+  case " $versions " in
+    *" $wanted".*) ;;
+    *) fail "kubernetes-validate has no schemas for Kubernetes $wanted" ;;
+  esac
+done
