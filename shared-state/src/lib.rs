@@ -4,6 +4,7 @@
 
 pub mod assignment;
 pub mod cpuset;
+pub mod store;
 pub mod topology;
 
 pub use assignment::{AllocatedDevice, ClaimAssignment};

@@ -1,0 +1,405 @@
+//! The on-disk [`AssignmentStore`], on sled 0.34.
+//!
+//! sled flushes in the background only every 500 ms, so every mutation here
+//! calls `flush()` (which fsyncs) before returning: an `Ok` means the change
+//! survives kill -9 and power loss. sled holds an exclusive lock on its data
+//! file for as long as the store is open; `owner.pid` next to it lets a
+//! refused opener say who holds it.
+
+use super::{
+    claim_key, decode_record, parse_counter, validate_ops, AssignmentStore, BadRecord,
+    LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, OWNER_PID_FILE, REVISION_KEY,
+    SCHEMA_KEY, SCHEMA_VERSION,
+};
+use crate::assignment::ClaimAssignment;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// sled's wording when another open file description holds its lock
+/// (0.34.7, `Config::try_lock`).
+const SLED_LOCK_MESSAGE: &str = "could not acquire lock";
+
+/// A claim record encoded for writing: key and, for puts, the JSON value.
+type EncodedOp = (String, Option<Vec<u8>>);
+
+/// Assignment store in a sled database directory.
+pub struct SledStore {
+    db: sled::Db,
+    dir: PathBuf,
+    /// Serializes writers: one commit-and-fsync at a time keeps the
+    /// revision bump and the "did anything change" answer exact.
+    writer: Mutex<()>,
+}
+
+impl std::fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStore").field("dir", &self.dir).finish()
+    }
+}
+
+impl SledStore {
+    /// Open (creating if needed, mode 0700) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<SledStore, StoreError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| StoreError::CreateDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        let db = shielded(dir, "open", || {
+            sled::Config::new()
+                .path(dir)
+                .open()
+                .map_err(|source| open_error(dir, source))
+        })?;
+        let store = SledStore {
+            db,
+            dir: dir.to_path_buf(),
+            writer: Mutex::new(()),
+        };
+        store.check_schema()?;
+        // Refuse to open a store whose counter cannot be read, rather than
+        // fail at the first prepare.
+        store.revision()?;
+        store.write_owner_pid()?;
+        Ok(store)
+    }
+
+    /// The directory this store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn check_schema(&self) -> Result<(), StoreError> {
+        self.shielded("read schema", || {
+            match self.db.get(SCHEMA_KEY).map_err(|e| self.backend("read schema", e))? {
+                Some(raw) => match parse_counter(&raw) {
+                    Some(found) if found > SCHEMA_VERSION => Err(StoreError::NewerSchema {
+                        path: self.dir.clone(),
+                        found,
+                        supported: SCHEMA_VERSION,
+                    }),
+                    Some(found) if found >= 1 => Ok(()),
+                    _ => Err(self.corrupt(format!(
+                        "key {SCHEMA_KEY} holds {:?}, not a schema version",
+                        String::from_utf8_lossy(&raw)
+                    ))),
+                },
+                None => {
+                    let holds_data = self
+                        .db
+                        .first()
+                        .map_err(|e| self.backend("read schema", e))?
+                        .is_some();
+                    if holds_data {
+                        return Err(self.corrupt(format!("data present but no {SCHEMA_KEY} key")));
+                    }
+                    self.db
+                        .insert(SCHEMA_KEY, SCHEMA_VERSION.to_string().as_bytes())
+                        .map_err(|e| self.backend("write schema", e))?;
+                    self.db
+                        .flush()
+                        .map_err(|e| self.backend("flush schema", e))?;
+                    Ok(())
+                }
+            }
+        })
+    }
+
+    fn write_owner_pid(&self) -> Result<(), StoreError> {
+        let path = self.dir.join(OWNER_PID_FILE);
+        let tmp = self.dir.join(format!("{OWNER_PID_FILE}.tmp"));
+        let pid_error = |source| StoreError::OwnerPid {
+            path: path.clone(),
+            source,
+        };
+        // Written beside and renamed, so a reader never sees half a number.
+        let mut file = std::fs::File::create(&tmp).map_err(pid_error)?;
+        writeln!(file, "{}", std::process::id()).map_err(pid_error)?;
+        file.sync_all().map_err(pid_error)?;
+        std::fs::rename(&tmp, &path).map_err(pid_error)?;
+        Ok(())
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, ()> {
+        // The guarded value is (); a panicking writer leaves nothing to repair.
+        self.writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db
+            .flush()
+            .map(|_| ())
+            .map_err(|e| self.backend("flush", e))
+    }
+
+    fn backend(&self, operation: &'static str, source: sled::Error) -> StoreError {
+        StoreError::Backend {
+            path: self.dir.clone(),
+            operation,
+            source,
+        }
+    }
+
+    fn corrupt(&self, detail: String) -> StoreError {
+        StoreError::Corrupt {
+            path: self.dir.clone(),
+            detail,
+        }
+    }
+
+    fn shielded<T>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        shielded(&self.dir, operation, f)
+    }
+
+    /// Commit the encoded ops and the revision bump in one transaction.
+    /// Returns the revision after it and whether anything changed.
+    fn commit(&self, encoded: &[EncodedOp]) -> Result<(u64, bool), StoreError> {
+        let result = self.db.transaction(|tx| {
+            let mut changed = false;
+            for (key, value) in encoded {
+                match value {
+                    Some(value) => {
+                        tx.insert(key.as_bytes(), value.as_slice())?;
+                        changed = true;
+                    }
+                    None => changed |= tx.remove(key.as_bytes())?.is_some(),
+                }
+            }
+            let current = match tx.get(REVISION_KEY)? {
+                None => 0,
+                Some(raw) => parse_counter(&raw).ok_or_else(|| {
+                    ConflictableTransactionError::Abort(self.corrupt(format!(
+                        "key {REVISION_KEY} holds {:?}, not a revision",
+                        String::from_utf8_lossy(&raw)
+                    )))
+                })?,
+            };
+            if !changed {
+                return Ok((current, false));
+            }
+            let next = current.checked_add(1).ok_or_else(|| {
+                ConflictableTransactionError::Abort(StoreError::RevisionExhausted {
+                    path: self.dir.clone(),
+                    current,
+                })
+            })?;
+            tx.insert(REVISION_KEY, next.to_string().as_bytes())?;
+            Ok((next, true))
+        });
+        result.map_err(|e| match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e) => self.backend("commit", e),
+        })
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        // Still holding the lock here (the Db drops after this body), so no
+        // other process can have written its own pid yet.
+        let _ = std::fs::remove_file(self.dir.join(OWNER_PID_FILE));
+    }
+}
+
+impl AssignmentStore for SledStore {
+    fn get(&self, claim_uid: &str) -> Result<Option<ClaimAssignment>, StoreError> {
+        let key = claim_key(claim_uid);
+        self.shielded("get", || {
+            let Some(raw) = self.db.get(&key).map_err(|e| self.backend("get", e))? else {
+                return Ok(None);
+            };
+            decode_record(&key, &raw)
+                .map(Some)
+                .map_err(|bad| StoreError::BadRecord {
+                    key: bad.key,
+                    error: bad.error,
+                })
+        })
+    }
+
+    fn list_lenient(&self) -> Result<LenientListing, StoreError> {
+        self.shielded("list", || {
+            let mut listing = LenientListing::default();
+            for item in self.db.scan_prefix(CLAIM_KEY_PREFIX) {
+                let (key, value) = item.map_err(|e| self.backend("list", e))?;
+                let key = String::from_utf8_lossy(&key).into_owned();
+                match decode_record(&key, &value) {
+                    Ok(record) => listing.records.push(record),
+                    Err(bad) => listing.bad.push(bad),
+                }
+            }
+            // Keys are scanned in byte order, which is the UID's string order;
+            // sort anyway so the contract does not rest on the engine.
+            listing
+                .records
+                .sort_by(|a, b| a.claim_uid.cmp(&b.claim_uid));
+            listing.bad.sort_by(|a: &BadRecord, b| a.key.cmp(&b.key));
+            Ok(listing)
+        })
+    }
+
+    fn remove(&self, claim_uid: &str) -> Result<Option<u64>, StoreError> {
+        validate_ops(&[StoreOp::Remove(claim_uid.to_string())])?;
+        let encoded = [(claim_key(claim_uid), None)];
+        let _writer = self.lock_writer();
+        self.shielded("remove", || {
+            let (revision, changed) = self.commit(&encoded)?;
+            // Flush even when nothing changed: a retried remove whose first
+            // attempt committed but failed to flush must not be acknowledged
+            // before the removal is durable.
+            self.flush()?;
+            Ok(changed.then_some(revision))
+        })
+    }
+
+    fn revision(&self) -> Result<u64, StoreError> {
+        self.shielded("read revision", || {
+            match self
+                .db
+                .get(REVISION_KEY)
+                .map_err(|e| self.backend("read revision", e))?
+            {
+                None => Ok(0),
+                Some(raw) => parse_counter(&raw).ok_or_else(|| {
+                    self.corrupt(format!(
+                        "key {REVISION_KEY} holds {:?}, not a revision",
+                        String::from_utf8_lossy(&raw)
+                    ))
+                }),
+            }
+        })
+    }
+
+    fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
+        validate_ops(ops)?;
+        let encoded = ops
+            .iter()
+            .map(|op| match op {
+                StoreOp::Put(assignment) => serde_json::to_vec(assignment)
+                    .map(|value| (claim_key(&assignment.claim_uid), Some(value)))
+                    .map_err(|e| StoreError::Encode {
+                        claim_uid: assignment.claim_uid.clone(),
+                        error: e.to_string(),
+                    }),
+                StoreOp::Remove(claim_uid) => Ok((claim_key(claim_uid), None)),
+            })
+            .collect::<Result<Vec<EncodedOp>, StoreError>>()?;
+        let _writer = self.lock_writer();
+        self.shielded("apply", || {
+            let (revision, _changed) = self.commit(&encoded)?;
+            self.flush()?;
+            Ok(revision)
+        })
+    }
+}
+
+/// Classify an error from `sled::Config::open`.
+fn open_error(dir: &Path, source: sled::Error) -> StoreError {
+    match &source {
+        sled::Error::Io(io) if io.to_string().contains(SLED_LOCK_MESSAGE) => StoreError::Locked {
+            path: dir.to_path_buf(),
+            holder: read_holder(dir),
+        },
+        sled::Error::Corruption { .. } => StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: source.to_string(),
+        },
+        _ => StoreError::Backend {
+            path: dir.to_path_buf(),
+            operation: "open",
+            source,
+        },
+    }
+}
+
+/// The pid recorded by the current holder, if it names a live process.
+fn read_holder(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join(OWNER_PID_FILE)).ok()?;
+    let pid: u32 = text.trim().parse().ok()?;
+    Path::new("/proc").join(pid.to_string()).exists().then_some(pid)
+}
+
+/// Run a storage-engine call, turning a panic inside it into
+/// `StoreError::Corrupt`: sled asserts on some damaged files instead of
+/// returning an error, and a damaged file is input, not a bug of ours.
+fn shielded<T>(
+    dir: &Path,
+    operation: &'static str,
+    f: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: format!("storage engine panicked during {operation}: {message}"),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::record;
+    use super::*;
+
+    #[test]
+    fn open_error_classifies_lock_message() {
+        let dir = Path::new("/nonexistent/dra-cpu-store");
+        let lock = sled::Error::Io(std::io::Error::other(
+            "could not acquire lock on \"/x/db\": Os { code: 11 }",
+        ));
+        assert!(matches!(
+            open_error(dir, lock),
+            StoreError::Locked { holder: None, .. }
+        ));
+        let other = sled::Error::Io(std::io::Error::other("disk on fire"));
+        assert!(matches!(
+            open_error(dir, other),
+            StoreError::Backend {
+                operation: "open",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn shielded_turns_panic_into_corrupt() {
+        let dir = Path::new("/var/lib/dra-cpu/store");
+        let result: Result<(), StoreError> = shielded(dir, "open", || panic!("bad segment"));
+        match result {
+            Err(StoreError::Corrupt { path, detail }) => {
+                assert_eq!(path, dir);
+                assert!(detail.contains("bad segment"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn owner_pid_written_and_removed_on_drop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let store = SledStore::open(&dir).unwrap();
+        let text = std::fs::read_to_string(dir.join(OWNER_PID_FILE)).unwrap();
+        assert_eq!(text.trim(), std::process::id().to_string());
+        assert_eq!(store.put(&record("a", "1")).unwrap(), 1);
+        drop(store);
+        assert!(!dir.join(OWNER_PID_FILE).exists());
+    }
+}
