@@ -5,3 +5,4 @@
 pub mod coordination;
 pub mod kubelet;
 pub mod nri;
+pub mod transport;
