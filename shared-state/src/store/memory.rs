@@ -106,7 +106,10 @@ mod tests {
     #[test]
     fn refused_batch_leaves_state_untouched() {
         let store = MemoryStore::new();
-        let ops = [StoreOp::Put(record("a", "1")), StoreOp::Remove(String::new())];
+        let ops = [
+            StoreOp::Put(record("a", "1")),
+            StoreOp::Remove(String::new()),
+        ];
         assert!(store.apply(&ops).is_err());
         assert_eq!(store.get("a").ok(), Some(None));
         assert_eq!(store.revision().ok(), Some(0));

@@ -32,6 +32,11 @@ pub const REVISION_KEY: &str = "meta/revision";
 pub const SCHEMA_KEY: &str = "meta/schema";
 /// File in the store directory naming the process that holds it open.
 pub const OWNER_PID_FILE: &str = "owner.pid";
+/// File in the store directory written once the schema key is durable. sled
+/// opens a zeroed or replaced data file as an empty database; this marker
+/// lets us tell that apart from a new store instead of silently forgetting
+/// every prepared claim.
+pub const INITIALIZED_FILE: &str = "initialized";
 
 /// The key under which a claim's record is stored.
 pub fn claim_key(claim_uid: &str) -> String {
@@ -101,6 +106,12 @@ pub enum StoreError {
     },
     #[error("cannot write owner pid file {path}: {source}")]
     OwnerPid {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write store marker {path}: {source}")]
+    Marker {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -315,7 +326,10 @@ mod tests {
     #[test]
     fn empty_uid_refused_before_any_change() {
         let mut map = BTreeMap::new();
-        let ops = [StoreOp::Put(record("a", "1")), StoreOp::Remove(String::new())];
+        let ops = [
+            StoreOp::Put(record("a", "1")),
+            StoreOp::Remove(String::new()),
+        ];
         assert!(matches!(
             apply_to_map(&mut map, &ops),
             Err(StoreError::EmptyClaimUid)

@@ -8,8 +8,8 @@
 
 use super::{
     claim_key, decode_record, parse_counter, validate_ops, AssignmentStore, BadRecord,
-    LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, OWNER_PID_FILE, REVISION_KEY,
-    SCHEMA_KEY, SCHEMA_VERSION,
+    LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, INITIALIZED_FILE, OWNER_PID_FILE,
+    REVISION_KEY, SCHEMA_KEY, SCHEMA_VERSION,
 };
 use crate::assignment::ClaimAssignment;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -78,14 +78,27 @@ impl SledStore {
 
     fn check_schema(&self) -> Result<(), StoreError> {
         self.shielded("read schema", || {
-            match self.db.get(SCHEMA_KEY).map_err(|e| self.backend("read schema", e))? {
+            match self
+                .db
+                .get(SCHEMA_KEY)
+                .map_err(|e| self.backend("read schema", e))?
+            {
                 Some(raw) => match parse_counter(&raw) {
                     Some(found) if found > SCHEMA_VERSION => Err(StoreError::NewerSchema {
                         path: self.dir.clone(),
                         found,
                         supported: SCHEMA_VERSION,
                     }),
-                    Some(found) if found >= 1 => Ok(()),
+                    Some(found) if found >= 1 => {
+                        // A crash between the schema flush and the marker
+                        // write leaves no marker: write it now.
+                        let marker = self.dir.join(INITIALIZED_FILE);
+                        if marker.exists() {
+                            Ok(())
+                        } else {
+                            self.write_marker(&marker)
+                        }
+                    }
                     _ => Err(self.corrupt(format!(
                         "key {SCHEMA_KEY} holds {:?}, not a schema version",
                         String::from_utf8_lossy(&raw)
@@ -100,16 +113,40 @@ impl SledStore {
                     if holds_data {
                         return Err(self.corrupt(format!("data present but no {SCHEMA_KEY} key")));
                     }
+                    let marker = self.dir.join(INITIALIZED_FILE);
+                    if marker.exists() {
+                        return Err(self.corrupt(format!(
+                            "{} exists but the database is empty: its data file was \
+                             truncated or replaced, prepared claims are lost",
+                            marker.display()
+                        )));
+                    }
                     self.db
                         .insert(SCHEMA_KEY, SCHEMA_VERSION.to_string().as_bytes())
                         .map_err(|e| self.backend("write schema", e))?;
                     self.db
                         .flush()
                         .map_err(|e| self.backend("flush schema", e))?;
-                    Ok(())
+                    self.write_marker(&marker)
                 }
             }
         })
+    }
+
+    /// Record durably that this directory holds an initialized store.
+    fn write_marker(&self, marker: &Path) -> Result<(), StoreError> {
+        let marker_error = |source| StoreError::Marker {
+            path: marker.to_path_buf(),
+            source,
+        };
+        let mut file = std::fs::File::create(marker).map_err(marker_error)?;
+        writeln!(file, "dra-cpu assignment store, schema {SCHEMA_VERSION}")
+            .map_err(marker_error)?;
+        file.sync_all().map_err(marker_error)?;
+        // The marker's directory entry must be durable too.
+        std::fs::File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(marker_error)
     }
 
     fn write_owner_pid(&self) -> Result<(), StoreError> {
@@ -329,7 +366,10 @@ fn open_error(dir: &Path, source: sled::Error) -> StoreError {
 fn read_holder(dir: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(dir.join(OWNER_PID_FILE)).ok()?;
     let pid: u32 = text.trim().parse().ok()?;
-    Path::new("/proc").join(pid.to_string()).exists().then_some(pid)
+    Path::new("/proc")
+        .join(pid.to_string())
+        .exists()
+        .then_some(pid)
 }
 
 /// Run a storage-engine call, turning a panic inside it into
