@@ -2,6 +2,7 @@
 //! assignment store and the coordination types shared by dra-plugin and
 //! nri-plugin. No I/O policy of either process lives here.
 
+pub mod alloc;
 pub mod assignment;
 pub mod cpuset;
 pub mod store;
