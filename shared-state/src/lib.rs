@@ -4,7 +4,9 @@
 
 pub mod alloc;
 pub mod assignment;
+pub mod claim_env;
 pub mod cpuset;
+pub mod pool;
 pub mod store;
 pub mod topology;
 
