@@ -22,7 +22,11 @@ pub enum CpuSetError {
     #[error("cpulist {input:?}: range {part:?} is reversed")]
     Reversed { input: String, part: String },
     #[error("cpulist {input:?}: CPU {cpu} in {part:?} is past the limit of {max} CPUs", max = MAX_CPUS)]
-    TooLarge { input: String, part: String, cpu: u64 },
+    TooLarge {
+        input: String,
+        part: String,
+        cpu: u64,
+    },
     #[error("hex mask {input:?}: {part:?} is not a 1-8 digit hex word")]
     BadMaskWord { input: String, part: String },
     #[error("hex mask {input:?}: more than {max} CPUs", max = MAX_CPUS)]
@@ -88,7 +92,8 @@ impl CpuSet {
         }
         let words: Vec<&str> = text.split(',').collect();
         for (pos, word) in words.iter().rev().enumerate() {
-            let ok = !word.is_empty() && word.len() <= 8 && word.bytes().all(|b| b.is_ascii_hexdigit());
+            let ok =
+                !word.is_empty() && word.len() <= 8 && word.bytes().all(|b| b.is_ascii_hexdigit());
             if !ok {
                 return Err(CpuSetError::BadMaskWord {
                     input: input.to_string(),
@@ -475,7 +480,8 @@ mod tests {
     }
 
     fn arb_set() -> impl Strategy<Value = CpuSet> {
-        proptest::collection::btree_set(0u32..MAX_CPUS, 0..200).prop_map(|s| s.into_iter().collect())
+        proptest::collection::btree_set(0u32..MAX_CPUS, 0..200)
+            .prop_map(|s| s.into_iter().collect())
     }
 
     proptest! {
