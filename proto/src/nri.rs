@@ -1,1 +1,57 @@
-//! NRI bindings (ttrpc) and the NRI plugin client.
+//! NRI bindings (ttrpc, rust-protobuf 3) and a native NRI plugin client.
+//!
+//! - [`api`] / [`api_ttrpc`]: generated from `proto/nri/api.proto`
+//!   (`nri.pkg.api.v1alpha1`, a superset understood by NRI 0.6 to 0.12).
+//! - [`mux`]: the connection multiplexer NRI runs over its Unix socket.
+//! - [`events`]: event masks and the `StateChange` mapping.
+//! - [`plugin`]: the [`NriPlugin`] trait and the ttrpc service around it.
+//! - [`client`]: connect, register, update, reconnect.
+
+/// Generated rust-protobuf messages of `nri.pkg.api.v1alpha1`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    unused,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    unreachable_pub,
+    rustdoc::all,
+    deprecated
+)]
+pub mod api {
+    include!(concat!(env!("OUT_DIR"), "/nri/api.rs"));
+}
+
+/// Generated async ttrpc client and server glue for `Runtime` and `Plugin`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_docs,
+    unused,
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    unreachable_pub,
+    rustdoc::all,
+    deprecated
+)]
+pub mod api_ttrpc {
+    include!(concat!(env!("OUT_DIR"), "/nri/api_ttrpc.rs"));
+}
+
+pub mod client;
+pub mod events;
+pub mod mux;
+pub mod plugin;
+
+pub use client::{
+    run_with_reconnect, ConnectionUpdater, NriClient, NriClientOptions, NriError, NriUpdater,
+    SocketSource, DEFAULT_NRI_SOCKET, PLUGIN_SOCKET_ENV,
+};
+pub use events::{state_change_target, EventMask, StateChangeTarget};
+pub use plugin::{
+    ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo, Validation,
+    DEFAULT_HANDLER_TIMEOUT,
+};
