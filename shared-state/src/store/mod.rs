@@ -110,6 +110,12 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot open or fsync store data file {path}: {source}")]
+    DataFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write store marker {path}: {source}")]
     Marker {
         path: PathBuf,

@@ -1,8 +1,12 @@
 //! The on-disk [`AssignmentStore`], on sled 0.34.
 //!
 //! sled flushes in the background only every 500 ms, so every mutation here
-//! calls `flush()` (which fsyncs) before returning: an `Ok` means the change
-//! survives kill -9 and power loss. sled holds an exclusive lock on its data
+//! calls `flush()` before returning. On Linux sled 0.34.7's flush ends in
+//! `sync_file_range`, which writes the pages but neither the file's size
+//! metadata nor the disk's write cache; a log that grows at its tail is lost
+//! on power failure that way. So after sled's flush we `fdatasync` its data
+//! file through a descriptor of our own: an `Ok` means the change survives
+//! kill -9 and power loss. sled holds an exclusive lock on its data
 //! file for as long as the store is open; `owner.pid` next to it lets a
 //! refused opener say who holds it.
 
@@ -23,6 +27,9 @@ use std::sync::{Mutex, MutexGuard};
 /// (0.34.7, `Config::try_lock`).
 const SLED_LOCK_MESSAGE: &str = "could not acquire lock";
 
+/// sled's log file inside the store directory (0.34.7, `Config::db_path`).
+const SLED_DATA_FILE: &str = "db";
+
 /// A claim record encoded for writing: key and, for puts, the JSON value.
 type EncodedOp = (String, Option<Vec<u8>>);
 
@@ -30,6 +37,10 @@ type EncodedOp = (String, Option<Vec<u8>>);
 pub struct SledStore {
     db: sled::Db,
     dir: PathBuf,
+    /// sled's log file, opened separately only to fdatasync it. flock
+    /// (which sled uses) belongs to sled's own descriptor, so this one
+    /// neither takes nor releases the lock.
+    data_file: std::fs::File,
     /// Serializes writers: one commit-and-fsync at a time keeps the
     /// revision bump and the "did anything change" answer exact.
     writer: Mutex<()>,
@@ -58,8 +69,14 @@ impl SledStore {
                 .open()
                 .map_err(|source| open_error(dir, source))
         })?;
+        let data_path = dir.join(SLED_DATA_FILE);
+        let data_file = std::fs::File::open(&data_path).map_err(|source| StoreError::DataFile {
+            path: data_path,
+            source,
+        })?;
         let store = SledStore {
             db,
+            data_file,
             dir: dir.to_path_buf(),
             writer: Mutex::new(()),
         };
@@ -124,9 +141,7 @@ impl SledStore {
                     self.db
                         .insert(SCHEMA_KEY, SCHEMA_VERSION.to_string().as_bytes())
                         .map_err(|e| self.backend("write schema", e))?;
-                    self.db
-                        .flush()
-                        .map_err(|e| self.backend("flush schema", e))?;
+                    self.flush()?;
                     self.write_marker(&marker)
                 }
             }
@@ -172,10 +187,13 @@ impl SledStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| self.backend("flush", e))
+        self.db.flush().map_err(|e| self.backend("flush", e))?;
+        self.data_file
+            .sync_data()
+            .map_err(|source| StoreError::DataFile {
+                path: self.dir.join(SLED_DATA_FILE),
+                source,
+            })
     }
 
     fn backend(&self, operation: &'static str, source: sled::Error) -> StoreError {
