@@ -158,6 +158,9 @@ pub struct ContainerEntry {
     /// recomputed when the mixed-allocation mode changes.
     pub cpu_shares: Option<u64>,
     pub kind: ContainerKind,
+    /// ∪ of the CPUs of its claims that are prepared now; kept current by
+    /// [`PoolState`] so planning does no claim lookups.
+    pub claim_cpus: CpuSet,
     /// The cpuset last applied to it (empty: not known).
     pub cpuset: CpuSet,
 }
@@ -324,6 +327,7 @@ impl PoolState {
                 claims,
                 cpu_shares,
                 kind,
+                claim_cpus,
                 cpuset: cpuset.clone(),
             },
         );
@@ -361,7 +365,9 @@ impl PoolState {
             return Err(self.overlap_error(&assignment));
         }
         self.exclusive = others.union(&assignment.cpus);
-        self.claims.insert(assignment.claim_uid.clone(), assignment);
+        let uid = assignment.claim_uid.clone();
+        self.claims.insert(uid.clone(), assignment);
+        self.refresh_owner_claim_cpus(&uid);
         Ok(self.plan_updates())
     }
 
@@ -370,6 +376,7 @@ impl PoolState {
     pub fn remove_claim(&mut self, claim_uid: &str) -> Vec<Update> {
         if let Some(old) = self.claims.remove(claim_uid) {
             self.exclusive = self.exclusive.difference(&old.cpus);
+            self.refresh_owner_claim_cpus(claim_uid);
         }
         self.plan_updates()
     }
@@ -390,8 +397,13 @@ impl PoolState {
         }
         next.containers = std::mem::take(&mut self.containers);
         next.owners = std::mem::take(&mut self.owners);
-        for entry in next.containers.values_mut() {
-            entry.kind = classify(!entry.claims.is_empty(), entry.cpu_shares, mixed_mode);
+        let ids: Vec<String> = next.containers.keys().cloned().collect();
+        for id in ids {
+            let claim_cpus = next.claims_cpus(&next.containers[&id].claims);
+            if let Some(entry) = next.containers.get_mut(&id) {
+                entry.kind = classify(!entry.claims.is_empty(), entry.cpu_shares, mixed_mode);
+                entry.claim_cpus = claim_cpus;
+            }
         }
         *self = next;
         Ok(self.plan_updates())
@@ -405,7 +417,7 @@ impl PoolState {
         self.containers
             .iter()
             .filter_map(|(id, entry)| {
-                let target = self.target(entry, &shared)?;
+                let target = Self::target(entry, &shared)?;
                 (*target != entry.cpuset).then(|| (id.clone(), target.into_owned()))
             })
             .collect()
@@ -415,7 +427,7 @@ impl PoolState {
     /// container or when it would be empty.
     pub fn planned_cpuset(&self, container_id: &str) -> Option<CpuSet> {
         let entry = self.containers.get(container_id)?;
-        self.target(entry, &self.shared()).map(Cow::into_owned)
+        Self::target(entry, &self.shared()).map(Cow::into_owned)
     }
 
     /// Containers that cannot be given a correct cpuset because it would be
@@ -424,7 +436,7 @@ impl PoolState {
         let shared = self.shared();
         self.containers
             .iter()
-            .filter(|(_, entry)| self.target(entry, &shared).is_none())
+            .filter(|(_, entry)| Self::target(entry, &shared).is_none())
             .map(|(id, _)| id.clone())
             .collect()
     }
@@ -439,17 +451,31 @@ impl PoolState {
         }
     }
 
-    fn target<'s>(&self, entry: &ContainerEntry, shared: &'s CpuSet) -> Option<Cow<'s, CpuSet>> {
-        let own = self.claims_cpus(&entry.claims);
+    fn target<'s>(entry: &'s ContainerEntry, shared: &'s CpuSet) -> Option<Cow<'s, CpuSet>> {
+        let own = &entry.claim_cpus;
         let target = match entry.kind {
             ContainerKind::Shared => Cow::Borrowed(shared),
             // A claim container whose claims were all unprepared must leave
             // their CPUs, which may be handed to another claim.
             ContainerKind::Exclusive if own.is_empty() => Cow::Borrowed(shared),
-            ContainerKind::Exclusive => Cow::Owned(own),
+            ContainerKind::Exclusive => Cow::Borrowed(own),
             ContainerKind::Mixed => Cow::Owned(own.union(shared)),
         };
         (!target.is_empty()).then_some(target)
+    }
+
+    /// Recompute the cached claim CPUs of the container naming `claim_uid`.
+    fn refresh_owner_claim_cpus(&mut self, claim_uid: &str) {
+        let Some(owner) = self.owners.get(claim_uid) else {
+            return;
+        };
+        let Some(claims) = self.containers.get(owner).map(|e| e.claims.as_slice()) else {
+            return;
+        };
+        let claim_cpus = self.claims_cpus(claims);
+        if let Some(entry) = self.containers.get_mut(owner.as_str()) {
+            entry.claim_cpus = claim_cpus;
+        }
     }
 
     fn claims_cpus(&self, uids: &[String]) -> CpuSet {
