@@ -33,12 +33,18 @@ impl CoreType {
 }
 
 /// One online logical CPU.
+///
+/// A physical core is identified by `siblings`, not by `core`: `core_id`
+/// repeats in every socket (and in every die on some parts), whereas a set of
+/// hardware-thread ids belongs to exactly one core. See [`Topology::cores`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuInfo {
     pub id: u32,
     /// `physical_package_id`.
     pub socket: u32,
+    /// `die_id`; 0 where the kernel does not report dies.
     pub die: u32,
+    /// `cluster_id` as the kernel reports it; 0 where the file is absent.
     pub cluster: u32,
     /// `core_id`; unique only within a socket.
     pub core: u32,
