@@ -416,11 +416,29 @@ impl PoolState {
         let shared = self.shared();
         self.containers
             .iter()
+            .filter(|(_, entry)| !Self::is_current(entry, &shared))
             .filter_map(|(id, entry)| {
                 let target = Self::target(entry, &shared)?;
                 (*target != entry.cpuset).then(|| (id.clone(), target.into_owned()))
             })
             .collect()
+    }
+
+    /// Whether a container already has its correct cpuset, without building
+    /// it: planning runs on every NRI event over every container, and the
+    /// mixed union would otherwise be allocated for each mixed container.
+    fn is_current(entry: &ContainerEntry, shared: &CpuSet) -> bool {
+        let own = &entry.claim_cpus;
+        match entry.kind {
+            ContainerKind::Mixed if !own.is_empty() => {
+                // own ⊆ exclusive and shared ∩ exclusive = ∅, so the union's
+                // size is the sum and containment both ways means equality.
+                own.is_subset(&entry.cpuset)
+                    && shared.is_subset(&entry.cpuset)
+                    && entry.cpuset.len() == own.len() + shared.len()
+            }
+            _ => false,
+        }
     }
 
     /// The cpuset a container should have now; `None` for an unknown
