@@ -725,3 +725,81 @@ async fn watch_streams_snapshot_then_ordered_deltas() {
     drop(late);
     server.stop().await;
 }
+
+/// Speaks the first bytes of HTTP/2 on a Unix socket and prints whether the
+/// server answered ("served") or hung up ("closed").
+const HTTP2_PROBE: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(30)
+s.connect(sys.argv[1])
+s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+try:
+    data = s.recv(9)
+except ConnectionResetError:
+    data = b""
+print("served" if data else "closed")
+"#;
+
+const NOBODY: u32 = 65534;
+
+async fn probe_as_nobody(path: &Path) -> String {
+    let python = Path::new("/usr/bin/python3");
+    assert!(
+        python.exists(),
+        "this test runs its non-root peer with /usr/bin/python3"
+    );
+    let output = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(HTTP2_PROBE)
+        .arg(path)
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "probe failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn non_root_process_is_refused_by_uid_even_when_file_mode_allows_it() {
+    assert_eq!(
+        own_uid(),
+        0,
+        "this test starts a peer as uid {NOBODY} and needs to run as root"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let registrar = Arc::new(Registrar::default());
+
+    // World-writable sockets, so only the SO_PEERCRED check stands in the way.
+    let start = |name: &str, policy: PeerPolicy| {
+        let path = dir.path().join(name);
+        let listener = bind_unix(&path, 0o666).unwrap();
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(
+            registration_router(&registrar).serve_with_incoming_shutdown(
+                incoming_with_peer_check(listener, policy),
+                async {
+                    let _ = stopped.await;
+                },
+            ),
+        );
+        (path, RunningServer { shutdown, task })
+    };
+    let (root_only_path, root_only) = start("root-only.sock", PeerPolicy::root_only());
+    let (open_path, open) = start("nobody-too.sock", PeerPolicy::allow_uids([0, NOBODY]));
+
+    assert_eq!(probe_as_nobody(&root_only_path).await, "closed");
+    assert_eq!(probe_as_nobody(&open_path).await, "served");
+    // Root is still served by the root-only server.
+    assert_eq!(get_info(&root_only_path).await.unwrap().name, "dra.cpu");
+
+    root_only.stop().await;
+    open.stop().await;
+}
