@@ -1,6 +1,7 @@
 //! End-to-end harness of dra-cpu: a private containerd with NRI, kubelet
 //! stand-ins (CRI and DRA), cgroup read-back and a fake API server.
 
+pub mod apiserver;
 pub mod cgroup;
 pub mod containerd;
 pub mod cri;
