@@ -1,5 +1,55 @@
 //! dra-plugin: the kubelet DRA plugin of dra-cpu.
+//!
+//! Subcommands besides the plugin itself inspect what the plugin would see
+//! and do on this node, from the same code paths.
 
-fn main() -> anyhow::Result<()> {
-    Ok(())
+mod inspect;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dra-plugin",
+    version,
+    about = "Kubernetes DRA driver for exclusive CPUs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the node's CPU topology as JSON.
+    Topology(inspect::TopologyArgs),
+    /// Print the CPUs the allocator would choose, as a cpulist.
+    Allocate(inspect::AllocateArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = std::io::stdout().lock();
+    let result = match cli.command {
+        Command::Topology(args) => inspect::topology(&args, &mut out),
+        Command::Allocate(args) => inspect::allocate(&args, &mut out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // A reader that went away (`| head`) is not a failure worth a message.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line with the whole cause chain; operators read this in logs.
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
