@@ -143,7 +143,7 @@ fi
 
 python="$(command -v python3 || true)"
 [ -n "$python" ] || fail "python3 not found (needed for kubernetes-validate)"
-if "$python" -c 'import kubernetes_validate' >/dev/null 2>&1 && command -v kubernetes-validate >/dev/null; then
+if "$python" -c 'import kubernetes_validate' >/dev/null 2>&1; then
   echo "install-deps: kubernetes-validate already installed"
 else
   step "pip install kubernetes-validate" "$python" -m pip install -q --disable-pip-version-check kubernetes-validate
@@ -151,7 +151,14 @@ else
   if command -v pyenv >/dev/null; then step "pyenv rehash" pyenv rehash; fi
   echo "install-deps: installed kubernetes-validate"
 fi
-step "kubernetes-validate --help" kubernetes-validate --help
+validator="$(command -v kubernetes-validate || true)"
+if [ -z "$validator" ]; then
+  scripts_dir="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+  validator="$scripts_dir/kubernetes-validate"
+  [ -x "$validator" ] || fail "kubernetes-validate is installed for $python but its command is neither on PATH nor in $scripts_dir"
+  echo "install-deps: note: $scripts_dir is not on PATH; use $validator or '$python -m kubernetes_validate'"
+fi
+step "kubernetes-validate --help" "$validator" --help
 versions="$("$python" -c '
 import kubernetes_validate.utils as u
 print(" ".join(sorted(set(u.all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))))' 2>>"$log_file")" || fail "cannot list the Kubernetes versions kubernetes-validate supports"

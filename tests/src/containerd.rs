@@ -560,8 +560,15 @@ impl Containerd {
             }
             waiting_for = match CriClient::connect(&self.paths.cri_socket()).await {
                 Ok(mut cri) => match cri.version().await {
-                    Ok(_) if !self.options.nri || self.paths.nri_socket().exists() => return Ok(()),
-                    Ok(_) => format!("NRI socket {}", self.paths.nri_socket().display()),
+                    // NRI answers when it accepts a connection; a plugin that
+                    // never registers is dropped by containerd after the
+                    // registration timeout, so this probe leaves nothing.
+                    Ok(_) if !self.options.nri => return Ok(()),
+                    Ok(_) => match std::os::unix::net::UnixStream::connect(self.paths.nri_socket())
+                    {
+                        Ok(_) => return Ok(()),
+                        Err(e) => format!("NRI socket {}: {e}", self.paths.nri_socket().display()),
+                    },
                     Err(e) => format!("CRI Version: {e}"),
                 },
                 Err(e) => format!("CRI socket: {e}"),
