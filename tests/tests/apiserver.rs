@@ -404,13 +404,65 @@ async fn watcher_sees_added_modified_deleted_on_its_node() {
             other => panic!("expected the deleted slice, got {other:?}"),
         }
     }
-    let watches: Vec<_> = server.received();
     assert!(
-        watches.iter().all(|r| r.method != "GET"),
-        "GETs carry no body and are not recorded"
+        server.received().iter().all(|r| r.method != "GET"),
+        "bodiless GETs are not recorded as objects"
+    );
+    let watches: Vec<String> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.contains("watch=true"))
+        .map(|r| r.path)
+        .collect();
+    assert!(
+        watches
+            .iter()
+            .any(|p| p.contains("sendInitialEvents=true")
+                && p.contains("fieldSelector=spec.nodeName")),
+        "{watches:?}"
+    );
+    assert!(
+        watches
+            .iter()
+            .any(|p| !p.contains("sendInitialEvents") && p.contains("resourceVersion=")),
+        "{watches:?}"
     );
 }
 
+#[tokio::test]
+async fn injected_failures_are_answered_then_the_server_serves_again() {
+    let server = FakeApiServer::start().unwrap();
+    let client = server.client().await.unwrap();
+    let slices: Api<ResourceSlice> = Api::all(client);
+    let params = PatchParams::apply("dra.cpu").force();
+    let config = Patch::Apply(slice("s", "node-1", 1));
+    let patches = |server: &FakeApiServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count()
+    };
+
+    server.fail_next("PATCH", "/resourceslices/s", 500, 1);
+    let (code, reason) = api_code(slices.patch("s", &params, &config).await.unwrap_err());
+    assert_eq!((code, reason.as_str()), (500, "InternalError"));
+    assert!(
+        server.slices().is_empty(),
+        "a failed request stores nothing"
+    );
+    assert_eq!(patches(&server), 1);
+
+    // kube's client retries 503 by itself (its default retry policy).
+    server.fail_next("PATCH", "/resourceslices/s", 503, 2);
+    slices.patch("s", &params, &config).await.unwrap();
+    assert_eq!(
+        patches(&server),
+        4,
+        "two refused attempts, then the one served"
+    );
+    assert_eq!(names(&server.slices()), vec!["s"]);
+}
 #[tokio::test]
 async fn watches_resume_from_a_resource_version_and_get_bookmarks() {
     let server = FakeApiServer::start_with(FakeApiServerOptions {

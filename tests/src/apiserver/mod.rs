@@ -11,8 +11,8 @@
 //! recorded so tests can check it against the real schemas
 //! ([`validate_k8s_objects`]).
 
-mod http;
 mod patch;
+mod rest;
 mod schema;
 mod selector;
 mod store;
@@ -21,7 +21,7 @@ mod validate;
 pub use schema::{validate_k8s_objects, validate_k8s_objects_with};
 pub use store::ApiError;
 
-use self::http::{handle, lock, Shared};
+use self::rest::{handle, lock, Shared};
 use self::store::{Store, Subresource, DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -46,6 +46,14 @@ pub struct Received {
     /// The body parsed from JSON (or YAML for apply patches); unparsable
     /// bodies are kept as a JSON string.
     pub body: Value,
+}
+
+/// One request line the server saw (every method, bodies or not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestLine {
+    pub method: String,
+    /// Path and decoded-as-sent query.
+    pub path: String,
 }
 
 impl Received {
@@ -132,6 +140,8 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             received: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+            faults: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
             server_address: addr.to_string(),
         });
@@ -362,6 +372,24 @@ impl FakeApiServer {
 
     pub fn clear_received(&self) {
         lock(&self.shared.received).clear();
+        lock(&self.shared.requests).clear();
+    }
+
+    /// Every request line seen so far (including GETs and watches), in order.
+    pub fn requests(&self) -> Vec<RequestLine> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// Answers the next `times` requests with `method` whose path and query
+    /// contain `path_contains` with an error `Status` of `code` (e.g. 500,
+    /// 503, 409), to test the product's retries.
+    pub fn fail_next(&self, method: &str, path_contains: &str, code: u16, times: usize) {
+        lock(&self.shared.faults).push(rest::Fault {
+            method: method.to_string(),
+            path_contains: path_contains.to_string(),
+            code,
+            remaining: times,
+        });
     }
 
     /// The current global resourceVersion.

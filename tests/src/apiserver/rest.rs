@@ -3,7 +3,7 @@
 
 use super::selector::{parse_field_selector, parse_label_selector, parse_query};
 use super::store::{find_type, ApiError, Filter, ResourceType, Store, Subresource, RESOURCE_TYPES};
-use super::Received;
+use super::{Received, RequestLine};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
@@ -19,8 +19,52 @@ pub type Body = BoxBody<Bytes, Infallible>;
 pub struct Shared {
     pub store: Mutex<Store>,
     pub received: Mutex<Vec<Received>>,
+    pub requests: Mutex<Vec<RequestLine>>,
+    pub faults: Mutex<Vec<Fault>>,
     pub bookmark_interval: Duration,
     pub server_address: String,
+}
+
+/// A failure the test asked for: the next `remaining` requests whose
+/// method and path match are answered with `code` instead of being served.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub method: String,
+    pub path_contains: String,
+    pub code: u16,
+    pub remaining: usize,
+}
+
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+/// Takes one matching injected fault, if any.
+fn injected_fault(shared: &Shared, method: &Method, path_and_query: &str) -> Option<ApiError> {
+    let mut faults = lock(&shared.faults);
+    let fault = faults.iter_mut().find(|f| {
+        f.remaining > 0
+            && f.method.eq_ignore_ascii_case(method.as_str())
+            && path_and_query.contains(&f.path_contains)
+    })?;
+    fault.remaining -= 1;
+    Some(ApiError::new(
+        fault.code,
+        reason_for(fault.code),
+        format!("injected failure for {method} {path_and_query}"),
+    ))
 }
 
 /// A poisoned lock only means a handler panicked; the data is still usable
@@ -128,6 +172,15 @@ pub async fn handle(
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .map(|s| s.split('/').next().unwrap_or(s).to_string());
+    let path_and_query = if query.is_empty() {
+        path.clone()
+    } else {
+        format!("{path}?{query}")
+    };
+    lock(&shared.requests).push(RequestLine {
+        method: method.to_string(),
+        path: path_and_query.clone(),
+    });
     let raw = match request.into_body().collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
@@ -159,6 +212,9 @@ pub async fn handle(
             content_type.clone(),
             body.clone(),
         );
+    }
+    if let Some(fault) = injected_fault(&shared, &method, &path_and_query) {
+        return Ok(error_response(&fault));
     }
     let params = parse_params(&query);
     let ctx = RequestContext {
