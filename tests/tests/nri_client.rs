@@ -9,8 +9,11 @@ mod pin_plugin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use dra_cpu_proto::nri::api::{self, Container, Event, PodSandbox};
 use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
-use dra_cpu_tests::cgroup::container_cpus;
+use dra_cpu_proto::nri::{ContainerCreation, EventMask, NriPlugin, PluginError};
+use dra_cpu_tests::cgroup::{container_cpus, container_env};
 use dra_cpu_tests::containerd::{Containerd, ContainerdError, ContainerdOptions};
 use dra_cpu_tests::cri::{ContainerSpec, CriClient};
 use pin_plugin::{
@@ -18,6 +21,61 @@ use pin_plugin::{
     PANIC_ANNOTATION,
 };
 use shared_state::cpuset::CpuSet;
+
+/// Adds many environment variables to containers that ask for it, so
+/// messages in both directions span several 4 KiB frames.
+struct ManyEnv;
+
+const MANY_ENV_ANNOTATION: &str = "test.dra.cpu/many-env";
+const MANY: usize = 400;
+
+fn env_pair(prefix: &str, i: usize) -> (String, String) {
+    (
+        format!("{prefix}_{i:04}"),
+        format!("value-{i}-{}", "x".repeat(32)),
+    )
+}
+
+#[async_trait]
+impl NriPlugin for ManyEnv {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: PodSandbox,
+        container: Container,
+    ) -> Result<ContainerCreation, PluginError> {
+        if !container.annotations.contains_key(MANY_ENV_ANNOTATION) {
+            return Ok(ContainerCreation::default());
+        }
+        let seen = container
+            .env
+            .iter()
+            .filter(|e| e.starts_with("FROM_SPEC_"))
+            .count();
+        if seen != MANY {
+            return Err(PluginError::failed(format!(
+                "request carried {seen} of {MANY} spec variables"
+            )));
+        }
+        let mut adjust = api::ContainerAdjustment::new();
+        adjust.env = (0..MANY)
+            .map(|i| {
+                let (key, value) = env_pair("FROM_PLUGIN", i);
+                let mut kv = api::KeyValue::new();
+                kv.key = key;
+                kv.value = value;
+                kv
+            })
+            .collect();
+        Ok(ContainerCreation {
+            adjust: Some(adjust),
+            ..Default::default()
+        })
+    }
+}
 
 /// Upper bound for the runtime to deliver something; reaching it fails the
 /// test with what was seen so far.
@@ -211,6 +269,54 @@ async fn example_plugin_against_real_containerd() {
         cgroup_cpus(&mut cri, &pinned).await,
         (cpus("0-1"), cpus("0-1"))
     );
+
+    // Messages larger than one frame, in both directions, through the Go
+    // runtime's multiplexer.
+    let (big_stop_tx, big_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let big_updater = NriUpdater::new();
+    let big_runner = tokio::spawn(run_with_reconnect(
+        Arc::new(ManyEnv),
+        SocketSource::Path(containerd.nri_socket()),
+        NriClientOptions::new("many_env", "60"),
+        big_updater.clone(),
+        async {
+            let _ = big_stop_rx.await;
+        },
+    ));
+    let started = Instant::now();
+    while big_updater.runtime_info().is_none() {
+        assert!(
+            started.elapsed() < EVENT_WAIT,
+            "second plugin never configured"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut many_spec =
+        ContainerSpec::sleeper("many-env").with_annotation(MANY_ENV_ANNOTATION, "yes");
+    for i in 0..MANY {
+        let (key, value) = env_pair("FROM_SPEC", i);
+        many_spec = many_spec.with_env(&key, &value);
+    }
+    let many = cri
+        .run_container(&pod, &many_spec)
+        .await
+        .expect("container with many variables");
+    let env = container_env(&mut cri, &many)
+        .await
+        .expect("env inside container");
+    for prefix in ["FROM_SPEC", "FROM_PLUGIN"] {
+        for i in [0, MANY / 2, MANY - 1] {
+            let (key, value) = env_pair(prefix, i);
+            assert_eq!(env.get(&key), Some(&value), "{key} inside the container");
+        }
+        let count = env.keys().filter(|k| k.starts_with(prefix)).count();
+        assert_eq!(count, MANY, "{prefix} variables inside the container");
+    }
+    let _ = big_stop_tx.send(());
+    big_runner
+        .await
+        .expect("second runner task")
+        .expect("second runner result");
 
     let _ = stop_tx.send(());
     runner.await.expect("runner task").expect("runner result");

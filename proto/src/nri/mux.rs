@@ -70,6 +70,10 @@ pub enum MuxError {
     /// Reading from or writing to the trunk failed.
     #[error("{op} on the NRI socket failed: {message}")]
     Io { op: &'static str, message: String },
+    /// The local end of a virtual connection went away (its ttrpc client or
+    /// server stopped), so the plugin can no longer serve the runtime.
+    #[error("local end of connection {0} closed")]
+    LocalClosed(u32),
     /// The multiplexer was asked to open the same connection twice, or id 0.
     #[error("connection id {0} is reserved or already open")]
     InvalidConnId(u32),
@@ -360,11 +364,13 @@ async fn trunk_reader<R>(
     if let Err(err) = &result {
         tracing::warn!(error = %err, "NRI connection multiplexer stopped");
     }
+    // Report first: closing the inputs below makes the local ttrpc ends
+    // close too, and their pumps must not be taken as the cause.
+    report(&closed, result);
     // Dropping the write halves ends every virtual connection's input.
     for (_, mut conn) in inbound.drain() {
         let _ = conn.shutdown().await;
     }
-    report(&closed, result);
 }
 
 async fn trunk_writer<W>(
@@ -405,7 +411,12 @@ async fn outbound_pump<R>(
     let mut chunk = vec![0u8; TRUNK_READ_CHUNK];
     loop {
         let n = match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                // Half a plugin is no plugin: report it so the owner tears
+                // the trunk down and reconnects.
+                report(&closed, Err(MuxError::LocalClosed(conn_id)));
+                return;
+            }
             Ok(n) => n,
         };
         splitter.push(&chunk[..n]);
@@ -734,6 +745,14 @@ mod tests {
         assert!(matches!(err, MuxError::OversizedFrame { conn_id: 2, len, .. } if len == 64 << 20));
         let mut rest = Vec::new();
         assert_eq!(conns[1].read_to_end(&mut rest).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn local_end_closing_is_reported() {
+        let (local, _peer) = tokio::io::duplex(1024);
+        let (mut mux, mut conns) = Multiplexer::start(local, &[1, 2]).unwrap();
+        drop(conns.pop());
+        assert_eq!(mux.closed().await, Err(MuxError::LocalClosed(2)));
     }
 
     #[tokio::test]
