@@ -13,7 +13,10 @@
 //! naming a dead process: the next start reaps it.
 //!
 //! Pods get the kubelet cgroup parent `/kubepods/pod<uid>`; pod UIDs are
-//! unique, so concurrent instances never share a pod cgroup.
+//! unique, so concurrent instances never share a pod cgroup. The empty
+//! `/kubepods` directories themselves are left in place: they are shared, and
+//! removing one could race with another instance creating a pod under it.
+//! Likewise the shared, empty `/run/containerd/s` directory stays.
 
 use std::io;
 use std::os::unix::process::CommandExt;

@@ -4,6 +4,14 @@
 //! computed from the CPU request and limit with kubelet's formulas).
 //!
 //! Pods always use host networking because these machines have no CNI.
+//!
+//! CDI devices: containerd 1.7.24 (Debian trixie) honours both the CRI
+//! `CDI_devices` field that kubelet sends since CRI v1.28 and the older
+//! `cdi.k8s.io/<name>` annotations; an unknown device makes CreateContainer
+//! fail with the device name in the error. The harness tests check both.
+//!
+//! Not modelled: kubelet's QoS `oom_score_adj` (containerd runs with
+//! `restrict_oom_score_adj`, which would clamp it anyway) and memory limits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
