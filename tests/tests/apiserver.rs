@@ -4,7 +4,8 @@
 //! the Kubernetes 1.34 and 1.37 schemas.
 
 use dra_cpu_tests::apiserver::{
-    validate_k8s_objects, validate_k8s_objects_with, FakeApiServer, FakeApiServerOptions,
+    validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
+    FakeApiServer, FakeApiServerOptions,
 };
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -676,17 +677,29 @@ async fn received_slices_validate_against_the_1_34_and_1_37_schemas() {
     validate_k8s_objects(&received, &VERSIONS).unwrap();
     validate_k8s_objects(&server.slice_values(), &VERSIONS).unwrap();
 
-    // KEP-5517's field is in the 1.37 schema only.
-    let mut mapped = slice_json("mapped", "node-1", 1);
+    // KEP-5517's field is in the 1.37 schema only; the product's two
+    // shapes (grouped: consumed capacity, individual: per device).
+    let mut mapped = slice_json("mapped", "node-1", 2);
     mapped["spec"]["devices"][0]["nodeAllocatableResources"] =
+        json!({"cpu": {"mapping": {"capacityKey": "dra.cpu/cpu", "capacityMultiplier": "1"}}});
+    mapped["spec"]["devices"][1]["nodeAllocatableResources"] =
         json!({"cpu": {"mapping": {"deviceMultiplier": "1"}}});
-    validate_k8s_objects(std::slice::from_ref(&mapped), &["1.37.0"]).unwrap();
-    let strict_old = validate_k8s_objects(std::slice::from_ref(&mapped), &["1.34.0"]).unwrap_err();
+    let mapped = [mapped];
+    validate_k8s_objects(&mapped, &["1.37.0"]).unwrap();
+    let strict_old = validate_k8s_objects(&mapped, &["1.34.0"]).unwrap_err();
     assert!(
         strict_old.contains("nodeAllocatableResources"),
         "{strict_old}"
     );
-    validate_k8s_objects_with(std::slice::from_ref(&mapped), &["1.34.0"], false).unwrap();
+    validate_k8s_objects_with(&mapped, &["1.34.0"], false).unwrap();
+    validate_k8s_objects(&without_node_allocatable_resources(&mapped), &VERSIONS).unwrap();
+    let mut misspelt = mapped.clone();
+    misspelt[0]["spec"]["devices"][1]["nodeAllocatableResources"] =
+        json!({"cpu": {"mapping": {"deviceMultiplyer": "1"}}});
+    assert!(
+        validate_k8s_objects(&misspelt, &["1.37.0"]).is_err(),
+        "strict mode catches a misspelt field"
+    );
 }
 
 #[tokio::test]

@@ -18,7 +18,9 @@ mod selector;
 mod store;
 mod validate;
 
-pub use schema::{validate_k8s_objects, validate_k8s_objects_with};
+pub use schema::{
+    validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
+};
 pub use store::ApiError;
 
 use self::rest::{handle, lock, Shared};

@@ -96,3 +96,25 @@ pub fn validate_k8s_objects_with(
         Err(failures.join("\n"))
     }
 }
+
+/// A copy of the objects without `spec.devices[].nodeAllocatableResources`
+/// (KEP-5517), which only the 1.37 schema has: what a server before 1.37, or
+/// one without the `DRANodeAllocatableResources` gate, keeps of a slice.
+/// Validate this against 1.34 in strict mode.
+pub fn without_node_allocatable_resources(objects: &[Value]) -> Vec<Value> {
+    objects
+        .iter()
+        .map(|object| {
+            let mut object = object.clone();
+            if let Some(devices) = object
+                .pointer_mut("/spec/devices")
+                .and_then(Value::as_array_mut)
+            {
+                for device in devices.iter_mut().filter_map(Value::as_object_mut) {
+                    device.remove("nodeAllocatableResources");
+                }
+            }
+            object
+        })
+        .collect()
+}

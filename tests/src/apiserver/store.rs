@@ -1333,4 +1333,65 @@ mod tests {
             "1"
         );
     }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|i| json!(i)),
+            "[a-z0-9./-]{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 24, 5, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("metadata".to_string()),
+                        Just("spec".to_string()),
+                        Just("name".to_string()),
+                        Just("devices".to_string()),
+                        Just("resourceVersion".to_string()),
+                        "[a-z]{1,6}"
+                    ],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bodies_never_panic_and_failures_change_nothing(bodies in proptest::collection::vec(json_value(), 1..6)) {
+            let mut s = Store::new();
+            s.create(&RESOURCE_SLICES, "", slice("a", "n1"), None, false).unwrap();
+            for body in bodies {
+                let before = (s.resource_version(), s.list(&RESOURCE_SLICES, &Filter::default()));
+                let results = [
+                    s.create(&RESOURCE_SLICES, "", body.clone(), None, false),
+                    s.update(&RESOURCE_SLICES, "", "a", body.clone(), Subresource::Main, None, false),
+                    s.merge_patch(&RESOURCE_SLICES, "", "a", &body, Subresource::Main, None, false),
+                    s.apply(&RESOURCE_SLICES, "", "a", &body, Subresource::Main, "m", true, false),
+                ];
+                if results.iter().all(Result::is_err) {
+                    proptest::prop_assert_eq!(before, (s.resource_version(), s.list(&RESOURCE_SLICES, &Filter::default())));
+                }
+                // Near-valid: one spec field replaced by the arbitrary value.
+                for field in ["devices", "pool", "nodeName", "allNodes", "driver"] {
+                    let mut near = s.get(&RESOURCE_SLICES, "", "a").unwrap_or_else(|_| slice("a", "n1"));
+                    near["spec"][field] = body.clone();
+                    near["metadata"].as_object_mut().map(|m| m.remove("resourceVersion"));
+                    let before = (s.resource_version(), s.list(&RESOURCE_SLICES, &Filter::default()));
+                    if s.update(&RESOURCE_SLICES, "", "a", near, Subresource::Main, None, false).is_err() {
+                        proptest::prop_assert_eq!(&before, &(s.resource_version(), s.list(&RESOURCE_SLICES, &Filter::default())));
+                    }
+                }
+                for stored in s.list(&RESOURCE_SLICES, &Filter::default()) {
+                    proptest::prop_assert!(validate::validate_resource_slice(&stored).is_empty(), "stored an invalid slice {}", stored);
+                }
+            }
+        }
+    }
 }
