@@ -1,0 +1,1033 @@
+//! The ResourceSlices that publish this node's CPUs, built from the discovered
+//! topology and the device options. Pure: the same input always gives the
+//! same objects, so the publisher can compare what it wants with what the API
+//! server holds, and `dra-plugin slices` prints exactly what would be sent.
+//!
+//! Contract (compatible with the upstream CPU DRA driver):
+//! - individual mode: one device per allocatable CPU, `cpudev%03d`, numbered
+//!   core by core so the hardware threads of one core get consecutive numbers
+//!   (the scheduler hands out devices in order, which keeps a small claim on
+//!   whole cores);
+//! - grouped mode: one device per NUMA node (`cpudevnuma%03d`), socket
+//!   (`cpudevsocket%03d`) or the whole machine (`cpudevmachine`), shareable,
+//!   with consumable capacity `dra.cpu/cpu` = its allocatable CPUs;
+//! - reserved CPUs are never published;
+//! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice; one pool per node,
+//!   named after the node, split over as many slices as needed.
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, NodeAllocatableMapping, NodeAllocatableResource,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::{Deserialize, Serialize};
+use shared_state::topology::Topology;
+use shared_state::CpuSet;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The API server refuses a slice with more devices than this.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Consumable capacity of a grouped device, in whole CPUs.
+pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+/// Label on every slice this product publishes, with [`MANAGED_BY`].
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY: &str = "dra-cpu";
+/// Label carrying the driver name, so two installations with different
+/// driver names on one node never touch each other's slices.
+pub const LABEL_DRIVER: &str = "dra.cpu/driver";
+
+pub const ATTR_NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+pub const ATTR_NUMA_NODE_ID: &str = "dra.cpu/numaNodeID";
+pub const ATTR_NUMA_NODE_COMPAT: &str = "dra.net/numaNode";
+pub const ATTR_SOCKET_ID: &str = "dra.cpu/socketID";
+pub const ATTR_CACHE_L3_ID: &str = "dra.cpu/cacheL3ID";
+pub const ATTR_CORE_ID: &str = "dra.cpu/coreID";
+pub const ATTR_CPU_ID: &str = "dra.cpu/cpuID";
+pub const ATTR_CORE_TYPE: &str = "dra.cpu/coreType";
+pub const ATTR_SMT_ENABLED: &str = "dra.cpu/smtEnabled";
+pub const ATTR_NUM_CPUS: &str = "dra.cpu/numCPUs";
+
+/// `cacheL3ID` of a CPU without an L3 cache (some Arm parts), as the upstream
+/// driver publishes it, so selectors written for it keep working.
+const NO_L3_CACHE_ID: i64 = -1;
+
+/// How CPUs are exposed as devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceMode {
+    /// One device per group of CPUs, with consumable capacity `dra.cpu/cpu`.
+    #[default]
+    Grouped,
+    /// One device per allocatable logical CPU.
+    Individual,
+}
+
+/// What one grouped device covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupBy {
+    #[default]
+    Numanode,
+    Socket,
+    Machine,
+}
+
+impl DeviceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceMode::Grouped => "grouped",
+            DeviceMode::Individual => "individual",
+        }
+    }
+}
+
+impl GroupBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Numanode => "numanode",
+            GroupBy::Socket => "socket",
+            GroupBy::Machine => "machine",
+        }
+    }
+}
+
+impl fmt::Display for DeviceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for GroupBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything besides the topology that decides the published devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceOptions {
+    pub mode: DeviceMode,
+    pub group_by: GroupBy,
+    /// Kept for system daemons; never published.
+    pub reserved: CpuSet,
+    /// Publish the KEP-5517 `nodeAllocatableResources` mapping.
+    pub node_allocatable_mapping: bool,
+}
+
+/// What a published device stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceScope {
+    Cpu(u32),
+    Numa { node: u32, socket: u32 },
+    Socket(u32),
+    Machine,
+}
+
+/// A device name and the allocatable CPUs behind it. Prepare resolves the
+/// device names of an allocation result through the same list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceCpus {
+    pub name: String,
+    pub scope: DeviceScope,
+    pub cpus: CpuSet,
+}
+
+/// The Node that owns the slices (they go when the Node goes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeOwner {
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SliceError {
+    #[error("the topology has no online CPUs")]
+    NoOnlineCpus,
+    #[error("reserved CPUs {reserved}: CPUs {not_online} are not online (online: {online})")]
+    ReservedNotOnline {
+        reserved: CpuSet,
+        not_online: CpuSet,
+        online: CpuSet,
+    },
+    #[error("node name {0:?} is not a lowercase DNS subdomain of at most 253 characters")]
+    InvalidNodeName(String),
+    #[error("driver name {0:?} is not a lowercase DNS subdomain of at most 63 characters")]
+    InvalidDriverName(String),
+    #[error("slice name {0:?} is longer than 253 characters; use a shorter node or driver name")]
+    SliceNameTooLong(String),
+}
+
+/// The devices to publish and the CPUs each stands for, in publishing order.
+///
+/// Individual devices are numbered core by core: cores ordered by their
+/// lowest allocatable CPU, threads of a core in id order, so SMT siblings get
+/// consecutive numbers whatever the kernel's numbering. Groups without an
+/// allocatable CPU are left out.
+pub fn plan_devices(
+    topology: &Topology,
+    options: &DeviceOptions,
+) -> Result<Vec<DeviceCpus>, SliceError> {
+    let online = topology.online();
+    if online.is_empty() {
+        return Err(SliceError::NoOnlineCpus);
+    }
+    if !options.reserved.is_subset(&online) {
+        return Err(SliceError::ReservedNotOnline {
+            reserved: options.reserved.clone(),
+            not_online: options.reserved.difference(&online),
+            online,
+        });
+    }
+    let allocatable = |set: CpuSet| set.difference(&options.reserved);
+    let planned = match (options.mode, options.group_by) {
+        (DeviceMode::Individual, _) => {
+            let mut cores: Vec<CpuSet> = topology
+                .cores()
+                .into_iter()
+                .map(allocatable)
+                .filter(|c| !c.is_empty())
+                .collect();
+            cores.sort_by_key(|c| c.first());
+            cores
+                .iter()
+                .flat_map(|core| core.iter())
+                .enumerate()
+                .map(|(number, cpu)| DeviceCpus {
+                    name: format!("cpudev{number:03}"),
+                    scope: DeviceScope::Cpu(cpu),
+                    cpus: std::iter::once(cpu).collect(),
+                })
+                .collect()
+        }
+        (DeviceMode::Grouped, GroupBy::Numanode) => topology
+            .numa_nodes()
+            .into_iter()
+            .filter_map(|node| {
+                let cpus = allocatable(topology.cpus_in_numa(node));
+                // A NUMA node lies inside one socket; take it from any CPU.
+                let socket = cpus.first().and_then(|c| topology.cpu(c))?.socket;
+                Some(DeviceCpus {
+                    name: format!("cpudevnuma{node:03}"),
+                    scope: DeviceScope::Numa { node, socket },
+                    cpus,
+                })
+            })
+            .collect(),
+        (DeviceMode::Grouped, GroupBy::Socket) => topology
+            .sockets()
+            .into_iter()
+            .map(|socket| DeviceCpus {
+                name: format!("cpudevsocket{socket:03}"),
+                scope: DeviceScope::Socket(socket),
+                cpus: allocatable(topology.cpus_in_socket(socket)),
+            })
+            .filter(|d| !d.cpus.is_empty())
+            .collect(),
+        (DeviceMode::Grouped, GroupBy::Machine) => {
+            let cpus = allocatable(online);
+            if cpus.is_empty() {
+                Vec::new()
+            } else {
+                vec![DeviceCpus {
+                    name: "cpudevmachine".to_string(),
+                    scope: DeviceScope::Machine,
+                    cpus,
+                }]
+            }
+        }
+    };
+    Ok(planned)
+}
+
+fn int(value: impl Into<i64>) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn boolean(value: bool) -> DeviceAttribute {
+    DeviceAttribute {
+        bool: Some(value),
+        ..Default::default()
+    }
+}
+
+fn string(value: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(value.to_string()),
+        ..Default::default()
+    }
+}
+
+fn cpu_mapping(mapping: NodeAllocatableMapping) -> BTreeMap<String, NodeAllocatableResource> {
+    BTreeMap::from([(
+        "cpu".to_string(),
+        NodeAllocatableResource {
+            mapping: Some(mapping),
+            overhead: None,
+        },
+    )])
+}
+
+fn numa_attributes(attributes: &mut BTreeMap<String, DeviceAttribute>, node: u32) {
+    attributes.insert(ATTR_NUMA_NODE.to_string(), int(node));
+    attributes.insert(ATTR_NUMA_NODE_ID.to_string(), int(node));
+    attributes.insert(ATTR_NUMA_NODE_COMPAT.to_string(), int(node));
+}
+
+/// The `Device` objects for a plan from [`plan_devices`].
+pub fn build_devices(
+    topology: &Topology,
+    planned: &[DeviceCpus],
+    node_allocatable_mapping: bool,
+) -> Vec<Device> {
+    let smt_enabled = topology.smt_enabled();
+    planned
+        .iter()
+        .map(|planned| {
+            let mut attributes = BTreeMap::new();
+            attributes.insert(ATTR_SMT_ENABLED.to_string(), boolean(smt_enabled));
+            let count = i64::try_from(planned.cpus.len()).unwrap_or(i64::MAX);
+            let grouped = |attributes: BTreeMap<String, DeviceAttribute>| Device {
+                name: planned.name.clone(),
+                attributes: Some(attributes),
+                allow_multiple_allocations: Some(true),
+                capacity: Some(BTreeMap::from([(
+                    CPU_CAPACITY.to_string(),
+                    DeviceCapacity {
+                        value: Quantity(count.to_string()),
+                        request_policy: None,
+                    },
+                )])),
+                node_allocatable_resources: node_allocatable_mapping.then(|| {
+                    cpu_mapping(NodeAllocatableMapping {
+                        capacity_key: Some(CPU_CAPACITY.to_string()),
+                        capacity_multiplier: Some(Quantity("1".to_string())),
+                        device_multiplier: None,
+                    })
+                }),
+                ..Default::default()
+            };
+            match planned.scope {
+                DeviceScope::Cpu(id) => {
+                    if let Some(cpu) = topology.cpu(id) {
+                        numa_attributes(&mut attributes, cpu.numa);
+                        attributes.insert(ATTR_SOCKET_ID.to_string(), int(cpu.socket));
+                        attributes.insert(ATTR_CORE_ID.to_string(), int(cpu.core));
+                        attributes.insert(ATTR_CPU_ID.to_string(), int(cpu.id));
+                        attributes.insert(
+                            ATTR_CACHE_L3_ID.to_string(),
+                            int(cpu.l3.map_or(NO_L3_CACHE_ID, i64::from)),
+                        );
+                        attributes
+                            .insert(ATTR_CORE_TYPE.to_string(), string(cpu.core_type.as_str()));
+                    }
+                    Device {
+                        name: planned.name.clone(),
+                        attributes: Some(attributes),
+                        node_allocatable_resources: node_allocatable_mapping.then(|| {
+                            cpu_mapping(NodeAllocatableMapping {
+                                capacity_key: None,
+                                capacity_multiplier: None,
+                                device_multiplier: Some(Quantity("1".to_string())),
+                            })
+                        }),
+                        ..Default::default()
+                    }
+                }
+                DeviceScope::Numa { node, socket } => {
+                    numa_attributes(&mut attributes, node);
+                    attributes.insert(ATTR_SOCKET_ID.to_string(), int(socket));
+                    attributes.insert(ATTR_NUM_CPUS.to_string(), int(count));
+                    grouped(attributes)
+                }
+                DeviceScope::Socket(socket) => {
+                    attributes.insert(ATTR_SOCKET_ID.to_string(), int(socket));
+                    attributes.insert(ATTR_NUM_CPUS.to_string(), int(count));
+                    grouped(attributes)
+                }
+                DeviceScope::Machine => {
+                    attributes.insert(ATTR_NUM_CPUS.to_string(), int(count));
+                    grouped(attributes)
+                }
+            }
+        })
+        .collect()
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// The driver name as it appears in slice names: already a DNS subdomain
+/// once validated, but anything else is folded to `-` so a name never fails
+/// on a character.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect()
+}
+
+/// `<node>-<driver>-<index>`: deterministic, so a restart addresses the
+/// same objects and server-side apply updates them in place.
+pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
+    format!("{node}-{}-{index}", sanitize(driver))
+}
+
+/// The labels on every slice of ours.
+pub fn slice_labels(driver: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED_BY.to_string(), MANAGED_BY.to_string()),
+        (LABEL_DRIVER.to_string(), driver.to_string()),
+    ])
+}
+
+/// Label selector matching exactly the slices [`slice_labels`] marks.
+pub fn label_selector(driver: &str) -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_DRIVER}={driver}")
+}
+
+/// Field selector for this node's slices.
+pub fn field_selector(node: &str) -> String {
+    format!("spec.nodeName={node}")
+}
+
+/// The pool's slices: devices in order, [`MAX_DEVICES_PER_SLICE`] per slice,
+/// every slice carrying the pool's generation and slice count. A node
+/// without allocatable CPUs still gets one empty slice, which tells the
+/// scheduler the pool exists and is empty.
+pub fn build_slices(
+    driver: &str,
+    node: &str,
+    owner: Option<&NodeOwner>,
+    devices: Vec<Device>,
+    generation: i64,
+) -> Result<Vec<ResourceSlice>, SliceError> {
+    if !is_dns_subdomain(node) {
+        return Err(SliceError::InvalidNodeName(node.to_string()));
+    }
+    if driver.len() > 63 || !is_dns_subdomain(driver) {
+        return Err(SliceError::InvalidDriverName(driver.to_string()));
+    }
+    let mut chunks: Vec<Vec<Device>> = Vec::new();
+    let mut devices = devices.into_iter().peekable();
+    while devices.peek().is_some() {
+        chunks.push(devices.by_ref().take(MAX_DEVICES_PER_SLICE).collect());
+    }
+    if chunks.is_empty() {
+        chunks.push(Vec::new());
+    }
+    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
+    let owner_references = owner.map(|o| {
+        vec![OwnerReference {
+            api_version: "v1".to_string(),
+            kind: "Node".to_string(),
+            name: o.name.clone(),
+            uid: o.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]
+    });
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(index, devices)| {
+            let name = slice_name(node, driver, index);
+            if name.len() > 253 {
+                return Err(SliceError::SliceNameTooLong(name));
+            }
+            Ok(ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    labels: Some(slice_labels(driver)),
+                    owner_references: owner_references.clone(),
+                    ..Default::default()
+                },
+                spec: ResourceSliceSpec {
+                    driver: driver.to_string(),
+                    node_name: Some(node.to_string()),
+                    pool: ResourcePool {
+                        name: node.to_string(),
+                        generation,
+                        resource_slice_count: count,
+                    },
+                    devices: Some(devices),
+                    ..Default::default()
+                },
+            })
+        })
+        .collect()
+}
+
+/// Topology and options to the devices to publish, in one step.
+pub fn devices_for(
+    topology: &Topology,
+    options: &DeviceOptions,
+) -> Result<Vec<Device>, SliceError> {
+    let planned = plan_devices(topology, options)?;
+    Ok(build_devices(
+        topology,
+        &planned,
+        options.node_allocatable_mapping,
+    ))
+}
+
+/// Arguments of `dra-plugin slices`.
+#[derive(Debug, Clone, Args)]
+pub struct SlicesArgs {
+    /// Directory containing `sys/devices/system/cpu` (the host's `/`, or an
+    /// unpacked sysfs fixture).
+    #[arg(long, env = "HOST_ROOT", default_value = "/")]
+    pub sysfs_root: PathBuf,
+    /// Node the slices are for; also the pool name.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Uid of the Node object, for the owner reference (left out without it).
+    #[arg(long)]
+    pub node_uid: Option<String>,
+    #[arg(long, default_value = "dra.cpu")]
+    pub driver_name: String,
+    #[arg(long, value_enum, default_value_t = DeviceMode::Grouped)]
+    pub cpu_device_mode: DeviceMode,
+    #[arg(long, value_enum, default_value_t = GroupBy::Numanode)]
+    pub group_by: GroupBy,
+    /// CPUs kept for system daemons (cpulist); never published.
+    #[arg(long, default_value = "")]
+    pub reserved_cpus: CpuSet,
+    /// Leave out the KEP-5517 `nodeAllocatableResources` mapping.
+    #[arg(long)]
+    pub disable_node_allocatable_mapping: bool,
+}
+
+/// `dra-plugin slices`: print, as a JSON list, the slices a first publish
+/// from this node would send (generation 1).
+pub fn print(args: &SlicesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let topology = Topology::discover(&args.sysfs_root).with_context(|| {
+        format!(
+            "discovering the CPU topology under {}",
+            args.sysfs_root.display()
+        )
+    })?;
+    let options = DeviceOptions {
+        mode: args.cpu_device_mode,
+        group_by: args.group_by,
+        reserved: args.reserved_cpus.clone(),
+        node_allocatable_mapping: !args.disable_node_allocatable_mapping,
+    };
+    let devices = devices_for(&topology, &options)?;
+    let owner = args.node_uid.as_ref().map(|uid| NodeOwner {
+        name: args.node_name.clone(),
+        uid: uid.clone(),
+    });
+    let slices = build_slices(
+        &args.driver_name,
+        &args.node_name,
+        owner.as_ref(),
+        devices,
+        1,
+    )?;
+    serde_json::to_writer_pretty(&mut *out, &slices).context("writing the slices")?;
+    writeln!(out).context("writing the slices")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+    use shared_state::topology::{CoreType, CpuInfo};
+    use std::collections::BTreeSet;
+
+    fn cs(list: &str) -> CpuSet {
+        CpuSet::parse_cpulist(list).unwrap()
+    }
+
+    /// 2 sockets × 2 NUMA nodes × 2 cores × 2 threads = 16 CPUs, threads of
+    /// core N are N and N+8.
+    fn machine() -> Topology {
+        build(&Shape {
+            sockets: 2,
+            numa_per_socket: 2,
+            l3_per_numa: 1,
+            cores_per_l3: 2,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Split,
+        })
+    }
+
+    fn options(mode: DeviceMode, group_by: GroupBy, reserved: &str) -> DeviceOptions {
+        DeviceOptions {
+            mode,
+            group_by,
+            reserved: cs(reserved),
+            node_allocatable_mapping: true,
+        }
+    }
+
+    fn attr_names(d: &Device) -> BTreeSet<&str> {
+        d.attributes
+            .as_ref()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect()
+    }
+
+    fn attr_int(d: &Device, key: &str) -> Option<i64> {
+        d.attributes.as_ref()?.get(key)?.int
+    }
+
+    fn capacity(d: &Device) -> Option<&str> {
+        Some(d.capacity.as_ref()?.get(CPU_CAPACITY)?.value.0.as_str())
+    }
+
+    #[test]
+    fn grouped_names_and_capacities_table() {
+        let t = machine();
+        let cases: Vec<(DeviceOptions, Vec<(&str, &str)>)> = vec![
+            (
+                options(DeviceMode::Grouped, GroupBy::Numanode, ""),
+                vec![
+                    ("cpudevnuma000", "4"),
+                    ("cpudevnuma001", "4"),
+                    ("cpudevnuma002", "4"),
+                    ("cpudevnuma003", "4"),
+                ],
+            ),
+            (
+                options(DeviceMode::Grouped, GroupBy::Numanode, "0,8,2"),
+                vec![
+                    ("cpudevnuma000", "1"),
+                    ("cpudevnuma001", "3"),
+                    ("cpudevnuma002", "4"),
+                    ("cpudevnuma003", "4"),
+                ],
+            ),
+            (
+                // A NUMA node whose CPUs are all reserved is not published.
+                options(DeviceMode::Grouped, GroupBy::Numanode, "0-1,8-9"),
+                vec![
+                    ("cpudevnuma001", "4"),
+                    ("cpudevnuma002", "4"),
+                    ("cpudevnuma003", "4"),
+                ],
+            ),
+            (
+                options(DeviceMode::Grouped, GroupBy::Socket, "0"),
+                vec![("cpudevsocket000", "7"), ("cpudevsocket001", "8")],
+            ),
+            (
+                options(DeviceMode::Grouped, GroupBy::Machine, "0,8"),
+                vec![("cpudevmachine", "14")],
+            ),
+        ];
+        for (opts, expected) in cases {
+            let devices = devices_for(&t, &opts).unwrap();
+            let got: Vec<(&str, &str)> = devices
+                .iter()
+                .map(|d| (d.name.as_str(), capacity(d).unwrap()))
+                .collect();
+            assert_eq!(got, expected, "{opts:?}");
+            for d in &devices {
+                assert_eq!(d.allow_multiple_allocations, Some(true), "{}", d.name);
+                let cap: i64 = capacity(d).unwrap().parse().unwrap();
+                assert_eq!(attr_int(d, ATTR_NUM_CPUS), Some(cap), "{}", d.name);
+            }
+        }
+    }
+
+    #[test]
+    fn attribute_sets_per_layout() {
+        let t = machine();
+        let first = |o: DeviceOptions| devices_for(&t, &o).unwrap().remove(0);
+        let numa = first(options(DeviceMode::Grouped, GroupBy::Numanode, ""));
+        assert_eq!(
+            attr_names(&numa),
+            BTreeSet::from([
+                ATTR_NUMA_NODE_ID,
+                ATTR_NUM_CPUS,
+                ATTR_SMT_ENABLED,
+                ATTR_SOCKET_ID,
+                ATTR_NUMA_NODE_COMPAT,
+                ATTR_NUMA_NODE
+            ])
+        );
+        let socket = first(options(DeviceMode::Grouped, GroupBy::Socket, ""));
+        assert_eq!(
+            attr_names(&socket),
+            BTreeSet::from([ATTR_NUM_CPUS, ATTR_SMT_ENABLED, ATTR_SOCKET_ID])
+        );
+        let whole = first(options(DeviceMode::Grouped, GroupBy::Machine, ""));
+        assert_eq!(
+            attr_names(&whole),
+            BTreeSet::from([ATTR_NUM_CPUS, ATTR_SMT_ENABLED])
+        );
+        let cpu = first(options(DeviceMode::Individual, GroupBy::Numanode, ""));
+        assert_eq!(
+            attr_names(&cpu),
+            BTreeSet::from([
+                ATTR_CACHE_L3_ID,
+                ATTR_CORE_ID,
+                ATTR_CORE_TYPE,
+                ATTR_CPU_ID,
+                ATTR_NUMA_NODE_ID,
+                ATTR_SMT_ENABLED,
+                ATTR_SOCKET_ID,
+                ATTR_NUMA_NODE_COMPAT,
+                ATTR_NUMA_NODE
+            ])
+        );
+        assert!(cpu.capacity.is_none() && cpu.allow_multiple_allocations.is_none());
+        let attrs = cpu.attributes.as_ref().unwrap();
+        assert_eq!(attrs[ATTR_SMT_ENABLED].bool, Some(true));
+        assert_eq!(attrs[ATTR_CORE_TYPE].string.as_deref(), Some("standard"));
+    }
+
+    #[test]
+    fn individual_numbering_keeps_siblings_consecutive() {
+        let t = machine();
+        let planned =
+            plan_devices(&t, &options(DeviceMode::Individual, GroupBy::Machine, "")).unwrap();
+        let order: Vec<u32> = planned.iter().map(|d| d.cpus.first().unwrap()).collect();
+        assert_eq!(
+            order,
+            vec![0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]
+        );
+        assert_eq!(planned[3].name, "cpudev003");
+        assert_eq!(planned[3].scope, DeviceScope::Cpu(9));
+
+        // A reserved thread leaves its sibling alone, still in core order.
+        let planned = plan_devices(
+            &t,
+            &options(DeviceMode::Individual, GroupBy::Machine, "0,9"),
+        )
+        .unwrap();
+        let order: Vec<u32> = planned.iter().map(|d| d.cpus.first().unwrap()).collect();
+        assert_eq!(order[..5], [8, 1, 2, 10, 3]);
+        assert_eq!(planned.len(), 14);
+    }
+
+    #[test]
+    fn individual_attributes_follow_the_cpu() {
+        let mut t = machine();
+        // CPU 5 without L3 and as an e-core, as on Arm and hybrid parts.
+        let idx = t.cpus.iter().position(|c| c.id == 5).unwrap();
+        t.cpus[idx].l3 = None;
+        t.cpus[idx].core_type = CoreType::Efficiency;
+        let devices =
+            devices_for(&t, &options(DeviceMode::Individual, GroupBy::Machine, "")).unwrap();
+        let d5 = devices
+            .iter()
+            .find(|d| attr_int(d, ATTR_CPU_ID) == Some(5))
+            .unwrap();
+        let info: &CpuInfo = t.cpu(5).unwrap();
+        assert_eq!(attr_int(d5, ATTR_CACHE_L3_ID), Some(-1));
+        assert_eq!(attr_int(d5, ATTR_SOCKET_ID), Some(i64::from(info.socket)));
+        assert_eq!(attr_int(d5, ATTR_NUMA_NODE), Some(i64::from(info.numa)));
+        assert_eq!(attr_int(d5, ATTR_CORE_ID), Some(i64::from(info.core)));
+        assert_eq!(
+            d5.attributes.as_ref().unwrap()[ATTR_CORE_TYPE]
+                .string
+                .as_deref(),
+            Some("e-core")
+        );
+        let d12 = devices
+            .iter()
+            .find(|d| attr_int(d, ATTR_CPU_ID) == Some(12))
+            .unwrap();
+        assert_eq!(attr_int(d12, ATTR_NUMA_NODE), Some(2));
+        assert_eq!(attr_int(d12, ATTR_SOCKET_ID), Some(1));
+        assert_eq!(attr_int(d12, ATTR_CACHE_L3_ID), Some(2));
+    }
+
+    #[test]
+    fn smt_disabled_machine_says_so() {
+        let t = build(&Shape {
+            sockets: 1,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        });
+        for mode in [DeviceMode::Grouped, DeviceMode::Individual] {
+            for d in devices_for(&t, &options(mode, GroupBy::Numanode, "")).unwrap() {
+                assert_eq!(
+                    d.attributes.as_ref().unwrap()[ATTR_SMT_ENABLED].bool,
+                    Some(false)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn node_allocatable_mapping_on_and_off() {
+        let t = machine();
+        let json =
+            |o: &DeviceOptions| serde_json::to_value(&devices_for(&t, o).unwrap()[0]).unwrap();
+        let mut grouped = options(DeviceMode::Grouped, GroupBy::Numanode, "");
+        assert_eq!(
+            json(&grouped)["nodeAllocatableResources"],
+            serde_json::json!({"cpu": {"mapping": {"capacityKey": "dra.cpu/cpu", "capacityMultiplier": "1"}}})
+        );
+        let mut individual = options(DeviceMode::Individual, GroupBy::Numanode, "");
+        assert_eq!(
+            json(&individual)["nodeAllocatableResources"],
+            serde_json::json!({"cpu": {"mapping": {"deviceMultiplier": "1"}}})
+        );
+        grouped.node_allocatable_mapping = false;
+        individual.node_allocatable_mapping = false;
+        assert!(json(&grouped).get("nodeAllocatableResources").is_none());
+        assert!(json(&individual).get("nodeAllocatableResources").is_none());
+    }
+
+    #[test]
+    fn reserved_cpus_are_never_published() {
+        let t = machine();
+        let reserved = cs("0,5,13");
+        for (mode, group_by) in [
+            (DeviceMode::Individual, GroupBy::Numanode),
+            (DeviceMode::Grouped, GroupBy::Numanode),
+            (DeviceMode::Grouped, GroupBy::Socket),
+            (DeviceMode::Grouped, GroupBy::Machine),
+        ] {
+            let opts = DeviceOptions {
+                reserved: reserved.clone(),
+                ..options(mode, group_by, "")
+            };
+            let planned = plan_devices(&t, &opts).unwrap();
+            let published = planned.iter().fold(CpuSet::new(), |a, d| a.union(&d.cpus));
+            assert_eq!(
+                published,
+                t.online().difference(&reserved),
+                "{mode} {group_by}"
+            );
+            let devices = build_devices(&t, &planned, true);
+            for d in devices {
+                if let Some(cpu) = attr_int(&d, ATTR_CPU_ID) {
+                    assert!(!reserved.contains(cpu as u32), "{}", d.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_bad_input() {
+        let t = machine();
+        let err = plan_devices(
+            &t,
+            &options(DeviceMode::Grouped, GroupBy::Numanode, "3,16-17"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "reserved CPUs 3,16-17: CPUs 16-17 are not online (online: 0-15)"
+        );
+        let empty = Topology {
+            cpus: vec![],
+            isolated: CpuSet::new(),
+        };
+        assert_eq!(
+            plan_devices(
+                &empty,
+                &options(DeviceMode::Individual, GroupBy::Numanode, "")
+            ),
+            Err(SliceError::NoOnlineCpus)
+        );
+        let err = build_slices("dra.cpu", "Node_1", None, vec![], 1).unwrap_err();
+        assert!(err.to_string().contains("\"Node_1\""), "{err}");
+        let err = build_slices("DRA.cpu", "node-1", None, vec![], 1).unwrap_err();
+        assert!(err.to_string().contains("\"DRA.cpu\""), "{err}");
+        let long_node = format!(
+            "{}.{}.{}.{}",
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(55)
+        );
+        assert_eq!(long_node.len(), 247);
+        let err = build_slices("dra.cpu", &long_node, None, vec![], 1).unwrap_err();
+        assert!(matches!(err, SliceError::SliceNameTooLong(_)), "{err}");
+    }
+
+    #[test]
+    fn every_cpu_reserved_gives_one_empty_slice() {
+        let t = machine();
+        let devices = devices_for(
+            &t,
+            &options(DeviceMode::Individual, GroupBy::Numanode, "0-15"),
+        )
+        .unwrap();
+        assert!(devices.is_empty());
+        let slices = build_slices("dra.cpu", "node-1", None, devices, 3).unwrap();
+        assert_eq!(slices.len(), 1);
+        assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
+        assert_eq!(slices[0].spec.devices.as_deref(), Some(&[][..]));
+    }
+
+    #[test]
+    fn slices_split_at_128_devices() {
+        let big = build(&Shape {
+            sockets: 2,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 75,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Split,
+        });
+        let devices = devices_for(
+            &big,
+            &options(DeviceMode::Individual, GroupBy::Numanode, ""),
+        )
+        .unwrap();
+        assert_eq!(devices.len(), 300);
+        let owner = NodeOwner {
+            name: "node-1".to_string(),
+            uid: "u-1".to_string(),
+        };
+        let slices = build_slices("dra.cpu", "node-1", Some(&owner), devices, 7).unwrap();
+        let sizes: Vec<usize> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, vec![128, 128, 44]);
+        let names: Vec<&str> = slices
+            .iter()
+            .map(|s| s.metadata.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            vec!["node-1-dra.cpu-0", "node-1-dra.cpu-1", "node-1-dra.cpu-2"]
+        );
+        for s in &slices {
+            assert_eq!(s.spec.pool.name, "node-1");
+            assert_eq!(s.spec.pool.generation, 7);
+            assert_eq!(s.spec.pool.resource_slice_count, 3);
+            assert_eq!(s.spec.node_name.as_deref(), Some("node-1"));
+            assert_eq!(s.spec.driver, "dra.cpu");
+            assert_eq!(s.metadata.labels.as_ref(), Some(&slice_labels("dra.cpu")));
+            let refs = s.metadata.owner_references.as_ref().unwrap();
+            assert_eq!(
+                (refs[0].kind.as_str(), refs[0].uid.as_str()),
+                ("Node", "u-1")
+            );
+        }
+        // Devices stay in order across the split.
+        assert_eq!(
+            slices[1].spec.devices.as_ref().unwrap()[0].name,
+            "cpudev128"
+        );
+    }
+
+    #[test]
+    fn names_and_selectors() {
+        assert_eq!(slice_name("node-1", "dra.cpu", 0), "node-1-dra.cpu-0");
+        assert_eq!(slice_name("n", "Weird_Driver", 2), "n-weird-driver-2");
+        assert_eq!(
+            label_selector("dra.cpu"),
+            "app.kubernetes.io/managed-by=dra-cpu,dra.cpu/driver=dra.cpu"
+        );
+        assert_eq!(field_selector("node-1"), "spec.nodeName=node-1");
+    }
+
+    #[test]
+    fn modes_parse_as_flags_and_config_values() {
+        assert_eq!(
+            DeviceMode::from_str("individual", false),
+            Ok(DeviceMode::Individual)
+        );
+        assert_eq!(GroupBy::from_str("numanode", false), Ok(GroupBy::Numanode));
+        assert!(GroupBy::from_str("numa", false).is_err());
+        let parsed: GroupBy = serde_json::from_str("\"socket\"").unwrap();
+        assert_eq!(parsed, GroupBy::Socket);
+        assert_eq!(DeviceMode::Grouped.to_string(), "grouped");
+    }
+
+    fn arb_shape() -> impl Strategy<Value = Shape> {
+        (1u32..3, 1u32..3, 1u32..3, 1u32..6, 1u32..3, any::<bool>()).prop_map(
+            |(sockets, numa, l3, cores, threads, split)| Shape {
+                sockets,
+                numa_per_socket: numa,
+                l3_per_numa: l3,
+                cores_per_l3: cores,
+                threads_per_core: threads,
+                sibling_numbering: if split {
+                    SiblingNumbering::Split
+                } else {
+                    SiblingNumbering::Adjacent
+                },
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn published_devices_cover_exactly_the_allocatable_cpus(
+            shape in arb_shape(),
+            reserved_bits in any::<u64>(),
+            mode_index in 0usize..4,
+        ) {
+            let t = build(&shape);
+            let reserved: CpuSet = t.online().iter().filter(|c| reserved_bits >> (c % 64) & 1 == 1).collect();
+            let (mode, group_by) = [
+                (DeviceMode::Individual, GroupBy::Numanode),
+                (DeviceMode::Grouped, GroupBy::Numanode),
+                (DeviceMode::Grouped, GroupBy::Socket),
+                (DeviceMode::Grouped, GroupBy::Machine),
+            ][mode_index];
+            let opts = DeviceOptions { mode, group_by, reserved: reserved.clone(), node_allocatable_mapping: true };
+            let planned = plan_devices(&t, &opts).unwrap();
+            let allocatable = t.online().difference(&reserved);
+            // Groups are disjoint and together exactly the allocatable CPUs.
+            let mut union = CpuSet::new();
+            for d in &planned {
+                prop_assert!(!d.cpus.is_empty());
+                prop_assert!(union.is_disjoint(&d.cpus));
+                union = union.union(&d.cpus);
+            }
+            prop_assert_eq!(&union, &allocatable);
+            let names: BTreeSet<&str> = planned.iter().map(|d| d.name.as_str()).collect();
+            prop_assert_eq!(names.len(), planned.len());
+            if mode == DeviceMode::Individual {
+                // Threads of one core form one run of consecutive numbers.
+                let cores: Vec<&CpuSet> = planned.iter().map(|d| t.core_of(d.cpus.first().unwrap()).unwrap()).collect();
+                let mut seen: Vec<&CpuSet> = Vec::new();
+                for (i, core) in cores.iter().enumerate() {
+                    if i > 0 && cores[i - 1] != *core {
+                        prop_assert!(!seen.contains(core), "core {} split", core);
+                    }
+                    seen.push(core);
+                }
+            }
+            let devices = build_devices(&t, &planned, true);
+            let slices = build_slices("dra.cpu", "node-1", None, devices, 1).unwrap();
+            let total: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
+            prop_assert_eq!(total, planned.len());
+            for s in &slices {
+                prop_assert!(s.spec.devices.as_ref().map_or(0, Vec::len) <= MAX_DEVICES_PER_SLICE);
+                prop_assert_eq!(s.spec.pool.resource_slice_count as usize, slices.len());
+            }
+        }
+    }
+}
