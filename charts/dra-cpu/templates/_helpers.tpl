@@ -1,0 +1,110 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "dra-cpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified name of the namespaced objects. */}}
+{{- define "dra-cpu.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Cluster-scoped objects carry the namespace too: two releases in two
+     namespaces must not fight over one ClusterRole. */}}
+{{- define "dra-cpu.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "dra-cpu.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "dra-cpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-cpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "dra-cpu.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "dra-cpu.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "dra-cpu.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "dra-cpu.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-cpu.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-cpu.deviceClassName" -}}
+{{- default .Values.driverName .Values.deviceClass.name -}}
+{{- end -}}
+
+{{/* The coordination socket; it must lie under stateDir, the only host
+     directory both containers share. */}}
+{{- define "dra-cpu.coordinationSocket" -}}
+{{- $stateDir := trimSuffix "/" .Values.stateDir -}}
+{{- $socket := default (printf "%s/coordination.sock" $stateDir) .Values.coordinationSocket -}}
+{{- if not (hasPrefix (printf "%s/" $stateDir) $socket) -}}
+{{- fail (printf "coordinationSocket %q must lie under stateDir %q: that is the directory both containers mount" $socket .Values.stateDir) -}}
+{{- end -}}
+{{- $socket -}}
+{{- end -}}
+
+{{/* Where the host's /sys is mounted; the plugin's --sysfs-root is its parent. */}}
+{{- define "dra-cpu.hostRoot" -}}/host{{- end -}}
+
+{{/* The config file of dra-plugin; keys are the flag names. */}}
+{{- define "dra-cpu.draPluginConfig" -}}
+{{- $p := .Values.draPlugin -}}
+driver-name: {{ .Values.driverName | quote }}
+kubelet-root-dir: {{ .Values.kubeletRootDir | quote }}
+state-dir: {{ .Values.stateDir | quote }}
+cdi-dir: {{ .Values.cdiDir | quote }}
+sysfs-root: {{ include "dra-cpu.hostRoot" . | quote }}
+{{- with $p.reservedCpus }}
+reserved-cpus: {{ . | quote }}
+{{- end }}
+cpu-device-mode: {{ $p.cpuDeviceMode }}
+group-by: {{ $p.groupBy }}
+allocation-policy: {{ $p.allocationPolicy }}
+mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
+disable-node-allocatable-mapping: {{ $p.disableNodeAllocatableMapping }}
+coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
+coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
+metrics-address: "0.0.0.0:{{ $p.metricsPort }}"
+log-format: {{ $p.logFormat }}
+{{- with $p.kubeconfig }}
+kubeconfig: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* The config file of nri-plugin; keys are the flag names. */}}
+{{- define "dra-cpu.nriPluginConfig" -}}
+{{- $n := .Values.nri -}}
+nri-socket: {{ $n.socket | quote }}
+plugin-name: {{ $n.pluginName | quote }}
+plugin-index: {{ $n.pluginIndex | quote }}
+coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
+cdi-dir: {{ .Values.cdiDir | quote }}
+mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
+unsolicited-updates: {{ $n.unsolicitedUpdates }}
+align-memory: {{ $n.alignMemory }}
+metrics-address: "0.0.0.0:{{ $n.metricsPort }}"
+log-format: {{ $n.logFormat }}
+{{- end -}}
