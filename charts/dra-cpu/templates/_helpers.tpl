@@ -99,7 +99,7 @@ kubeconfig: {{ . | quote }}
 {{- $n := .Values.nri -}}
 nri-socket: {{ $n.socket | quote }}
 plugin-name: {{ $n.pluginName | quote }}
-plugin-index: {{ $n.pluginIndex | quote }}
+plugin-index: {{ include "dra-cpu.pluginIndex" . | quote }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 cdi-dir: {{ .Values.cdiDir | quote }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
@@ -107,4 +107,24 @@ unsolicited-updates: {{ $n.unsolicitedUpdates }}
 align-memory: {{ $n.alignMemory }}
 metrics-address: "0.0.0.0:{{ $n.metricsPort }}"
 log-format: {{ $n.logFormat }}
+{{- end -}}
+
+{{/* The NRI plugin index as two digits; --set turns "10" into a number. */}}
+{{- define "dra-cpu.pluginIndex" -}}
+{{- $index := .Values.nri.pluginIndex -}}
+{{- if kindIs "string" $index -}}{{ $index }}{{- else -}}{{ printf "%02d" (int $index) }}{{- end -}}
+{{- end -}}
+
+{{/* Checks across values that the schema cannot express. */}}
+{{- define "dra-cpu.validate" -}}
+{{- if and .Values.nri.enabled (eq (int .Values.draPlugin.metricsPort) (int .Values.nri.metricsPort)) -}}
+{{- fail (printf "draPlugin.metricsPort and nri.metricsPort are both %v: the two containers share the pod's network, so the ports must differ" .Values.draPlugin.metricsPort) -}}
+{{- end -}}
+{{- $uid := .Values.securityContext.runAsUser | default 0 | int -}}
+{{- $allowed := list -}}
+{{- range .Values.draPlugin.coordinationAllowedUids -}}{{- $allowed = append $allowed (int .) -}}{{- end -}}
+{{- if and .Values.nri.enabled (not (has $uid $allowed)) -}}
+{{- fail (printf "securityContext.runAsUser %d is not in draPlugin.coordinationAllowedUids %v: nri-plugin would be refused on the coordination socket" $uid .Values.draPlugin.coordinationAllowedUids) -}}
+{{- end -}}
+{{- $_ := include "dra-cpu.coordinationSocket" . -}}
 {{- end -}}
