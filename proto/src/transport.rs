@@ -264,10 +264,6 @@ pub fn incoming_with_peer_check(
     )
 }
 
-fn unix_endpoint() -> Endpoint {
-    Endpoint::from_static(PLACEHOLDER_URI)
-}
-
 fn unix_connector(
     path: PathBuf,
 ) -> impl tower::Service<
@@ -284,10 +280,21 @@ fn unix_connector(
     })
 }
 
+/// An endpoint for [`connect_unix_with`]; set timeouts or keepalive on it.
+pub fn unix_endpoint() -> Endpoint {
+    Endpoint::from_static(PLACEHOLDER_URI)
+}
+
 /// Connects a gRPC channel to the server on the Unix socket at `path`.
 pub async fn connect_unix(path: &Path) -> Result<Channel, TransportError> {
+    connect_unix_with(unix_endpoint(), path).await
+}
+
+/// Like [`connect_unix`], with the caller's endpoint settings (e.g.
+/// `connect_timeout`, `http2_keep_alive_interval`); its URI is ignored.
+pub async fn connect_unix_with(endpoint: Endpoint, path: &Path) -> Result<Channel, TransportError> {
     check_socket_path(path)?;
-    unix_endpoint()
+    endpoint
         .connect_with_connector(unix_connector(path.to_path_buf()))
         .await
         .map_err(|source| TransportError::Connect {

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::kubelet::{self, dra_v1, dra_v1beta1, registration};
 use dra_cpu_proto::transport::{
-    bind_unix, connect_unix, connect_unix_lazy, incoming_with_peer_check, PeerPolicy,
-    TransportError, MAX_UNIX_SOCKET_PATH_BYTES, OWNER_ONLY_SOCKET_MODE,
+    bind_unix, connect_unix, connect_unix_lazy, connect_unix_with, incoming_with_peer_check,
+    unix_endpoint, PeerPolicy, TransportError, MAX_UNIX_SOCKET_PATH_BYTES, OWNER_ONLY_SOCKET_MODE,
 };
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -132,8 +132,9 @@ async fn registration_get_info_and_status_over_unix_socket() {
     );
     assert_eq!(*registrar.last_peer_uid.lock().unwrap(), Some(own_uid()));
 
+    let endpoint = unix_endpoint().connect_timeout(std::time::Duration::from_secs(5));
     let mut client = registration::registration_client::RegistrationClient::new(
-        connect_unix(&path).await.unwrap(),
+        connect_unix_with(endpoint, &path).await.unwrap(),
     );
     client
         .notify_registration_status(registration::RegistrationStatus {
@@ -733,10 +734,11 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.settimeout(30)
 s.connect(sys.argv[1])
-s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
 try:
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
     data = s.recv(9)
-except ConnectionResetError:
+except (BrokenPipeError, ConnectionResetError):
+    # The server hung up before or while we spoke.
     data = b""
 print("served" if data else "closed")
 "#;
