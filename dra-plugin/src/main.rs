@@ -5,6 +5,8 @@
 
 mod inspect;
 
+use dra_plugin::{inspect_state, run, slices};
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -21,18 +23,27 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the plugin: serve kubelet and nri-plugin, publish ResourceSlices.
+    Run(Box<run::RunArgs>),
+    /// Print the prepared claims, the pools and the store revision, as JSON.
+    Inspect(inspect_state::InspectArgs),
     /// Print the node's CPU topology as JSON.
     Topology(inspect::TopologyArgs),
     /// Print the CPUs the allocator would choose, as a cpulist.
     Allocate(inspect::AllocateArgs),
+    /// Print the ResourceSlices this node would publish, as JSON.
+    Slices(slices::SlicesArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut out = std::io::stdout().lock();
     let result = match cli.command {
+        Command::Run(args) => run::main(*args),
+        Command::Inspect(args) => inspect_state::inspect(&args, &mut out),
         Command::Topology(args) => inspect::topology(&args, &mut out),
         Command::Allocate(args) => inspect::allocate(&args, &mut out),
+        Command::Slices(args) => slices::print(&args, &mut out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

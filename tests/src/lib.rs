@@ -6,3 +6,5 @@ pub mod cgroup;
 pub mod containerd;
 pub mod cri;
 pub mod image;
+pub mod kubelet_dra;
+pub mod node;

@@ -1,0 +1,345 @@
+//! CDI spec files, one per prepared claim.
+//!
+//! The container runtime reads every `*.json` in the CDI directory; a spec
+//! here names one device, `dra.k8s.io/cpu=claim-<uid>`, whose only edit is
+//! the `DRA_CPUSET_<uid>=<cpulist>` environment variable nri-plugin pins the
+//! container by. A spec is written to a temporary file in the same
+//! directory, fsynced and renamed over the final name, then the directory is
+//! fsynced, so the runtime never reads half a spec and a crash never leaves a
+//! renamed but empty one.
+
+use shared_state::claim_env::{cdi_env_var, is_claim_uid};
+use shared_state::CpuSet;
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The CDI kind (vendor/class) of every device this driver writes.
+pub const CDI_KIND: &str = "dra.k8s.io/cpu";
+/// A spec version containerd 1.7's CDI library (v0.5/0.6) accepts.
+pub const CDI_VERSION: &str = "0.6.0";
+/// Every spec file of ours starts with this (the kind with `/` made safe).
+pub const SPEC_FILE_PREFIX: &str = "dra.k8s.io-cpu_claim-";
+const SPEC_FILE_SUFFIX: &str = ".json";
+/// Temporary files end in `.tmp`, which the runtime's CDI scan skips.
+const TEMP_SUFFIX: &str = ".tmp";
+
+/// The CDI device name of a claim.
+pub fn device_name(claim_uid: &str) -> String {
+    format!("claim-{claim_uid}")
+}
+
+/// The fully qualified CDI device id kubelet hands to the runtime.
+pub fn device_id(claim_uid: &str) -> String {
+    format!("{CDI_KIND}={}", device_name(claim_uid))
+}
+
+/// The spec file name of a claim.
+pub fn spec_file_name(claim_uid: &str) -> String {
+    format!("{SPEC_FILE_PREFIX}{claim_uid}{SPEC_FILE_SUFFIX}")
+}
+
+/// The claim UID a spec file name of ours belongs to.
+pub fn claim_uid_of_file(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_prefix(SPEC_FILE_PREFIX)?
+        .strip_suffix(SPEC_FILE_SUFFIX)
+        .filter(|uid| is_claim_uid(uid))
+}
+
+/// The spec document of a claim.
+pub fn spec_json(claim_uid: &str, cpus: &CpuSet) -> serde_json::Value {
+    serde_json::json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": CDI_KIND,
+        "devices": [{
+            "name": device_name(claim_uid),
+            "containerEdits": {"env": [cdi_env_var(claim_uid, cpus)]},
+        }],
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error("claim UID {0:?} cannot name a CDI device")]
+    BadClaimUid(String),
+    #[error("CDI directory {path}: {operation} failed: {source}")]
+    Io {
+        path: PathBuf,
+        operation: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The CDI spec directory.
+#[derive(Debug, Clone)]
+pub struct CdiDir {
+    dir: PathBuf,
+}
+
+impl CdiDir {
+    pub fn new(dir: impl Into<PathBuf>) -> CdiDir {
+        CdiDir { dir: dir.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The spec file path of a claim.
+    pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.dir.join(spec_file_name(claim_uid))
+    }
+
+    fn io(&self, path: &Path, operation: &'static str) -> impl FnOnce(std::io::Error) -> CdiError {
+        let path = path.to_path_buf();
+        move |source| CdiError::Io {
+            path,
+            operation,
+            source,
+        }
+    }
+
+    /// Write (or replace) a claim's spec atomically and durably.
+    pub fn write(&self, claim_uid: &str, cpus: &CpuSet) -> Result<(), CdiError> {
+        if !is_claim_uid(claim_uid) {
+            return Err(CdiError::BadClaimUid(claim_uid.to_string()));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(self.io(&self.dir, "create"))?;
+        let final_path = self.spec_path(claim_uid);
+        let temp_path = self
+            .dir
+            .join(format!(".{}{TEMP_SUFFIX}", spec_file_name(claim_uid)));
+        let body =
+            serde_json::to_vec_pretty(&spec_json(claim_uid, cpus)).map_err(|e| CdiError::Io {
+                path: final_path.clone(),
+                operation: "encode",
+                source: std::io::Error::other(e),
+            })?;
+        let result = (|| {
+            let mut file = File::create(&temp_path).map_err(self.io(&temp_path, "create"))?;
+            file.write_all(&body)
+                .map_err(self.io(&temp_path, "write"))?;
+            file.sync_all().map_err(self.io(&temp_path, "fsync"))?;
+            std::fs::rename(&temp_path, &final_path).map_err(self.io(&final_path, "rename"))?;
+            self.sync_dir()
+        })();
+        if result.is_err() {
+            // Best effort: a leftover temp file is ignored by the runtime and
+            // replaced by the next write, so failing to remove it is not
+            // worth hiding the first error for.
+            let _ = std::fs::remove_file(&temp_path);
+        }
+        result
+    }
+
+    /// Remove a claim's spec; a missing spec is not an error.
+    pub fn remove(&self, claim_uid: &str) -> Result<(), CdiError> {
+        if !is_claim_uid(claim_uid) {
+            return Err(CdiError::BadClaimUid(claim_uid.to_string()));
+        }
+        let path = self.spec_path(claim_uid);
+        match std::fs::remove_file(&path) {
+            Ok(()) => self.sync_dir(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io(&path, "remove")(e)),
+        }
+    }
+
+    /// The claim UIDs that have a spec of ours here.
+    pub fn list(&self) -> Result<BTreeSet<String>, CdiError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+            Err(e) => return Err(self.io(&self.dir, "list")(e)),
+        };
+        let mut uids = BTreeSet::new();
+        for entry in entries {
+            let entry = entry.map_err(self.io(&self.dir, "list"))?;
+            if let Some(uid) = entry.file_name().to_str().and_then(claim_uid_of_file) {
+                uids.insert(uid.to_string());
+            }
+        }
+        Ok(uids)
+    }
+
+    /// The CPUs a claim's spec on disk names, if it is one of ours and reads.
+    pub fn read_cpus(&self, claim_uid: &str) -> Option<CpuSet> {
+        let text = std::fs::read(self.spec_path(claim_uid)).ok()?;
+        let doc: serde_json::Value = serde_json::from_slice(&text).ok()?;
+        let env = doc
+            .pointer("/devices/0/containerEdits/env/0")?
+            .as_str()?
+            .to_string();
+        let (_, cpus) = env.split_once('=')?;
+        CpuSet::parse_cpulist(cpus).ok()
+    }
+
+    fn sync_dir(&self) -> Result<(), CdiError> {
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(self.io(&self.dir, "fsync"))
+    }
+}
+
+/// What to change in the CDI directory so it holds exactly the stored claims.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CdiPlan {
+    /// Claims whose spec is missing or names other CPUs.
+    pub write: Vec<(String, CpuSet)>,
+    /// Specs of ours whose claim is not stored.
+    pub remove: Vec<String>,
+}
+
+/// Compare the stored claims with the specs on disk (`on_disk`: claim UID →
+/// the CPUs its spec names, `None` if it does not read).
+pub fn plan_reconcile(
+    stored: &[(String, CpuSet)],
+    on_disk: &std::collections::BTreeMap<String, Option<CpuSet>>,
+) -> CdiPlan {
+    let mut plan = CdiPlan::default();
+    for (uid, cpus) in stored {
+        if on_disk.get(uid).and_then(Option::as_ref) != Some(cpus) {
+            plan.write.push((uid.clone(), cpus.clone()));
+        }
+    }
+    let stored_uids: BTreeSet<&str> = stored.iter().map(|(u, _)| u.as_str()).collect();
+    plan.remove = on_disk
+        .keys()
+        .filter(|uid| !stored_uids.contains(uid.as_str()))
+        .cloned()
+        .collect();
+    plan
+}
+
+impl CdiDir {
+    /// Make the directory hold exactly the stored claims' specs.
+    pub fn reconcile(&self, stored: &[(String, CpuSet)]) -> Result<CdiPlan, CdiError> {
+        let on_disk = self
+            .list()?
+            .into_iter()
+            .map(|uid| {
+                let cpus = self.read_cpus(&uid);
+                (uid, cpus)
+            })
+            .collect();
+        let plan = plan_reconcile(stored, &on_disk);
+        for (uid, cpus) in &plan.write {
+            self.write(uid, cpus)?;
+        }
+        for uid in &plan.remove {
+            self.remove(uid)?;
+        }
+        Ok(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    const UID: &str = "5f1c0e3a-1111-2222-3333-444455556666";
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_cpulist(s).unwrap_or_default()
+    }
+
+    #[test]
+    fn spec_shape() {
+        let spec = spec_json(UID, &set("2-3,8"));
+        assert_eq!(spec["cdiVersion"], "0.6.0");
+        assert_eq!(spec["kind"], "dra.k8s.io/cpu");
+        assert_eq!(spec["devices"][0]["name"], format!("claim-{UID}"));
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["env"][0],
+            format!("DRA_CPUSET_{UID}=2-3,8")
+        );
+        assert_eq!(device_id(UID), format!("dra.k8s.io/cpu=claim-{UID}"));
+    }
+
+    #[test]
+    fn file_names_round_trip() {
+        assert_eq!(claim_uid_of_file(&spec_file_name(UID)), Some(UID));
+        for other in [
+            "other-vendor.json",
+            "dra.k8s.io-cpu_claim-.json",
+            "dra.k8s.io-cpu_claim-XYZ.json",
+            &format!(".{}.tmp", spec_file_name(UID)),
+            &format!("dra.k8s.io-cpu_claim-{UID}.yaml"),
+        ] {
+            assert_eq!(claim_uid_of_file(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn write_read_remove() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cdi = CdiDir::new(dir.path().join("cdi"));
+        cdi.write(UID, &set("1")).expect("write");
+        assert_eq!(cdi.read_cpus(UID), Some(set("1")));
+        cdi.write(UID, &set("4-5")).expect("rewrite");
+        assert_eq!(cdi.read_cpus(UID), Some(set("4-5")));
+        let names: Vec<String> = std::fs::read_dir(cdi.path())
+            .expect("readdir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        assert_eq!(names, vec![spec_file_name(UID)], "no temp file left");
+        assert_eq!(cdi.list().expect("list"), [UID.to_string()].into());
+        cdi.remove(UID).expect("remove");
+        cdi.remove(UID).expect("remove twice");
+        assert!(cdi.list().expect("list").is_empty());
+        assert!(matches!(
+            cdi.write("../etc/passwd", &set("1")),
+            Err(CdiError::BadClaimUid(_))
+        ));
+    }
+
+    #[test]
+    fn write_error_names_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x").expect("write");
+        let err = CdiDir::new(&file).write(UID, &set("1")).err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("not-a-dir"), "{msg}");
+    }
+
+    #[test]
+    fn plan_reconcile_table() {
+        let a = "aaaaaaaa-0000-0000-0000-000000000001".to_string();
+        let b = "bbbbbbbb-0000-0000-0000-000000000002".to_string();
+        let c = "cccccccc-0000-0000-0000-000000000003".to_string();
+        let stored = vec![(a.clone(), set("1")), (b.clone(), set("2"))];
+        let on_disk: BTreeMap<String, Option<CpuSet>> = [
+            (a.clone(), Some(set("1"))),
+            (b.clone(), Some(set("3"))),
+            (c.clone(), None),
+        ]
+        .into();
+        let plan = plan_reconcile(&stored, &on_disk);
+        assert_eq!(plan.write, vec![(b, set("2"))]);
+        assert_eq!(plan.remove, vec![c]);
+        let missing = plan_reconcile(&stored, &BTreeMap::new());
+        assert_eq!(missing.write.len(), 2);
+        assert!(missing.remove.is_empty());
+    }
+
+    #[test]
+    fn reconcile_rewrites_missing_and_removes_orphans() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cdi = CdiDir::new(dir.path());
+        let orphan = "dddddddd-0000-0000-0000-000000000004";
+        cdi.write(orphan, &set("7")).expect("write orphan");
+        std::fs::write(dir.path().join("someone-else.json"), b"{}").expect("foreign");
+        let plan = cdi
+            .reconcile(&[(UID.to_string(), set("0-1"))])
+            .expect("reconcile");
+        assert_eq!(plan.remove, vec![orphan.to_string()]);
+        assert_eq!(cdi.read_cpus(UID), Some(set("0-1")));
+        assert!(!cdi.spec_path(orphan).exists());
+        assert!(dir.path().join("someone-else.json").exists());
+    }
+}

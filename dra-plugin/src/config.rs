@@ -1,0 +1,526 @@
+//! Flags and the YAML config file of `dra-plugin run`.
+//!
+//! Both are read into the same [`Settings`] type, whose every field is
+//! optional: a flag given on the command line wins over the file, the file
+//! wins over the built-in default. The file's keys are the flag names
+//! without the leading dashes (`driver-name: dra.cpu`); an unknown key is an
+//! error, so a typo cannot silently leave a default in force.
+
+/// The device options are the slice builder's own types, so that a mode
+/// read from flags is exactly the one the slices are built for.
+pub use crate::slices::{DeviceMode, GroupBy};
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+use shared_state::alloc::Policy;
+use shared_state::CpuSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_DRIVER_NAME: &str = "dra.cpu";
+pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/dra-cpu";
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+pub const DEFAULT_SYSFS_ROOT: &str = "/";
+/// File name of the coordination socket inside the state directory.
+pub const COORDINATION_SOCKET_NAME: &str = "coordination.sock";
+/// Directory of the sled store inside the state directory.
+pub const STORE_DIR_NAME: &str = "store";
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9440";
+/// Environment variable holding the node name (the Downward API sets it).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Every setting of `dra-plugin run`, as flags or as config-file keys.
+#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// DRA driver name (ResourceSlices, claims' allocation results, sockets).
+    #[arg(long)]
+    pub driver_name: Option<String>,
+    /// This node's name; defaults to $NODE_NAME.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// kubeconfig file; in-cluster configuration when unset.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubelet root directory (plugins_registry/ and plugins/ live here).
+    #[arg(long)]
+    pub kubelet_root_dir: Option<PathBuf>,
+    /// Directory of the assignment store and the coordination socket.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Directory the container runtime reads CDI specs from.
+    #[arg(long)]
+    pub cdi_dir: Option<PathBuf>,
+    /// Directory containing `sys/devices/system/cpu` (the host's `/`).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// CPUs kept for system daemons (cpulist); never published.
+    #[arg(long)]
+    pub reserved_cpus: Option<CpuSet>,
+    /// grouped or individual.
+    #[arg(long, value_enum)]
+    pub cpu_device_mode: Option<DeviceMode>,
+    /// Grouped mode: numanode, socket or machine.
+    #[arg(long, value_enum)]
+    pub group_by: Option<GroupBy>,
+    /// packed, full-pcpus-only or distribute-across-numa.
+    #[arg(long)]
+    pub allocation_policy: Option<Policy>,
+    /// A claim container that also requests CPU gets the shared pool too.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub mixed_allocation_mode: Option<bool>,
+    /// Do not publish the KEP-5517 node-allocatable mapping on devices.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub disable_node_allocatable_mapping: Option<bool>,
+    /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
+    #[arg(long)]
+    pub coordination_socket: Option<PathBuf>,
+    /// Peer uids admitted on the coordination socket (comma-separated); root only by default.
+    #[arg(long, value_delimiter = ',')]
+    pub coordination_allowed_uids: Option<Vec<u32>>,
+    /// host:port of the metrics, /healthz and /readyz HTTP server.
+    #[arg(long)]
+    pub metrics_address: Option<SocketAddr>,
+    /// text or json.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Why the settings could not be turned into a [`Config`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error(
+        "no node name: pass --node-name, set node-name in the config file, or set ${NODE_NAME_ENV}"
+    )]
+    NoNodeName,
+    #[error("driver name {0:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 63 characters)")]
+    BadDriverName(String),
+    #[error("--coordination-allowed-uids is empty: nobody could subscribe")]
+    NoAllowedUids,
+}
+
+/// The settings of a running plugin, defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub driver_name: String,
+    pub node_name: String,
+    pub kubeconfig: Option<PathBuf>,
+    pub kubelet_root_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub sysfs_root: PathBuf,
+    pub reserved_cpus: CpuSet,
+    pub device_mode: DeviceMode,
+    pub group_by: GroupBy,
+    pub allocation_policy: Policy,
+    pub mixed_allocation_mode: bool,
+    pub node_allocatable_mapping: bool,
+    pub coordination_socket: PathBuf,
+    pub coordination_allowed_uids: Vec<u32>,
+    pub metrics_address: SocketAddr,
+    pub log_format: LogFormat,
+}
+
+/// Parse a config file's text.
+pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    // An empty file is a valid "no settings" file; serde_yaml reads it as null.
+    if text.trim().is_empty() {
+        return Ok(Settings::default());
+    }
+    serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Read and parse a config file.
+pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_file(path, &text)
+}
+
+impl Settings {
+    /// Every field set here, else the one from `fallback`.
+    pub fn or(self, fallback: Settings) -> Settings {
+        Settings {
+            driver_name: self.driver_name.or(fallback.driver_name),
+            node_name: self.node_name.or(fallback.node_name),
+            kubeconfig: self.kubeconfig.or(fallback.kubeconfig),
+            kubelet_root_dir: self.kubelet_root_dir.or(fallback.kubelet_root_dir),
+            state_dir: self.state_dir.or(fallback.state_dir),
+            cdi_dir: self.cdi_dir.or(fallback.cdi_dir),
+            sysfs_root: self.sysfs_root.or(fallback.sysfs_root),
+            reserved_cpus: self.reserved_cpus.or(fallback.reserved_cpus),
+            cpu_device_mode: self.cpu_device_mode.or(fallback.cpu_device_mode),
+            group_by: self.group_by.or(fallback.group_by),
+            allocation_policy: self.allocation_policy.or(fallback.allocation_policy),
+            mixed_allocation_mode: self
+                .mixed_allocation_mode
+                .or(fallback.mixed_allocation_mode),
+            disable_node_allocatable_mapping: self
+                .disable_node_allocatable_mapping
+                .or(fallback.disable_node_allocatable_mapping),
+            coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
+            coordination_allowed_uids: self
+                .coordination_allowed_uids
+                .or(fallback.coordination_allowed_uids),
+            metrics_address: self.metrics_address.or(fallback.metrics_address),
+            log_format: self.log_format.or(fallback.log_format),
+        }
+    }
+
+    /// Apply defaults; `env_node_name` is `$NODE_NAME`, used when neither
+    /// flag nor file names the node.
+    pub fn resolve(self, env_node_name: Option<String>) -> Result<Config, ConfigError> {
+        let driver_name = self
+            .driver_name
+            .unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_string());
+        if !is_dns_subdomain(&driver_name) {
+            return Err(ConfigError::BadDriverName(driver_name));
+        }
+        let node_name = self
+            .node_name
+            .or(env_node_name)
+            .filter(|name| !name.trim().is_empty())
+            .ok_or(ConfigError::NoNodeName)?;
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        let coordination_socket = self
+            .coordination_socket
+            .unwrap_or_else(|| state_dir.join(COORDINATION_SOCKET_NAME));
+        let coordination_allowed_uids = self.coordination_allowed_uids.unwrap_or_else(|| vec![0]);
+        if coordination_allowed_uids.is_empty() {
+            return Err(ConfigError::NoAllowedUids);
+        }
+        Ok(Config {
+            driver_name,
+            node_name,
+            kubeconfig: self.kubeconfig,
+            kubelet_root_dir: self
+                .kubelet_root_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT_DIR)),
+            state_dir,
+            cdi_dir: self
+                .cdi_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR)),
+            sysfs_root: self
+                .sysfs_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SYSFS_ROOT)),
+            reserved_cpus: self.reserved_cpus.unwrap_or_default(),
+            device_mode: self.cpu_device_mode.unwrap_or_default(),
+            group_by: self.group_by.unwrap_or_default(),
+            allocation_policy: self.allocation_policy.unwrap_or_default(),
+            mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
+            node_allocatable_mapping: !self.disable_node_allocatable_mapping.unwrap_or(false),
+            coordination_socket,
+            coordination_allowed_uids,
+            metrics_address: self.metrics_address.unwrap_or_else(|| {
+                DEFAULT_METRICS_ADDRESS
+                    .parse()
+                    .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9440)))
+            }),
+            log_format: self.log_format.unwrap_or_default(),
+        })
+    }
+}
+
+impl Config {
+    /// `<kubelet-root>/plugins_registry/<driver>-reg.sock`, where kubelet's
+    /// plugin watcher looks for new plugins.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.kubelet_root_dir
+            .join("plugins_registry")
+            .join(format!("{}-reg.sock", self.driver_name))
+    }
+
+    /// `<kubelet-root>/plugins/<driver>/dra.sock`, the endpoint kubelet calls.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.kubelet_root_dir
+            .join("plugins")
+            .join(&self.driver_name)
+            .join("dra.sock")
+    }
+
+    /// The sled store's directory.
+    pub fn store_dir(&self) -> PathBuf {
+        self.state_dir.join(STORE_DIR_NAME)
+    }
+}
+
+/// A Kubernetes DNS-1123 subdomain short enough to appear in socket names.
+fn is_dns_subdomain(name: &str) -> bool {
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    !name.is_empty() && name.len() <= 63 && name.split('.').all(label_ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn flags(args: &[&str]) -> Settings {
+        let mut argv = vec!["dra-plugin"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => cli.settings,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let config = Settings::default()
+            .resolve(Some("node-a".into()))
+            .expect("defaults resolve");
+        assert_eq!(config.driver_name, "dra.cpu");
+        assert_eq!(config.node_name, "node-a");
+        assert_eq!(config.kubeconfig, None);
+        assert_eq!(
+            config.registration_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins_registry/dra.cpu-reg.sock")
+        );
+        assert_eq!(
+            config.dra_socket(),
+            PathBuf::from("/var/lib/kubelet/plugins/dra.cpu/dra.sock")
+        );
+        assert_eq!(
+            config.coordination_socket,
+            PathBuf::from("/var/lib/dra-cpu/coordination.sock")
+        );
+        assert_eq!(config.store_dir(), PathBuf::from("/var/lib/dra-cpu/store"));
+        assert_eq!(config.cdi_dir, PathBuf::from("/var/run/cdi"));
+        assert_eq!(config.device_mode, DeviceMode::Grouped);
+        assert_eq!(config.group_by, GroupBy::Numanode);
+        assert_eq!(config.allocation_policy, Policy::Packed);
+        assert!(!config.mixed_allocation_mode);
+        assert!(config.node_allocatable_mapping);
+        assert_eq!(config.coordination_allowed_uids, vec![0]);
+        assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let s = flags(&[
+            "--driver-name=cpu.example.com",
+            "--node-name=n1",
+            "--kubeconfig=/k",
+            "--kubelet-root-dir=/kl",
+            "--state-dir=/st",
+            "--cdi-dir=/cdi",
+            "--sysfs-root=/host",
+            "--reserved-cpus=0-1",
+            "--cpu-device-mode=individual",
+            "--group-by=socket",
+            "--allocation-policy=full-pcpus-only",
+            "--mixed-allocation-mode",
+            "--disable-node-allocatable-mapping",
+            "--coordination-socket=/c.sock",
+            "--coordination-allowed-uids=0,1000",
+            "--metrics-address=127.0.0.1:9000",
+            "--log-format=json",
+        ]);
+        let c = s.resolve(None).expect("resolves");
+        assert_eq!(c.driver_name, "cpu.example.com");
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(c.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(c.kubelet_root_dir, PathBuf::from("/kl"));
+        assert_eq!(c.store_dir(), PathBuf::from("/st/store"));
+        assert_eq!(c.cdi_dir, PathBuf::from("/cdi"));
+        assert_eq!(c.sysfs_root, PathBuf::from("/host"));
+        assert_eq!(c.reserved_cpus.to_cpulist(), "0-1");
+        assert_eq!(c.device_mode, DeviceMode::Individual);
+        assert_eq!(c.group_by, GroupBy::Socket);
+        assert_eq!(c.allocation_policy, Policy::FullPcpusOnly);
+        assert!(c.mixed_allocation_mode);
+        assert!(!c.node_allocatable_mapping);
+        assert_eq!(c.coordination_socket, PathBuf::from("/c.sock"));
+        assert_eq!(c.coordination_allowed_uids, vec![0, 1000]);
+        assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9000");
+        assert_eq!(c.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn every_file_key_parses_and_matches_the_flags() {
+        let text = "\
+driver-name: cpu.example.com
+node-name: n1
+kubeconfig: /k
+kubelet-root-dir: /kl
+state-dir: /st
+cdi-dir: /cdi
+sysfs-root: /host
+reserved-cpus: 0-1
+cpu-device-mode: individual
+group-by: socket
+allocation-policy: full-pcpus-only
+mixed-allocation-mode: true
+disable-node-allocatable-mapping: true
+coordination-socket: /c.sock
+coordination-allowed-uids: [0, 1000]
+metrics-address: 127.0.0.1:9000
+log-format: json
+";
+        let from_file = parse_file(Path::new("c.yaml"), text).expect("parses");
+        let from_flags = flags(&[
+            "--driver-name=cpu.example.com",
+            "--node-name=n1",
+            "--kubeconfig=/k",
+            "--kubelet-root-dir=/kl",
+            "--state-dir=/st",
+            "--cdi-dir=/cdi",
+            "--sysfs-root=/host",
+            "--reserved-cpus=0-1",
+            "--cpu-device-mode=individual",
+            "--group-by=socket",
+            "--allocation-policy=full-pcpus-only",
+            "--mixed-allocation-mode=true",
+            "--disable-node-allocatable-mapping=true",
+            "--coordination-socket=/c.sock",
+            "--coordination-allowed-uids=0,1000",
+            "--metrics-address=127.0.0.1:9000",
+            "--log-format=json",
+        ]);
+        assert_eq!(from_file, from_flags);
+    }
+
+    #[test]
+    fn file_errors_name_the_problem() {
+        let cases = [
+            ("driver-nme: x\n", "unknown field `driver-nme`"),
+            ("group-by: core\n", "unknown variant `core`"),
+            ("reserved-cpus: 3-1\n", "3-1"),
+            ("allocation-policy: spread\n", "spread"),
+            ("- a\n", "invalid type"),
+        ];
+        for (text, fragment) in cases {
+            match parse_file(Path::new("/etc/dra-cpu/config.yaml"), text) {
+                Ok(s) => panic!("{text:?} parsed as {s:?}"),
+                Err(e) => {
+                    let message = e.to_string();
+                    assert!(message.contains("/etc/dra-cpu/config.yaml"), "{message}");
+                    assert!(message.contains(fragment), "{text:?}: {message}");
+                }
+            }
+        }
+        assert_eq!(
+            parse_file(Path::new("x"), "  \n").ok(),
+            Some(Settings::default())
+        );
+    }
+
+    #[test]
+    fn flags_override_file_which_overrides_defaults() {
+        let file = parse_file(
+            Path::new("c.yaml"),
+            "node-name: from-file\ngroup-by: socket\nstate-dir: /file\n",
+        )
+        .expect("parses");
+        let c = flags(&["--group-by=machine"])
+            .or(file)
+            .resolve(Some("from-env".into()))
+            .expect("resolves");
+        assert_eq!(c.group_by, GroupBy::Machine);
+        assert_eq!(c.node_name, "from-file");
+        assert_eq!(c.state_dir, PathBuf::from("/file"));
+        assert_eq!(
+            c.coordination_socket,
+            PathBuf::from("/file/coordination.sock")
+        );
+        assert_eq!(c.device_mode, DeviceMode::Grouped);
+    }
+
+    #[test]
+    fn resolve_errors() {
+        assert!(matches!(
+            Settings::default().resolve(None),
+            Err(ConfigError::NoNodeName)
+        ));
+        assert!(matches!(
+            Settings::default().resolve(Some("  ".into())),
+            Err(ConfigError::NoNodeName)
+        ));
+        let bad = Settings {
+            driver_name: Some("DRA_CPU".into()),
+            ..Settings::default()
+        };
+        assert!(matches!(
+            bad.resolve(Some("n".into())),
+            Err(ConfigError::BadDriverName(name)) if name == "DRA_CPU"
+        ));
+        let nobody = Settings {
+            coordination_allowed_uids: Some(vec![]),
+            ..Settings::default()
+        };
+        assert!(matches!(
+            nobody.resolve(Some("n".into())),
+            Err(ConfigError::NoAllowedUids)
+        ));
+    }
+
+    #[test]
+    fn dns_subdomain_table() {
+        let cases = [
+            ("dra.cpu", true),
+            ("a", true),
+            ("cpu-1.example.com", true),
+            ("", false),
+            ("Dra.cpu", false),
+            ("dra..cpu", false),
+            ("-dra", false),
+            ("dra_cpu", false),
+            ("dra/cpu", false),
+        ];
+        for (name, want) in cases {
+            assert_eq!(is_dns_subdomain(name), want, "{name:?}");
+        }
+        assert!(!is_dns_subdomain(&"a".repeat(64)));
+    }
+
+    proptest! {
+        /// `or` takes each field from the first settings that has it.
+        #[test]
+        fn or_prefers_the_first(a in proptest::option::of("[a-z]{1,8}"), b in proptest::option::of("[a-z]{1,8}")) {
+            let first = Settings { node_name: a.clone(), ..Settings::default() };
+            let second = Settings { node_name: b.clone(), ..Settings::default() };
+            prop_assert_eq!(first.or(second).node_name, a.or(b));
+        }
+    }
+}

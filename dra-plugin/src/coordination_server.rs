@@ -1,0 +1,168 @@
+//! The `dracpu.v1.Coordination` service nri-plugin subscribes to.
+//!
+//! Watch sends a snapshot, then every change in revision order. Changes
+//! reach subscribers through a bounded broadcast channel, so a prepare never
+//! waits for a subscriber: one that falls more than
+//! [`crate::driver::EVENT_BUFFER`] events behind is sent a fresh snapshot
+//! instead of the deltas it missed.
+
+use crate::driver::{Driver, StateEvent, StateSnapshot};
+use dra_cpu_proto::coordination::v1 as coord;
+use shared_state::ClaimAssignment;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tonic::{Request, Response, Status};
+
+/// How often a quiet stream gets a heartbeat.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+pub fn claim_message(a: &ClaimAssignment) -> coord::Claim {
+    coord::Claim {
+        uid: a.claim_uid.clone(),
+        namespace: a.namespace.clone(),
+        name: a.name.clone(),
+        consumer_pod_uids: a.consumer_pods.clone(),
+        cpus: a.cpus.to_cpulist(),
+        prepared_at_unix_ms: a.prepared_at_unix_ms,
+    }
+}
+
+pub fn snapshot_message(s: &StateSnapshot) -> coord::Snapshot {
+    coord::Snapshot {
+        revision: s.revision,
+        allocatable: s.allocatable.to_cpulist(),
+        reserved: s.reserved.to_cpulist(),
+        mixed_allocation_mode: s.mixed_allocation_mode,
+        claims: s.claims.iter().map(claim_message).collect(),
+    }
+}
+
+fn event_message(e: &StateEvent) -> coord::WatchEvent {
+    let event = match e {
+        StateEvent::Prepared {
+            revision,
+            assignment,
+        } => coord::watch_event::Event::ClaimPrepared(coord::ClaimPrepared {
+            revision: *revision,
+            claim: Some(claim_message(assignment)),
+        }),
+        StateEvent::Unprepared {
+            revision,
+            claim_uid,
+        } => coord::watch_event::Event::ClaimUnprepared(coord::ClaimUnprepared {
+            revision: *revision,
+            claim_uid: claim_uid.clone(),
+        }),
+    };
+    coord::WatchEvent { event: Some(event) }
+}
+
+fn snapshot_event(s: &StateSnapshot) -> coord::WatchEvent {
+    coord::WatchEvent {
+        event: Some(coord::watch_event::Event::Snapshot(snapshot_message(s))),
+    }
+}
+
+pub struct CoordinationService {
+    driver: Arc<Driver>,
+    heartbeat: Duration,
+}
+
+impl CoordinationService {
+    pub fn new(driver: Arc<Driver>, heartbeat: Duration) -> CoordinationService {
+        CoordinationService { driver, heartbeat }
+    }
+}
+
+type WatchStream =
+    Pin<Box<dyn futures::Stream<Item = Result<coord::WatchEvent, Status>> + Send + 'static>>;
+
+/// Decrements the subscriber gauge when a stream is dropped.
+struct SubscriberGuard(Arc<Driver>);
+
+impl Drop for SubscriberGuard {
+    fn drop(&mut self) {
+        self.0.metrics().subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[tonic::async_trait]
+impl coord::coordination_server::Coordination for CoordinationService {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<coord::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let request = request.into_inner();
+        let subscriber = request.subscriber.clone();
+        let (snapshot, receiver) = self.driver.subscribe();
+        tracing::info!(
+            subscriber = %subscriber, from_revision = request.from_revision,
+            revision = snapshot.revision, "subscriber connected"
+        );
+        self.driver
+            .metrics()
+            .subscribers
+            .fetch_add(1, Ordering::Relaxed);
+        let guard = SubscriberGuard(self.driver.clone());
+        let driver = self.driver.clone();
+        let heartbeat = self.heartbeat;
+        let first = snapshot_event(&snapshot);
+        let state = (receiver, driver, guard, subscriber, heartbeat);
+        let rest = futures::stream::unfold(
+            state,
+            |(mut receiver, driver, guard, subscriber, heartbeat)| async move {
+                let event = match tokio::time::timeout(heartbeat, receiver.recv()).await {
+                    Err(_) => coord::WatchEvent {
+                        event: Some(coord::watch_event::Event::Heartbeat(coord::Heartbeat {
+                            revision: driver.revision(),
+                        })),
+                    },
+                    Ok(Ok(event)) => event_message(&event),
+                    Ok(Err(RecvError::Lagged(missed))) => {
+                        tracing::warn!(subscriber = %subscriber, missed, "subscriber fell behind; sending a fresh snapshot");
+                        let (snapshot, fresh) = driver.subscribe();
+                        receiver = fresh;
+                        snapshot_event(&snapshot)
+                    }
+                    // The driver is gone: the process is shutting down.
+                    Ok(Err(RecvError::Closed)) => return None,
+                };
+                Some((Ok(event), (receiver, driver, guard, subscriber, heartbeat)))
+            },
+        );
+        let stream = futures::StreamExt::chain(futures::stream::once(async { Ok(first) }), rest);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<coord::LookupRequest>,
+    ) -> Result<Response<coord::LookupResponse>, Status> {
+        let uid = request.into_inner().claim_uid;
+        let revision = self.driver.revision();
+        let claim = self.driver.prepared(&uid);
+        Ok(Response::new(coord::LookupResponse {
+            found: claim.is_some(),
+            claim: claim.as_ref().map(claim_message),
+            revision,
+        }))
+    }
+
+    async fn report_applied(
+        &self,
+        request: Request<coord::AppliedRevision>,
+    ) -> Result<Response<coord::AppliedAck>, Status> {
+        let report = request.into_inner();
+        self.driver
+            .metrics()
+            .applied(&report.subscriber, report.revision);
+        Ok(Response::new(coord::AppliedAck {
+            current_revision: self.driver.revision(),
+        }))
+    }
+}

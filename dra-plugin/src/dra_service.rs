@@ -1,0 +1,393 @@
+//! The kubelet-facing DRA gRPC services: `v1.DRAPlugin`, `v1beta1.DRAPlugin`
+//! (same calls, older kubelets) and `v1.DRAResourceHealth`.
+//!
+//! Kubelet sends only claim namespace, name and UID; the claim itself is read
+//! from the API server, unless it is already prepared, in which case the
+//! stored answer is returned without the API server (kubelet retries
+//! prepares, and a restarted plugin must answer them from its store). Every
+//! claim of a request gets an entry in the response, with an error string
+//! where it failed.
+
+use crate::driver::{Driver, Prepared};
+use crate::prepare::{ClaimRef, PrepareError};
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+/// Where ResourceClaims are read from.
+#[tonic::async_trait]
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim, `Ok(None)` if it does not exist, `Err` with a reason if
+    /// the API server could not be asked.
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String>;
+}
+
+/// Claims from the API server through kube.
+#[derive(Clone)]
+pub struct KubeClaims {
+    client: kube::Client,
+}
+
+impl KubeClaims {
+    pub fn new(client: kube::Client) -> KubeClaims {
+        KubeClaims { client }
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for KubeClaims {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The DRA service shared by both API versions.
+#[derive(Clone)]
+pub struct DraService {
+    driver: Arc<Driver>,
+    claims: Arc<dyn ClaimSource>,
+}
+
+impl DraService {
+    pub fn new(driver: Arc<Driver>, claims: Arc<dyn ClaimSource>) -> DraService {
+        DraService { driver, claims }
+    }
+
+    /// Prepare one claim: from the store if it is prepared, else from the
+    /// API server object.
+    pub async fn prepare_one(&self, claim: ClaimRef) -> Result<Prepared, PrepareError> {
+        let span = tracing::info_span!(
+            "prepare",
+            claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name,
+            pods = tracing::field::Empty, cpus = tracing::field::Empty
+        );
+        let result = async {
+            if let Some(answer) = self.driver.already_prepared(&claim) {
+                return answer;
+            }
+            let object = match self.claims.get(&claim.namespace, &claim.name).await {
+                Ok(Some(object)) => object,
+                Ok(None) => {
+                    let e = PrepareError::ClaimNotFound {
+                        claim: claim.to_string(),
+                    };
+                    self.driver.metrics().error("prepare", e.reason());
+                    return Err(e);
+                }
+                Err(reason) => {
+                    let e = PrepareError::ApiServer {
+                        claim: claim.to_string(),
+                        reason,
+                    };
+                    self.driver.metrics().error("prepare", e.reason());
+                    return Err(e);
+                }
+            };
+            let driver = self.driver.clone();
+            let claim_for_task = claim.clone();
+            tokio::task::spawn_blocking(move || driver.prepare(&claim_for_task, &object))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(PrepareError::Internal {
+                        claim: claim.to_string(),
+                        reason: format!("prepare task failed: {e}"),
+                    })
+                })
+        }
+        .instrument(span.clone())
+        .await;
+        match &result {
+            Ok(prepared) => {
+                span.record("cpus", tracing::field::display(&prepared.assignment.cpus));
+                span.record(
+                    "pods",
+                    tracing::field::debug(&prepared.assignment.consumer_pods),
+                );
+            }
+            Err(e) => tracing::warn!(parent: &span, error = %e, "prepare failed"),
+        }
+        result
+    }
+
+    pub async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
+        let span = tracing::info_span!("unprepare", claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name);
+        let driver = self.driver.clone();
+        let task_claim = claim.clone();
+        let result = tokio::task::spawn_blocking(move || driver.unprepare(&task_claim))
+            .instrument(span.clone())
+            .await
+            .unwrap_or_else(|e| {
+                Err(PrepareError::Internal {
+                    claim: claim.to_string(),
+                    reason: format!("unprepare task failed: {e}"),
+                })
+            });
+        if let Err(e) = &result {
+            tracing::warn!(parent: &span, error = %e, "unprepare failed");
+        }
+        result
+    }
+
+    /// Every claim of a request with its outcome, keyed by claim UID.
+    pub async fn prepare_all(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(String, Result<Prepared, PrepareError>)> {
+        let mut out = Vec::with_capacity(claims.len());
+        for claim in claims {
+            let uid = claim.uid.clone();
+            out.push((uid, self.prepare_one(claim).await));
+        }
+        out
+    }
+
+    pub async fn unprepare_all(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> Vec<(String, Result<(), PrepareError>)> {
+        let mut out = Vec::with_capacity(claims.len());
+        for claim in claims {
+            let uid = claim.uid.clone();
+            out.push((uid, self.unprepare_one(claim).await));
+        }
+        out
+    }
+}
+
+/// One entry per device of the claim, each naming the claim's CDI device.
+fn devices_of(prepared: &Prepared) -> Vec<(Vec<String>, String, String, Vec<String>)> {
+    prepared
+        .assignment
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                vec![d.request.clone()],
+                d.pool.clone(),
+                d.device.clone(),
+                vec![prepared.cdi_device_id.clone()],
+            )
+        })
+        .collect()
+}
+
+/// `v1.DRAPlugin`.
+pub struct DraV1(pub DraService);
+
+#[tonic::async_trait]
+impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra_v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            })
+            .collect();
+        let mut response = HashMap::new();
+        for (uid, outcome) in self.0.prepare_all(claims).await {
+            let entry = match outcome {
+                Ok(prepared) => dra_v1::NodePrepareResourceResponse {
+                    devices: devices_of(&prepared)
+                        .into_iter()
+                        .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
+                            dra_v1::Device {
+                                request_names,
+                                pool_name,
+                                device_name,
+                                cdi_device_ids,
+                                share_id: None,
+                            }
+                        })
+                        .collect(),
+                    error: String::new(),
+                },
+                Err(e) => dra_v1::NodePrepareResourceResponse {
+                    devices: vec![],
+                    error: e.to_string(),
+                },
+            };
+            response.insert(uid, entry);
+        }
+        Ok(Response::new(dra_v1::NodePrepareResourcesResponse {
+            claims: response,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra_v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            })
+            .collect();
+        let claims = self
+            .0
+            .unprepare_all(claims)
+            .await
+            .into_iter()
+            .map(|(uid, outcome)| {
+                let error = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+                (uid, dra_v1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+/// `v1beta1.DRAPlugin`.
+pub struct DraV1beta1(pub DraService);
+
+#[tonic::async_trait]
+impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra_v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            })
+            .collect();
+        let mut response = HashMap::new();
+        for (uid, outcome) in self.0.prepare_all(claims).await {
+            let entry = match outcome {
+                Ok(prepared) => dra_v1beta1::NodePrepareResourceResponse {
+                    devices: devices_of(&prepared)
+                        .into_iter()
+                        .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
+                            dra_v1beta1::Device {
+                                request_names,
+                                pool_name,
+                                device_name,
+                                cdi_device_ids,
+                            }
+                        })
+                        .collect(),
+                    error: String::new(),
+                },
+                Err(e) => dra_v1beta1::NodePrepareResourceResponse {
+                    devices: vec![],
+                    error: e.to_string(),
+                },
+            };
+            response.insert(uid, entry);
+        }
+        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse {
+            claims: response,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            })
+            .collect();
+        let claims = self
+            .0
+            .unprepare_all(claims)
+            .await
+            .into_iter()
+            .map(|(uid, outcome)| {
+                let error = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+                (uid, dra_v1beta1::NodeUnprepareResourceResponse { error })
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+/// `v1.DRAResourceHealth`: CPUs do not fail on their own in a way this
+/// driver can observe, so every published device is reported healthy once,
+/// and the stream then stays open (kubelet treats a closed stream as a
+/// plugin going away).
+pub struct Health {
+    driver: Arc<Driver>,
+}
+
+impl Health {
+    pub fn new(driver: Arc<Driver>) -> Health {
+        Health { driver }
+    }
+}
+
+type HealthStream = Pin<
+    Box<
+        dyn futures::Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>>
+            + Send
+            + 'static,
+    >,
+>;
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let pool = self.driver.options().node_name.clone();
+        let devices = self
+            .driver
+            .catalog()
+            .devices()
+            .map(|(name, _)| health_v1::DeviceHealth {
+                device: Some(health_v1::DeviceIdentifier {
+                    pool_name: pool.clone(),
+                    device_name: name.to_string(),
+                }),
+                health: health_v1::HealthStatus::Healthy as i32,
+                last_updated_time: now,
+                health_check_timeout_seconds: 0,
+                message: String::new(),
+            })
+            .collect();
+        let first =
+            futures::stream::once(
+                async move { Ok(health_v1::NodeWatchResourcesResponse { devices }) },
+            );
+        let stream = futures::StreamExt::chain(first, futures::stream::pending());
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

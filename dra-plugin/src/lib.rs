@@ -1,0 +1,16 @@
+//! dra-plugin as a library: the parts of the kubelet DRA plugin that the
+//! binary wires together and that tests drive directly.
+
+pub mod cdi;
+pub mod config;
+pub mod coordination_server;
+pub mod dra_service;
+pub mod driver;
+pub mod http;
+pub mod inspect_state;
+pub mod metrics;
+pub mod prepare;
+pub mod publisher;
+pub mod registration;
+pub mod run;
+pub mod slices;

@@ -1,0 +1,924 @@
+//! From a ResourceClaim to the exact CPUs it gets on this node: the pure
+//! decisions of NodePrepareResources.
+//!
+//! [`DeviceCatalog`] knows which CPUs each published device stands for;
+//! [`parse_claim`] takes this driver's allocation results out of a claim and
+//! checks them; [`resolve_cpus`] turns them into CPUs that no other claim
+//! holds. Nothing here touches the store, the disk or the network, so every
+//! refusal can be tested directly, with its message.
+
+use crate::slices::{plan_devices, DeviceMode, DeviceOptions, GroupBy, SliceError};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use shared_state::alloc::{AllocError, Allocator, Policy};
+use shared_state::claim_env::is_claim_uid;
+use shared_state::topology::Topology;
+use shared_state::{AllocatedDevice, CpuSet};
+use std::collections::BTreeMap;
+
+/// The consumable capacity a grouped device counts CPUs in.
+pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+
+/// Which CPUs each device of this node stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceCatalog {
+    mode: DeviceMode,
+    devices: BTreeMap<String, CpuSet>,
+    allocatable: CpuSet,
+}
+
+impl DeviceCatalog {
+    /// The devices published for `topology` minus `reserved`, from the
+    /// same plan the ResourceSlices are built from, so a device name in an
+    /// allocation result means exactly the CPUs that were published for it.
+    pub fn new(
+        topology: &Topology,
+        reserved: &CpuSet,
+        mode: DeviceMode,
+        group_by: GroupBy,
+    ) -> Result<DeviceCatalog, SliceError> {
+        let options = DeviceOptions {
+            mode,
+            group_by,
+            reserved: reserved.clone(),
+            node_allocatable_mapping: false,
+        };
+        let devices = plan_devices(topology, &options)?
+            .into_iter()
+            .map(|d| (d.name, d.cpus))
+            .collect();
+        Ok(DeviceCatalog {
+            mode,
+            devices,
+            allocatable: topology.online().difference(reserved),
+        })
+    }
+
+    pub fn mode(&self) -> DeviceMode {
+        self.mode
+    }
+
+    /// Online CPUs minus reserved ones.
+    pub fn allocatable(&self) -> &CpuSet {
+        &self.allocatable
+    }
+
+    /// The CPUs of one device, if it exists.
+    pub fn cpus_of(&self, device: &str) -> Option<&CpuSet> {
+        self.devices.get(device)
+    }
+
+    /// Every device name with its CPUs, sorted by name.
+    pub fn devices(&self) -> impl Iterator<Item = (&str, &CpuSet)> {
+        self.devices
+            .iter()
+            .map(|(name, cpus)| (name.as_str(), cpus))
+    }
+}
+
+/// A claim as kubelet names it in NodePrepareResources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// This driver's part of a claim's allocation, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedClaim {
+    pub devices: Vec<AllocatedDevice>,
+    /// UIDs of the pods in `status.reservedFor`.
+    pub consumer_pods: Vec<String>,
+}
+
+/// Why a claim could not be prepared. The message is what kubelet shows in
+/// the pod's events, so each one says what is wrong and with what.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    #[error("claim {claim}: {uid:?} is not a Kubernetes UID")]
+    BadClaimUid { claim: String, uid: String },
+    #[error("claim {claim} not found")]
+    ClaimNotFound { claim: String },
+    #[error("claim {claim}: reading it from the API server failed: {reason}")]
+    ApiServer { claim: String, reason: String },
+    #[error("claim {claim}: the API server has uid {found}, kubelet asked for {requested} (the claim was replaced)")]
+    UidMismatch {
+        claim: String,
+        requested: String,
+        found: String,
+    },
+    #[error("claim {claim} is not allocated")]
+    NotAllocated { claim: String },
+    #[error("claim {claim} has no allocation result for driver {driver}")]
+    NotAllocatedToDriver { claim: String, driver: String },
+    #[error(
+        "claim {claim}: request {request} is allocated from pool {pool}, not from this node {node}"
+    )]
+    NotThisNode {
+        claim: String,
+        request: String,
+        pool: String,
+        node: String,
+    },
+    #[error("claim {claim} is not reserved for any pod")]
+    NoConsumerPod { claim: String },
+    #[error("claim {claim}: device {device} (request {request}) is not a device of this node")]
+    DeviceUnknown {
+        claim: String,
+        request: String,
+        device: String,
+    },
+    #[error("claim {claim}: device {device} is a grouped device but has no consumedCapacity {CPU_CAPACITY}")]
+    MissingCapacity { claim: String, device: String },
+    #[error("claim {claim}: device {device}: consumedCapacity {CPU_CAPACITY} {quantity:?} is not a whole positive number of CPUs")]
+    CapacityNotWhole {
+        claim: String,
+        device: String,
+        quantity: String,
+    },
+    #[error("claim {claim}: CPUs {cpus} of device {device} are already held by claim {holder}")]
+    CpusHeld {
+        claim: String,
+        device: String,
+        cpus: CpuSet,
+        holder: String,
+    },
+    #[error("claim {claim}: device {device}: {requested} CPUs requested but only {free} CPUs of the group ({group}) are free")]
+    TooFewFree {
+        claim: String,
+        device: String,
+        requested: usize,
+        free: usize,
+        group: CpuSet,
+    },
+    #[error("claim {claim}: device {device}: {source}")]
+    Allocation {
+        claim: String,
+        device: String,
+        #[source]
+        source: AllocError,
+    },
+    #[error("claim {claim}: {devices} devices exceed the limit of {limit} per claim")]
+    TooManyDevices {
+        claim: String,
+        devices: usize,
+        limit: usize,
+    },
+    #[error("claim {claim}: store failure: {reason}")]
+    Store { claim: String, reason: String },
+    #[error("claim {claim}: writing its CDI spec failed: {reason}")]
+    Cdi { claim: String, reason: String },
+    #[error("claim {claim}: {reason}")]
+    Internal { claim: String, reason: String },
+}
+
+impl PrepareError {
+    /// A short label for the errors-by-reason metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PrepareError::BadClaimUid { .. } => "bad_claim_uid",
+            PrepareError::ClaimNotFound { .. } => "claim_not_found",
+            PrepareError::ApiServer { .. } => "api_server",
+            PrepareError::UidMismatch { .. } => "uid_mismatch",
+            PrepareError::NotAllocated { .. } => "not_allocated",
+            PrepareError::NotAllocatedToDriver { .. } => "not_allocated_to_driver",
+            PrepareError::NotThisNode { .. } => "not_this_node",
+            PrepareError::NoConsumerPod { .. } => "no_consumer_pod",
+            PrepareError::DeviceUnknown { .. } => "device_unknown",
+            PrepareError::MissingCapacity { .. } => "missing_capacity",
+            PrepareError::CapacityNotWhole { .. } => "capacity_not_whole",
+            PrepareError::CpusHeld { .. } => "cpus_held",
+            PrepareError::TooFewFree { .. } => "too_few_free",
+            PrepareError::Allocation { .. } => "allocation",
+            PrepareError::TooManyDevices { .. } => "too_many_devices",
+            PrepareError::Store { .. } => "store",
+            PrepareError::Cdi { .. } => "cdi",
+            PrepareError::Internal { .. } => "internal",
+        }
+    }
+}
+
+/// Upper bound on this driver's results in one claim: Kubernetes allows 32
+/// per claim; more means a malformed object, not a larger workload.
+pub const MAX_DEVICES_PER_CLAIM: usize = 32;
+
+/// Check `claim` (as read from the API server) against what kubelet asked for
+/// and take out this driver's results for this node.
+pub fn parse_claim(
+    requested: &ClaimRef,
+    claim: &ResourceClaim,
+    driver: &str,
+    node: &str,
+) -> Result<ParsedClaim, PrepareError> {
+    let name = requested.to_string();
+    if !is_claim_uid(&requested.uid) {
+        return Err(PrepareError::BadClaimUid {
+            claim: name,
+            uid: requested.uid.clone(),
+        });
+    }
+    let found = claim.metadata.uid.clone().unwrap_or_default();
+    if found != requested.uid {
+        return Err(PrepareError::UidMismatch {
+            claim: name,
+            requested: requested.uid.clone(),
+            found,
+        });
+    }
+    let status = claim.status.as_ref();
+    let results = status
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .ok_or_else(|| PrepareError::NotAllocated {
+            claim: name.clone(),
+        })?;
+    let ours: Vec<_> = results.iter().filter(|r| r.driver == driver).collect();
+    if ours.is_empty() {
+        return Err(PrepareError::NotAllocatedToDriver {
+            claim: name,
+            driver: driver.to_string(),
+        });
+    }
+    if ours.len() > MAX_DEVICES_PER_CLAIM {
+        return Err(PrepareError::TooManyDevices {
+            claim: name,
+            devices: ours.len(),
+            limit: MAX_DEVICES_PER_CLAIM,
+        });
+    }
+    let mut devices = Vec::with_capacity(ours.len());
+    for result in ours {
+        if result.pool != node {
+            return Err(PrepareError::NotThisNode {
+                claim: name,
+                request: result.request.clone(),
+                pool: result.pool.clone(),
+                node: node.to_string(),
+            });
+        }
+        let consumed_cpus = match result
+            .consumed_capacity
+            .as_ref()
+            .and_then(|c| c.get(CPU_CAPACITY))
+        {
+            None => None,
+            Some(quantity) => {
+                Some(
+                    whole_cpus(&quantity.0).ok_or_else(|| PrepareError::CapacityNotWhole {
+                        claim: name.clone(),
+                        device: result.device.clone(),
+                        quantity: quantity.0.clone(),
+                    })?,
+                )
+            }
+        };
+        devices.push(AllocatedDevice {
+            request: result.request.clone(),
+            pool: result.pool.clone(),
+            device: result.device.clone(),
+            consumed_cpus,
+        });
+    }
+    let consumer_pods: Vec<String> = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .map(|refs| {
+            refs.iter()
+                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+                .map(|r| r.uid.clone())
+                .filter(|uid| !uid.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if consumer_pods.is_empty() {
+        return Err(PrepareError::NoConsumerPod { claim: name });
+    }
+    Ok(ParsedClaim {
+        devices,
+        consumer_pods,
+    })
+}
+
+/// A Kubernetes quantity that is a whole, positive number of CPUs: `4`,
+/// `4000m`, `4.0`, `+4`. `1.5`, `500m`, `0`, `-2` and `2Ki` are not.
+pub fn whole_cpus(quantity: &str) -> Option<u32> {
+    let q = quantity.trim();
+    let q = q.strip_prefix('+').unwrap_or(q);
+    let value: u64 = if let Some(milli) = q.strip_suffix('m') {
+        let m: u64 = digits(milli)?;
+        if m % 1000 != 0 {
+            return None;
+        }
+        m / 1000
+    } else if let Some((whole, fraction)) = q.split_once('.') {
+        if !fraction.bytes().all(|b| b == b'0') {
+            return None;
+        }
+        if whole.is_empty() {
+            return None;
+        }
+        digits(whole)?
+    } else {
+        digits(q)?
+    };
+    if value == 0 {
+        return None;
+    }
+    u32::try_from(value).ok()
+}
+
+fn digits(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// The CPUs a parsed claim gets, given the CPUs other claims hold.
+///
+/// Individual devices give their CPU, which must not be held by another
+/// claim. Grouped devices give `consumed_cpus` CPUs chosen by `policy`
+/// inside the group among CPUs no other claim holds and no earlier device of
+/// this claim took.
+pub fn resolve_cpus(
+    claim: &ClaimRef,
+    parsed: &ParsedClaim,
+    catalog: &DeviceCatalog,
+    allocator: &Allocator,
+    held: &BTreeMap<String, CpuSet>,
+    policy: Policy,
+) -> Result<CpuSet, PrepareError> {
+    let name = claim.to_string();
+    let mut taken = CpuSet::new();
+    for (holder, cpus) in held {
+        if holder != &claim.uid {
+            taken = taken.union(cpus);
+        }
+    }
+    let mut chosen = CpuSet::new();
+    for device in &parsed.devices {
+        let group = catalog
+            .cpus_of(&device.device)
+            .ok_or_else(|| PrepareError::DeviceUnknown {
+                claim: name.clone(),
+                request: device.request.clone(),
+                device: device.device.clone(),
+            })?;
+        match catalog.mode() {
+            DeviceMode::Individual => {
+                let clash = group.intersection(&taken);
+                if !clash.is_empty() {
+                    let holder = holder_of(held, &claim.uid, &clash);
+                    return Err(PrepareError::CpusHeld {
+                        claim: name,
+                        device: device.device.clone(),
+                        cpus: clash,
+                        holder,
+                    });
+                }
+                chosen = chosen.union(group);
+            }
+            DeviceMode::Grouped => {
+                let count = device
+                    .consumed_cpus
+                    .ok_or_else(|| PrepareError::MissingCapacity {
+                        claim: name.clone(),
+                        device: device.device.clone(),
+                    })? as usize;
+                let free = group.difference(&taken).difference(&chosen);
+                if count > free.len() {
+                    return Err(PrepareError::TooFewFree {
+                        claim: name,
+                        device: device.device.clone(),
+                        requested: count,
+                        free: free.len(),
+                        group: group.clone(),
+                    });
+                }
+                let picked = allocator.allocate(&free, count, policy).map_err(|source| {
+                    PrepareError::Allocation {
+                        claim: name.clone(),
+                        device: device.device.clone(),
+                        source,
+                    }
+                })?;
+                chosen = chosen.union(&picked);
+            }
+        }
+    }
+    Ok(chosen)
+}
+
+/// The first claim (by UID) other than `own` holding any of `cpus`.
+fn holder_of(held: &BTreeMap<String, CpuSet>, own: &str, cpus: &CpuSet) -> String {
+    held.iter()
+        .find(|(uid, held_cpus)| uid.as_str() != own && !held_cpus.is_disjoint(cpus))
+        .map(|(uid, _)| uid.clone())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        ResourceClaimConsumerReference, ResourceClaimStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use proptest::prelude::*;
+    use shared_state::topology::synthetic;
+
+    fn individual_device_name(n: usize) -> String {
+        format!("cpudev{n:03}")
+    }
+
+    fn catalog(
+        topo: &Topology,
+        reserved: &CpuSet,
+        mode: DeviceMode,
+        group_by: GroupBy,
+    ) -> DeviceCatalog {
+        match DeviceCatalog::new(topo, reserved, mode, group_by) {
+            Ok(c) => c,
+            Err(e) => panic!("catalog: {e}"),
+        }
+    }
+
+    pub const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+    pub const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+    const POD: &str = "cccccccc-0000-0000-0000-000000000003";
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_cpulist(s).unwrap_or_default()
+    }
+
+    fn claim_ref(uid: &str) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: uid.into(),
+        }
+    }
+
+    /// (driver, pool, device, consumed capacity)
+    type ResultSpec<'a> = (&'a str, &'a str, &'a str, Option<&'a str>);
+
+    fn claim(uid: &str, results: Option<&[ResultSpec]>, pods: &[&str]) -> ResourceClaim {
+        let results = results.map(|rs| {
+            rs.iter()
+                .enumerate()
+                .map(
+                    |(i, (driver, pool, device, cap))| DeviceRequestAllocationResult {
+                        driver: driver.to_string(),
+                        pool: pool.to_string(),
+                        device: device.to_string(),
+                        request: format!("req{i}"),
+                        consumed_capacity: cap
+                            .map(|q| [(CPU_CAPACITY.to_string(), Quantity(q.to_string()))].into()),
+                        ..Default::default()
+                    },
+                )
+                .collect()
+        });
+        ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                namespace: Some("ns".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            status: Some(ResourceClaimStatus {
+                allocation: results.map(|results| AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(results),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                reserved_for: Some(
+                    pods.iter()
+                        .map(|p| ResourceClaimConsumerReference {
+                            resource: "pods".into(),
+                            name: "pod".into(),
+                            uid: p.to_string(),
+                            api_group: None,
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// 2 sockets with one NUMA node each, 4 cores per socket, SMT 2: 16
+    /// CPUs whose siblings are (n, n+8), as on Intel servers.
+    pub fn topology() -> Topology {
+        synthetic::build(&synthetic::Shape {
+            sockets: 2,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 2,
+            sibling_numbering: synthetic::SiblingNumbering::Split,
+        })
+    }
+
+    #[test]
+    fn individual_numbering_keeps_siblings_consecutive_and_skips_reserved() {
+        let topo = topology();
+        let catalog = catalog(&topo, &set("0"), DeviceMode::Individual, GroupBy::Numanode);
+        // Cores are (n, n+8); CPU 0 is reserved, so core (0, 8) keeps only 8
+        // and sorts last by its lowest allocatable CPU.
+        let expected = [1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 8];
+        let got: Vec<(String, String)> = catalog
+            .devices()
+            .map(|(n, c)| (n.to_string(), c.to_cpulist()))
+            .collect();
+        let want: Vec<(String, String)> = expected
+            .iter()
+            .enumerate()
+            .map(|(n, cpu)| (individual_device_name(n), cpu.to_string()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn grouped_devices_per_grouping() {
+        let topo = topology();
+        let reserved = set("0-1");
+        let cases: [(GroupBy, &[(&str, CpuSet)]); 3] = [
+            (
+                GroupBy::Numanode,
+                &[
+                    ("cpudevnuma000", topo.cpus_in_numa(0).difference(&reserved)),
+                    ("cpudevnuma001", topo.cpus_in_numa(1).difference(&reserved)),
+                ],
+            ),
+            (
+                GroupBy::Socket,
+                &[
+                    (
+                        "cpudevsocket000",
+                        topo.cpus_in_socket(0).difference(&reserved),
+                    ),
+                    (
+                        "cpudevsocket001",
+                        topo.cpus_in_socket(1).difference(&reserved),
+                    ),
+                ],
+            ),
+            (
+                GroupBy::Machine,
+                &[("cpudevmachine", topo.online().difference(&reserved))],
+            ),
+        ];
+        for (group_by, want) in cases {
+            let catalog = catalog(&topo, &reserved, DeviceMode::Grouped, group_by);
+            let got: Vec<(&str, CpuSet)> = catalog.devices().map(|(n, c)| (n, c.clone())).collect();
+            assert_eq!(got, want.to_vec(), "{group_by:?}");
+            assert!(got.iter().all(|(_, c)| c.is_disjoint(&reserved)));
+        }
+    }
+
+    #[test]
+    fn whole_cpus_table() {
+        let cases = [
+            ("4", Some(4)),
+            ("+4", Some(4)),
+            ("4000m", Some(4)),
+            ("4.0", Some(4)),
+            ("4.", Some(4)),
+            ("1.5", None),
+            ("500m", None),
+            ("0", None),
+            ("0m", None),
+            ("-2", None),
+            ("2Ki", None),
+            ("", None),
+            (".0", None),
+            ("99999999999", None),
+        ];
+        for (q, want) in cases {
+            assert_eq!(whole_cpus(q), want, "{q:?}");
+        }
+    }
+
+    #[test]
+    fn parse_claim_errors_say_what_is_wrong() {
+        let node = "node-a";
+        let ok: &[ResultSpec] = &[("dra.cpu", node, "cpudevnuma000", Some("2"))];
+        struct Case<'a> {
+            name: &'a str,
+            requested: &'a str,
+            claim: ResourceClaim,
+            want: &'a str,
+        }
+        let cases = [
+            Case {
+                name: "bad uid",
+                requested: "NOT A UID",
+                claim: claim(UID_A, Some(ok), &[POD]),
+                want: "is not a Kubernetes UID",
+            },
+            Case {
+                name: "replaced claim",
+                requested: UID_B,
+                claim: claim(UID_A, Some(ok), &[POD]),
+                want: &format!("the API server has uid {UID_A}, kubelet asked for {UID_B}"),
+            },
+            Case {
+                name: "not allocated",
+                requested: UID_A,
+                claim: claim(UID_A, None, &[POD]),
+                want: "is not allocated",
+            },
+            Case {
+                name: "other driver",
+                requested: UID_A,
+                claim: claim(
+                    UID_A,
+                    Some(&[("gpu.example.com", node, "gpu0", None)]),
+                    &[POD],
+                ),
+                want: "has no allocation result for driver dra.cpu",
+            },
+            Case {
+                name: "other node",
+                requested: UID_A,
+                claim: claim(
+                    UID_A,
+                    Some(&[("dra.cpu", "node-b", "cpudevnuma000", Some("2"))]),
+                    &[POD],
+                ),
+                want: "is allocated from pool node-b, not from this node node-a",
+            },
+            Case {
+                name: "fractional capacity",
+                requested: UID_A,
+                claim: claim(
+                    UID_A,
+                    Some(&[("dra.cpu", node, "cpudevnuma000", Some("1500m"))]),
+                    &[POD],
+                ),
+                want:
+                    "consumedCapacity dra.cpu/cpu \"1500m\" is not a whole positive number of CPUs",
+            },
+            Case {
+                name: "zero capacity",
+                requested: UID_A,
+                claim: claim(
+                    UID_A,
+                    Some(&[("dra.cpu", node, "cpudevnuma000", Some("0"))]),
+                    &[POD],
+                ),
+                want: "\"0\" is not a whole positive number",
+            },
+            Case {
+                name: "no pod",
+                requested: UID_A,
+                claim: claim(UID_A, Some(ok), &[]),
+                want: "is not reserved for any pod",
+            },
+        ];
+        for case in cases {
+            let requested = claim_ref(case.requested);
+            match parse_claim(&requested, &case.claim, "dra.cpu", node) {
+                Ok(p) => panic!("{}: parsed {p:?}", case.name),
+                Err(e) => assert!(e.to_string().contains(case.want), "{}: {e}", case.name),
+            }
+        }
+    }
+
+    #[test]
+    fn parse_claim_takes_only_our_results() {
+        let c = claim(
+            UID_A,
+            Some(&[
+                ("gpu.example.com", "node-a", "gpu0", None),
+                ("dra.cpu", "node-a", "cpudevnuma001", Some("3")),
+            ]),
+            &[POD],
+        );
+        let parsed = parse_claim(&claim_ref(UID_A), &c, "dra.cpu", "node-a").expect("parses");
+        assert_eq!(
+            parsed.devices,
+            vec![AllocatedDevice {
+                request: "req1".into(),
+                pool: "node-a".into(),
+                device: "cpudevnuma001".into(),
+                consumed_cpus: Some(3),
+            }]
+        );
+        assert_eq!(parsed.consumer_pods, vec![POD.to_string()]);
+    }
+
+    fn parsed(devices: &[(&str, Option<u32>)]) -> ParsedClaim {
+        ParsedClaim {
+            devices: devices
+                .iter()
+                .map(|(d, n)| AllocatedDevice {
+                    request: "cpus".into(),
+                    pool: "node-a".into(),
+                    device: d.to_string(),
+                    consumed_cpus: *n,
+                })
+                .collect(),
+            consumer_pods: vec![POD.into()],
+        }
+    }
+
+    #[test]
+    fn resolve_table() {
+        let topo = topology();
+        let allocator = Allocator::new(&topo);
+        let grouped = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Grouped,
+            GroupBy::Numanode,
+        );
+        let individual = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Individual,
+            GroupBy::Numanode,
+        );
+        let numa0 = topo.cpus_in_numa(0);
+        let held_b: BTreeMap<String, CpuSet> = [(UID_B.to_string(), numa0.clone())].into();
+        let cpu_of = |n: usize| {
+            individual
+                .cpus_of(&individual_device_name(n))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let held_dev0: BTreeMap<String, CpuSet> = [(UID_B.to_string(), cpu_of(0))].into();
+
+        // Grouped: 2 CPUs in NUMA 0, whole core.
+        let got = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", Some(2))]),
+            &grouped,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        );
+        let got = got.expect("grouped resolves");
+        assert_eq!(got.len(), 2);
+        assert!(got.is_subset(&numa0));
+        assert_eq!(topo.core_of(got.first().unwrap_or(0)), Some(&got));
+
+        // Grouped: the whole group held by another claim.
+        let err = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", Some(1))]),
+            &grouped,
+            &allocator,
+            &held_b,
+            Policy::Packed,
+        );
+        let msg = err.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("1 CPUs requested but only 0 CPUs of the group"),
+            "{msg}"
+        );
+
+        // Grouped: the same claim's own record does not count as held.
+        let own: BTreeMap<String, CpuSet> = [(UID_A.to_string(), numa0.clone())].into();
+        assert!(resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", Some(8))]),
+            &grouped,
+            &allocator,
+            &own,
+            Policy::Packed
+        )
+        .is_ok());
+
+        // Grouped: two devices of the same group never overlap.
+        let two = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", Some(4)), ("cpudevnuma000", Some(4))]),
+            &grouped,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        )
+        .expect("two halves");
+        assert_eq!(two, numa0);
+
+        // Grouped: missing capacity.
+        let msg = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", None)]),
+            &grouped,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(msg.contains("has no consumedCapacity dra.cpu/cpu"), "{msg}");
+
+        // Unknown device.
+        let msg = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma007", Some(1))]),
+            &grouped,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            msg.contains("device cpudevnuma007 (request cpus) is not a device of this node"),
+            "{msg}"
+        );
+
+        // full-pcpus-only with an odd count.
+        let msg = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", Some(3))]),
+            &grouped,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::FullPcpusOnly,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            msg.contains("not a multiple of the 2 hardware threads"),
+            "{msg}"
+        );
+
+        // Individual: named devices.
+        let got = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudev000", None), ("cpudev001", None)]),
+            &individual,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        )
+        .expect("individual");
+        assert_eq!(got, cpu_of(0).union(&cpu_of(1)));
+
+        // Individual: a CPU held by another claim names the holder.
+        let msg = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudev000", None)]),
+            &individual,
+            &allocator,
+            &held_dev0,
+            Policy::Packed,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(
+            msg.contains(&format!(
+                "of device cpudev000 are already held by claim {UID_B}"
+            )),
+            "{msg}"
+        );
+    }
+
+    proptest! {
+        /// Whatever other claims hold, a grouped resolve returns exactly the
+        /// requested number of CPUs, inside the group, disjoint from theirs.
+        #[test]
+        fn grouped_resolve_never_overlaps(held_mask in 0u32..(1 << 16), count in 1u32..10, group in 0u32..2) {
+            let topo = topology();
+            let allocator = Allocator::new(&topo);
+            let catalog = catalog(&topo, &CpuSet::new(), DeviceMode::Grouped, GroupBy::Numanode);
+            let held_cpus: CpuSet = (0..16).filter(|i| held_mask & (1 << i) != 0).collect();
+            let held: BTreeMap<String, CpuSet> = [(UID_B.to_string(), held_cpus.clone())].into();
+            let device = format!("cpudevnuma{group:03}");
+            let group_cpus = catalog.cpus_of(&device).cloned().unwrap_or_default();
+            let free = group_cpus.difference(&held_cpus).len();
+            match resolve_cpus(&claim_ref(UID_A), &parsed(&[(&device, Some(count))]), &catalog, &allocator, &held, Policy::Packed) {
+                Ok(got) => {
+                    prop_assert_eq!(got.len(), count as usize);
+                    prop_assert!(got.is_subset(&group_cpus));
+                    prop_assert!(got.is_disjoint(&held_cpus));
+                }
+                Err(PrepareError::TooFewFree { free: f, .. }) => {
+                    prop_assert!(count as usize > free);
+                    prop_assert_eq!(f, free);
+                }
+                Err(e) => prop_assert!(false, "unexpected {}", e),
+            }
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! `dra-plugin run`: the daemon.
+//!
+//! Start order is chosen so that each peer finds what it needs ready:
+//! the store is opened and the CDI directory reconciled first (nothing is
+//! served from a state that disagrees with disk), then the coordination
+//! socket (nri-plugin needs only the store, not the API server), then the
+//! DRA socket, and last the registration socket, whose appearance makes
+//! kubelet call us. Shutdown runs the other way: registration goes first so
+//! kubelet stops sending work, in-flight prepares finish, sockets are
+//! removed.
+
+use crate::cdi::CdiDir;
+use crate::config::Config;
+use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
+use crate::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
+use crate::driver::{Driver, DriverOptions};
+use crate::metrics::Metrics;
+use crate::prepare::DeviceCatalog;
+use crate::publisher::Publisher;
+use crate::registration::{Registrar, RegistrationState};
+use crate::slices::{devices_for, DeviceOptions};
+use anyhow::{bail, Context};
+use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, registration};
+use dra_cpu_proto::transport::{
+    bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
+};
+use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::topology::Topology;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tonic::transport::Server;
+
+/// Liveness and readiness, as `/healthz` and `/readyz` report them.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Every socket is served.
+    pub serving: AtomicBool,
+    pub registration: Arc<RegistrationState>,
+}
+
+impl Health {
+    pub fn ready(&self) -> bool {
+        self.serving.load(Ordering::Relaxed)
+    }
+}
+
+/// Build a kube client from `--kubeconfig`, or in-cluster configuration.
+pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::incluster()
+            .context("loading the in-cluster configuration (pass --kubeconfig outside a pod)")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
+}
+
+/// Kubelet runs as root; our own uid is admitted too so that the plugin can
+/// be run and tested unprivileged.
+fn kubelet_peers() -> PeerPolicy {
+    PeerPolicy::allow_uids([0, nix::unistd::geteuid().as_raw()])
+}
+
+/// Remove our socket files; missing ones are fine.
+fn remove_sockets(paths: &[&Path]) {
+    for path in paths {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(socket = %path.display(), error = %e, "cannot remove socket"),
+        }
+    }
+}
+
+/// Run the plugin until `shutdown` completes, then stop gracefully.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let topology = Topology::discover(&config.sysfs_root).with_context(|| {
+        format!(
+            "discovering the CPU topology under {}",
+            config.sysfs_root.display()
+        )
+    })?;
+    let online = topology.online();
+    if !config.reserved_cpus.is_subset(&online) {
+        bail!(
+            "--reserved-cpus {}: CPUs {} are not online on this node (online: {online})",
+            config.reserved_cpus,
+            config.reserved_cpus.difference(&online)
+        );
+    }
+    let catalog = DeviceCatalog::new(
+        &topology,
+        &config.reserved_cpus,
+        config.device_mode,
+        config.group_by,
+    )
+    .context("planning the node's devices")?;
+    let store_dir = config.store_dir();
+    let store: Arc<dyn AssignmentStore> = Arc::new(
+        SledStore::open(&store_dir)
+            .with_context(|| format!("opening the assignment store {}", store_dir.display()))?,
+    );
+    let metrics = Arc::new(Metrics::new());
+    let driver = Arc::new(
+        Driver::open(
+            DriverOptions {
+                driver_name: config.driver_name.clone(),
+                node_name: config.node_name.clone(),
+                reserved: config.reserved_cpus.clone(),
+                policy: config.allocation_policy,
+                mixed_allocation_mode: config.mixed_allocation_mode,
+            },
+            catalog,
+            &topology,
+            store,
+            CdiDir::new(&config.cdi_dir),
+            metrics.clone(),
+        )
+        .context("loading prepared claims")?,
+    );
+    let plan = driver
+        .reconcile_cdi()
+        .context("reconciling the CDI directory with the store")?;
+    tracing::info!(
+        claims = driver.snapshot().claims.len(),
+        revision = driver.revision(),
+        rewritten = plan.write.len(),
+        removed = plan.remove.len(),
+        "state loaded"
+    );
+
+    let health = Arc::new(Health::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        // An Err means the sender is gone, which also means stop.
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    // Coordination: served from the store alone.
+    let coordination_socket = config.coordination_socket.clone();
+    let listener = bind_unix(&coordination_socket, OWNER_ONLY_SOCKET_MODE)
+        .context("binding the coordination socket")?;
+    let policy = PeerPolicy::allow_uids(config.coordination_allowed_uids.iter().copied());
+    let coordination = tokio::spawn(
+        Server::builder()
+            .add_service(CoordinationServer::new(CoordinationService::new(
+                driver.clone(),
+                DEFAULT_HEARTBEAT,
+            )))
+            .serve_with_incoming_shutdown(
+                incoming_with_peer_check(listener, policy),
+                stopped(stop_rx.clone()),
+            ),
+    );
+
+    // Metrics, /healthz, /readyz.
+    let http = crate::http::serve(
+        config.metrics_address,
+        metrics.clone(),
+        health.clone(),
+        stopped(stop_rx.clone()),
+    )
+    .await
+    .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
+
+    // Kubelet DRA services.
+    let client = kube_client(config.kubeconfig.as_deref()).await?;
+    let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaims::new(client.clone()));
+    let service = DraService::new(driver.clone(), claims);
+    let dra_socket = config.dra_socket();
+    // Kubelet runs as root; nobody else has business on this socket.
+    let listener =
+        bind_unix(&dra_socket, OWNER_ONLY_SOCKET_MODE).context("binding the DRA socket")?;
+    let dra = tokio::spawn(
+        Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(
+                service.clone(),
+            )))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraV1beta1(service),
+            ))
+            .add_service(
+                health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                    crate::dra_service::Health::new(driver.clone()),
+                ),
+            )
+            .serve_with_incoming_shutdown(
+                incoming_with_peer_check(listener, kubelet_peers()),
+                stopped(stop_rx.clone()),
+            ),
+    );
+
+    // Registration last: its socket appearing is what makes kubelet call.
+    let registration_socket = config.registration_socket();
+    let (registration_stop_tx, registration_stop_rx) = watch::channel(false);
+    let listener = bind_unix(&registration_socket, OWNER_ONLY_SOCKET_MODE)
+        .context("binding the registration socket")?;
+    let registrar = Registrar::new(
+        config.driver_name.clone(),
+        dra_socket.clone(),
+        health.registration.clone(),
+    );
+    let registration = tokio::spawn(
+        Server::builder()
+            .add_service(registration::registration_server::RegistrationServer::new(
+                registrar,
+            ))
+            .serve_with_incoming_shutdown(
+                incoming_with_peer_check(listener, kubelet_peers()),
+                stopped(registration_stop_rx),
+            ),
+    );
+
+    // ResourceSlices, in the background: the API server may be away.
+    let devices = devices_for(
+        &topology,
+        &DeviceOptions {
+            mode: config.device_mode,
+            group_by: config.group_by,
+            reserved: config.reserved_cpus.clone(),
+            node_allocatable_mapping: config.node_allocatable_mapping,
+        },
+    )
+    .context("building the node's devices")?;
+    let (_devices_tx, devices_rx) = watch::channel(devices);
+    let publisher = tokio::spawn(
+        Publisher::new(client, &config.driver_name, &config.node_name)
+            .run(devices_rx, stopped(stop_rx.clone())),
+    );
+
+    health.serving.store(true, Ordering::Relaxed);
+    tracing::info!(
+        driver = %config.driver_name, node = %config.node_name,
+        registration = %registration_socket.display(), endpoint = %dra_socket.display(),
+        coordination = %coordination_socket.display(), "dra-plugin serving"
+    );
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    health.serving.store(false, Ordering::Relaxed);
+    // Kubelet first: no new work once the registration socket is gone.
+    let _ = registration_stop_tx.send(true);
+    remove_sockets(&[&registration_socket]);
+    let _ = join_server("registration", registration).await;
+    let _ = stop_tx.send(true);
+    // Graceful: the DRA server finishes requests in flight before returning.
+    let dra_result = join_server("DRA", dra).await;
+    let coordination_result = join_server("coordination", coordination).await;
+    let _ = publisher.await;
+    let _ = http.await;
+    remove_sockets(&[&dra_socket, &coordination_socket]);
+    dra_result.and(coordination_result)
+}
+
+async fn join_server(
+    name: &str,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) -> anyhow::Result<()> {
+    match task.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::Error::new(e).context(format!("the {name} server failed"))),
+        Err(e) => Err(anyhow::anyhow!("the {name} server task failed: {e}")),
+    }
+}
+
+/// SIGTERM or SIGINT.
+pub async fn termination_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            // Without signal handlers the process can only be killed; wait
+            // for Ctrl-C through the portable path instead.
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Paths the daemon creates, for tests and for `inspect`.
+pub fn sockets(config: &Config) -> [PathBuf; 3] {
+    [
+        config.registration_socket(),
+        config.dra_socket(),
+        config.coordination_socket.clone(),
+    ]
+}
+
+/// Logs to stderr as text or JSON; `RUST_LOG` filters (default `info`).
+pub fn init_logging(format: crate::config::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests running the daemon twice) keeps the first.
+    let _ = match format {
+        crate::config::LogFormat::Text => builder.try_init(),
+        crate::config::LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Arguments of `dra-plugin run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// YAML config file; its keys are the flag names. Flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: crate::config::Settings,
+}
+
+impl RunArgs {
+    /// Flags over the config file over defaults.
+    pub fn resolve(self) -> anyhow::Result<Config> {
+        let file = match &self.config {
+            Some(path) => crate::config::load_file(path)?,
+            None => crate::config::Settings::default(),
+        };
+        let env_node = std::env::var(crate::config::NODE_NAME_ENV).ok();
+        Ok(self.settings.or(file).resolve(env_node)?)
+    }
+}
+
+/// `dra-plugin run`: resolve the settings and serve until SIGTERM/SIGINT.
+pub fn main(args: RunArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(run(config, termination_signal()))
+}
