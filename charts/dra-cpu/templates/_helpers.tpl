@@ -77,7 +77,7 @@ kubelet-root-dir: {{ .Values.kubeletRootDir | quote }}
 state-dir: {{ .Values.stateDir | quote }}
 cdi-dir: {{ .Values.cdiDir | quote }}
 sysfs-root: {{ include "dra-cpu.hostRoot" . | quote }}
-{{- with $p.reservedCpus }}
+{{- with .Values.reservedCpus }}
 reserved-cpus: {{ . | quote }}
 {{- end }}
 cpu-device-mode: {{ $p.cpuDeviceMode }}
@@ -102,6 +102,10 @@ plugin-name: {{ $n.pluginName | quote }}
 plugin-index: {{ include "dra-cpu.pluginIndex" . | quote }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 cdi-dir: {{ .Values.cdiDir | quote }}
+sysfs-root: {{ include "dra-cpu.hostRoot" . | quote }}
+{{- with .Values.reservedCpus }}
+reserved-cpus: {{ . | quote }}
+{{- end }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
 unsolicited-updates: {{ $n.unsolicitedUpdates }}
 align-memory: {{ $n.alignMemory }}

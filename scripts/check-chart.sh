@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# Checks the Helm chart and the example manifests:
+#   - helm lint, with the default values and with every charts/dra-cpu/ci/*-values.yaml,
+#   - helm template for each of those modes, every rendered object validated
+#     against the Kubernetes 1.34 and 1.37 OpenAPI schemas (strict: unknown
+#     fields are errors),
+#   - what each mode renders (containers, probes, mounts, config files),
+#   - that every config-file key the chart writes is a flag of the binary that
+#     reads it (binaries from target/debug, built when missing),
+#   - that bad values fail at install time with a message naming the value,
+#   - every docs/examples manifest against both schemas.
+# helm and kubernetes-validate come from scripts/install-deps.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+chart=charts/dra-cpu
+schema_versions=(1.34.0 1.37.0)
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+fail() {
+  echo "check-chart: FAILED: $*" >&2
+  exit 1
+}
+
+command -v helm >/dev/null || fail "helm not found: run scripts/install-deps.sh"
+python="$(command -v python3 || true)"
+[ -n "$python" ] || fail "python3 not found"
+validator="$(command -v kubernetes-validate || true)"
+if [ -z "$validator" ]; then
+  validator="$("$python" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/kubernetes-validate"
+  [ -x "$validator" ] || fail "kubernetes-validate not found: run scripts/install-deps.sh"
+fi
+
+validate() {
+  # Quiet on success; on failure the validator names the object and field.
+  local file="$1" version
+  for version in "${schema_versions[@]}"; do
+    "$validator" --quiet --strict -k "$version" "$file" ||
+      fail "$file does not validate against Kubernetes $version"
+  done
+}
+
+# --- lint and render every mode ----------------------------------------------
+modes=(default)
+for values in "$chart"/ci/*-values.yaml; do
+  mode="$(basename "$values" -values.yaml)"
+  modes+=("$mode")
+done
+for mode in "${modes[@]}"; do
+  args=()
+  [ "$mode" = default ] || args=(-f "$chart/ci/$mode-values.yaml")
+  helm lint --quiet --strict "$chart" "${args[@]}" >"$out/lint-$mode.log" 2>&1 ||
+    { cat "$out/lint-$mode.log" >&2; fail "helm lint ($mode)"; }
+  helm template dra-cpu "$chart" --namespace dra-cpu "${args[@]}" >"$out/$mode.yaml" 2>"$out/render-$mode.log" ||
+    { cat "$out/render-$mode.log" >&2; fail "helm template ($mode)"; }
+  validate "$out/$mode.yaml"
+done
+echo "check-chart: lint, render and schema validation (Kubernetes ${schema_versions[*]}) passed for modes: ${modes[*]}"
+
+# --- what the modes render -------------------------------------------------------
+"$python" - "$out" <<'EOF' || fail "rendered objects are not what the values ask for"
+import sys, yaml
+
+out = sys.argv[1]
+problems = []
+
+def load(mode):
+    with open(f"{out}/{mode}.yaml") as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+def one(docs, kind):
+    found = [d for d in docs if d["kind"] == kind]
+    return found[0] if len(found) == 1 else None
+
+def check(mode, cond, what):
+    if not cond:
+        problems.append(f"{mode}: {what}")
+
+def configs(docs):
+    data = one(docs, "ConfigMap")["data"]
+    return {name: yaml.safe_load(text) for name, text in data.items()}
+
+def pod(docs):
+    return one(docs, "DaemonSet")["spec"]["template"]["spec"]
+
+for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set"]:
+    docs = load(mode)
+    kinds = sorted(d["kind"] for d in docs)
+    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount"]), f"objects {kinds}")
+    spec = pod(docs)
+    containers = {c["name"]: c for c in spec["containers"]}
+    want = ["dra-plugin"] if mode == "no-nri" else ["dra-plugin", "nri-plugin"]
+    check(mode, sorted(containers) == want, f"containers {sorted(containers)}, want {want}")
+    ports = set()
+    for name, c in containers.items():
+        for probe in ("livenessProbe", "readinessProbe"):
+            check(mode, "httpGet" in c.get(probe, {}), f"{name} has no {probe}")
+        port = c["ports"][0]["containerPort"]
+        check(mode, port not in ports, f"{name} shares port {port}")
+        ports.add(port)
+        sc = c["securityContext"]
+        check(mode, sc.get("privileged") is False and sc.get("allowPrivilegeEscalation") is False, f"{name} may gain privileges")
+        check(mode, sc.get("capabilities", {}).get("drop") == ["ALL"], f"{name} keeps capabilities")
+    cfg = configs(docs)
+    dra = cfg["dra-plugin.yaml"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in containers["dra-plugin"]["volumeMounts"]}
+    check(mode, volumes["state"]["hostPath"]["path"] == dra["state-dir"].rstrip("/"), "state hostPath is not the state dir")
+    check(mode, dra["coordination-socket"].startswith(dra["state-dir"].rstrip("/") + "/"), "coordination socket outside the state dir")
+    check(mode, mounts["sysfs"].get("readOnly") is True and volumes["sysfs"]["hostPath"]["path"] == "/sys", "sysfs is not the host's, read-only")
+    check(mode, mounts["sysfs"]["mountPath"] == dra["sysfs-root"].rstrip("/") + "/sys", "sysfs-root does not point at the sysfs mount")
+    kubelet = dra["kubelet-root-dir"]
+    check(mode, mounts["plugin-dir"]["mountPath"] == volumes["plugin-dir"]["hostPath"]["path"] == f"{kubelet}/plugins/{dra['driver-name']}", "plugin dir differs between host and container")
+    check(mode, mounts["plugins-registry"]["mountPath"] == volumes["plugins-registry"]["hostPath"]["path"] == f"{kubelet}/plugins_registry", "registration dir differs between host and container")
+    check(mode, mounts["cdi"]["mountPath"] == volumes["cdi"]["hostPath"]["path"] == dra["cdi-dir"], "CDI dir differs between host and container")
+    dc = one(docs, "DeviceClass")
+    check(mode, dc["spec"]["selectors"][0]["cel"]["expression"] == f'device.driver == "{dra["driver-name"]}"', "DeviceClass does not select the driver")
+    binding = one(docs, "ClusterRoleBinding")
+    check(mode, binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"], "binding names another role")
+    check(mode, binding["subjects"][0]["name"] == spec["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"], "binding, pod and service account disagree")
+    if mode == "no-nri":
+        check(mode, "nri-plugin.yaml" not in cfg and "nri" not in volumes, "NRI config or socket still rendered")
+    else:
+        nri = cfg["nri-plugin.yaml"]
+        nri_mounts = {m["name"]: m for m in containers["nri-plugin"]["volumeMounts"]}
+        check(mode, nri["coordination-socket"] == dra["coordination-socket"], "the two processes use different coordination sockets")
+        check(mode, nri["mixed-allocation-mode"] == dra["mixed-allocation-mode"], "the two processes disagree on mixed allocation")
+        check(mode, nri["cdi-dir"] == dra["cdi-dir"], "the two processes use different CDI dirs")
+        check(mode, nri_mounts["state"].get("readOnly") is True, "nri-plugin can write the store")
+        check(mode, nri_mounts["nri"]["mountPath"] == volumes["nri"]["hostPath"]["path"] == nri["nri-socket"].rsplit("/", 1)[0], "NRI socket dir differs between host and container")
+        check(mode, len(nri["plugin-index"]) == 2 and nri["plugin-index"].isdigit(), f"plugin index {nri['plugin-index']!r}")
+        check(mode, nri.get("reserved-cpus") == dra.get("reserved-cpus"), "the two processes disagree on reserved CPUs")
+        check(mode, nri_mounts["sysfs"]["mountPath"] == nri["sysfs-root"].rstrip("/") + "/sys" and nri_mounts["sysfs"].get("readOnly") is True, "nri-plugin's sysfs-root is not its read-only sysfs mount")
+        check(mode, containers["nri-plugin"]["readinessProbe"]["httpGet"]["path"] == "/readyz", "nri-plugin readiness is not /readyz")
+    expect = {
+        "default": {"cpu-device-mode": "grouped", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
+        "individual": {"cpu-device-mode": "individual"},
+        "group-by-socket": {"cpu-device-mode": "grouped", "group-by": "socket"},
+        "mixed": {"mixed-allocation-mode": True},
+        "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
+        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
+    }.get(mode, {})
+    for key, value in expect.items():
+        check(mode, dra.get(key) == value, f"dra-plugin.yaml {key} = {dra.get(key)!r}, want {value!r}")
+    if mode == "default":
+        check(mode, spec.get("priorityClassName") == "system-node-critical", "not system-node-critical")
+        check(mode, {"operator": "Exists"} in spec.get("tolerations", []), "does not tolerate every taint")
+        check(mode, "reserved-cpus" not in dra, "an empty reserved-cpus is written")
+
+if problems:
+    print("\n".join(problems), file=sys.stderr)
+    sys.exit(1)
+EOF
+echo "check-chart: every mode renders what its values ask for"
+
+# --- config keys are flags of the binaries ---------------------------------------
+bin_dir="${DRA_CPU_BIN_DIR:-target/debug}"
+if [ ! -x "$bin_dir/dra-plugin" ] || [ ! -x "$bin_dir/nri-plugin" ]; then
+  cargo build --quiet -p dra-plugin -p nri-plugin --bins
+fi
+"$bin_dir/dra-plugin" run --help >"$out/dra-plugin.help" 2>&1 || fail "$bin_dir/dra-plugin run --help failed: $(head -5 "$out/dra-plugin.help")"
+"$bin_dir/nri-plugin" --help >"$out/nri-plugin.help" 2>&1 || fail "$bin_dir/nri-plugin --help failed: $(head -5 "$out/nri-plugin.help")"
+"$python" - "$out" <<'EOF' || fail "the chart writes config keys or flags the binaries do not have"
+import re, sys, yaml
+
+out = sys.argv[1]
+problems = []
+for mode in ("default", "everything-set"):
+    docs = [d for d in yaml.safe_load_all(open(f"{out}/{mode}.yaml")) if d]
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    daemon_set = next(d for d in docs if d["kind"] == "DaemonSet")
+    containers = {c["name"]: c for c in daemon_set["spec"]["template"]["spec"]["containers"]}
+    for binary, file in (("dra-plugin", "dra-plugin.yaml"), ("nri-plugin", "nri-plugin.yaml")):
+        flags = set(re.findall(r"--([a-z][a-z0-9-]*)", open(f"{out}/{binary}.help").read()))
+        for key in yaml.safe_load(config_map["data"][file]):
+            if key not in flags:
+                problems.append(f"{mode}: {file} key {key!r} is not a flag of {binary} (flags: {sorted(flags)})")
+        for arg in containers[binary]["args"]:
+            if arg.startswith("--") and arg[2:].split("=", 1)[0] not in flags:
+                problems.append(f"{mode}: {binary} argument {arg!r} is not one of its flags")
+if problems:
+    print("\n".join(problems), file=sys.stderr)
+    sys.exit(1)
+EOF
+echo "check-chart: every config key and argument the chart writes is a flag of its binary"
+
+# --- bad values fail at install time, naming the value -------------------------------
+bad_values=(
+  "driverName=Not_A_DNS_Name|/driverName"
+  "draPlugin.cpuDeviceMode=single|value must be one of 'grouped', 'individual'"
+  "draPlugin.groupBy=core|/draPlugin/groupBy"
+  "draPlugin.allocationPolicy=spread|/draPlugin/allocationPolicy"
+  "reservedCpus=0-a|/reservedCpus"
+  "draPlugin.metricsPort=70000|/draPlugin/metricsPort"
+  "draPlugin.typo=1|additional properties 'typo' not allowed"
+  "nri.enabled=maybe|/nri/enabled"
+  "nri.pluginIndex=100|/nri/pluginIndex"
+  "nri.pluginName=dra-cpu|/nri/pluginName"
+  "nri.unsolicitedUpdates=sometimes|/nri/unsolicitedUpdates"
+  "stateDir=var/lib/dra-cpu|/stateDir"
+  "image.digest=latest|/image/digest"
+  "nri.metricsPort=9440|the ports must differ"
+  "coordinationSocket=/tmp/coordination.sock|must lie under stateDir"
+  "securityContext.runAsUser=1000|is not in draPlugin.coordinationAllowedUids"
+)
+for case in "${bad_values[@]}"; do
+  setting="${case%%|*}"
+  expected="${case#*|}"
+  if helm template dra-cpu "$chart" --set "$setting" >"$out/bad.yaml" 2>"$out/bad.log"; then
+    fail "--set $setting rendered; it must be refused"
+  fi
+  grep -qF -- "$expected" "$out/bad.log" ||
+    fail "--set $setting was refused without naming the problem ('$expected'): $(cat "$out/bad.log")"
+done
+echo "check-chart: ${#bad_values[@]} bad values refused with a message naming them"
+
+# --- example manifests ------------------------------------------------------------
+examples=(docs/examples/*.yaml)
+for example in "${examples[@]}"; do
+  validate "$example"
+done
+echo "check-chart: ${#examples[@]} example manifests validate against Kubernetes ${schema_versions[*]}"
