@@ -107,6 +107,9 @@ pub fn encode_frame(conn_id: u32, payload: &[u8]) -> Result<Vec<u8>, MuxError> {
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
+    /// Start of the unconsumed bytes in `buf`; consumed bytes are dropped
+    /// on the next push, so decoding stays linear in the input.
+    start: usize,
 }
 
 impl FrameDecoder {
@@ -116,18 +119,27 @@ impl FrameDecoder {
 
     /// Appends bytes read from the trunk.
     pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
+    }
+
+    fn pending(&self) -> &[u8] {
+        &self.buf[self.start..]
     }
 
     /// The next complete frame, `None` if more bytes are needed. An
     /// oversized frame is an error as soon as its header is seen, before its
     /// payload is buffered.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, MuxError> {
-        if self.buf.len() < FRAME_HEADER_LEN {
+        let buf = self.pending();
+        if buf.len() < FRAME_HEADER_LEN {
             return Ok(None);
         }
-        let conn_id = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
-        let len = u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]) as usize;
+        let conn_id = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let len = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
         if len > MAX_FRAME_PAYLOAD {
             return Err(MuxError::OversizedFrame {
                 conn_id,
@@ -135,28 +147,28 @@ impl FrameDecoder {
                 max: MAX_FRAME_PAYLOAD,
             });
         }
-        if self.buf.len() < FRAME_HEADER_LEN + len {
+        if buf.len() < FRAME_HEADER_LEN + len {
             return Ok(None);
         }
-        let payload = self.buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len].to_vec();
-        self.buf.drain(..FRAME_HEADER_LEN + len);
+        let payload = buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len].to_vec();
+        self.start += FRAME_HEADER_LEN + len;
         Ok(Some(Frame { conn_id, payload }))
     }
 
     /// Checks the state at end of stream: leftover bytes mean the peer
     /// closed mid-frame.
     pub fn finish(&self) -> Result<(), MuxError> {
-        if self.buf.is_empty() {
+        let buf = self.pending();
+        if buf.is_empty() {
             return Ok(());
         }
-        let want = if self.buf.len() < FRAME_HEADER_LEN {
+        let want = if buf.len() < FRAME_HEADER_LEN {
             FRAME_HEADER_LEN
         } else {
-            FRAME_HEADER_LEN
-                + u32::from_be_bytes([self.buf[4], self.buf[5], self.buf[6], self.buf[7]]) as usize
+            FRAME_HEADER_LEN + u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize
         };
         Err(MuxError::TruncatedFrame {
-            have: self.buf.len(),
+            have: buf.len(),
             want,
         })
     }

@@ -1,0 +1,170 @@
+//! Cost of the NRI path a container creation takes: frame decoding, and a
+//! full CreateContainer round trip (ttrpc over the multiplexer, plugin
+//! service with deadline and panic guard) against an in-process runtime.
+//! NRI allows 2 s per request; this shows how little of it the client uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
+use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
+use dra_cpu_proto::nri::mux::{
+    encode_frame, FrameDecoder, Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
+};
+use dra_cpu_proto::nri::{
+    ContainerCreation, EventMask, NriClient, NriClientOptions, NriPlugin, PluginError,
+};
+use ttrpc::r#async::transport::{Listener, Socket};
+use ttrpc::r#async::TtrpcContext;
+
+struct AcceptRegistration;
+
+#[async_trait]
+impl api_ttrpc::Runtime for AcceptRegistration {
+    async fn register_plugin(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::RegisterPluginRequest,
+    ) -> ttrpc::Result<api::Empty> {
+        Ok(api::Empty::new())
+    }
+}
+
+/// Pins every container and updates ten others, as a busy node would.
+struct Pinner;
+
+#[async_trait]
+impl NriPlugin for Pinner {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[Event::CREATE_CONTAINER])
+    }
+
+    async fn create_container(
+        &self,
+        _pod: PodSandbox,
+        _c: Container,
+    ) -> Result<ContainerCreation, PluginError> {
+        let mut cpu = api::LinuxCPU::new();
+        cpu.cpus = "0-3".into();
+        let mut resources = api::LinuxResources::new();
+        resources.cpu = Some(cpu).into();
+        let mut linux = api::LinuxContainerAdjustment::new();
+        linux.resources = Some(resources.clone()).into();
+        let mut adjust = api::ContainerAdjustment::new();
+        adjust.linux = Some(linux).into();
+        let update = (0..10)
+            .map(|i| {
+                let mut linux = api::LinuxContainerUpdate::new();
+                linux.resources = Some(resources.clone()).into();
+                let mut u = ContainerUpdate::new();
+                u.container_id = format!("{i:064}");
+                u.linux = Some(linux).into();
+                u
+            })
+            .collect();
+        Ok(ContainerCreation {
+            adjust: Some(adjust),
+            update,
+            evict: Vec::new(),
+        })
+    }
+}
+
+struct Pair {
+    plugin: PluginClient,
+    _client: NriClient,
+    _server: ttrpc::r#async::Server,
+    _mux: Multiplexer,
+}
+
+async fn pair() -> Pair {
+    let (plugin_end, runtime_end) = tokio::net::UnixStream::pair().expect("socketpair");
+    let (mux, mut conns) =
+        Multiplexer::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN])
+            .expect("multiplexer");
+    let runtime_conn = conns.pop().expect("runtime conn");
+    let plugin_conn = conns.pop().expect("plugin conn");
+    let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(runtime_conn) });
+    let mut server = ttrpc::r#async::Server::new()
+        .add_listener(Listener::new(futures::StreamExt::chain(
+            accepted,
+            futures::stream::pending(),
+        )))
+        .register_service(api_ttrpc::create_runtime(Arc::new(AcceptRegistration)));
+    server.start().await.expect("runtime server");
+    let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(plugin_conn)));
+    let client = NriClient::over(
+        plugin_end,
+        Arc::new(Pinner),
+        &NriClientOptions::new("bench", "10"),
+    )
+    .await
+    .expect("register");
+    Pair {
+        plugin,
+        _client: client,
+        _server: server,
+        _mux: mux,
+    }
+}
+
+fn create_request() -> api::CreateContainerRequest {
+    let mut container = Container::new();
+    container.id = "f".repeat(64);
+    container.name = "workload".into();
+    container.env = (0..20).map(|i| format!("VAR_{i}=value")).collect();
+    container
+        .annotations
+        .insert("io.kubernetes.cri.container-name".into(), "workload".into());
+    let mut pod = PodSandbox::new();
+    pod.id = "e".repeat(64);
+    pod.uid = "0e0e0e0e-0000-4000-8000-000000000001".into();
+    let mut req = api::CreateContainerRequest::new();
+    req.pod = Some(pod).into();
+    req.container = Some(container).into();
+    req
+}
+
+fn bench(c: &mut Criterion) {
+    let frames: Vec<u8> = (0..256u32)
+        .flat_map(|i| encode_frame(1 + i % 2, &[0u8; 512]).expect("frame"))
+        .collect();
+    let mut group = c.benchmark_group("nri_mux");
+    group.throughput(Throughput::Bytes(frames.len() as u64));
+    group.bench_function("decode_256_frames_of_512_bytes", |b| {
+        b.iter(|| {
+            let mut decoder = FrameDecoder::new();
+            decoder.push(&frames);
+            let mut n = 0;
+            while let Ok(Some(_)) = decoder.next_frame() {
+                n += 1;
+            }
+            n
+        })
+    });
+    group.finish();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let pair = rt.block_on(pair());
+    let req = create_request();
+    c.bench_function("nri_create_container_round_trip", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let ctx = ttrpc::context::with_duration(Duration::from_secs(2));
+                pair.plugin
+                    .create_container(ctx, &req)
+                    .await
+                    .expect("CreateContainer")
+            })
+        })
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
