@@ -184,7 +184,9 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("starting a runtime")?;
-        match runtime.block_on(tokio::time::timeout(SOCKET_TIMEOUT, from_socket(&socket))) {
+        match runtime
+            .block_on(async { tokio::time::timeout(SOCKET_TIMEOUT, from_socket(&socket)).await })
+        {
             Ok(Ok(report)) => Some(report),
             Ok(Err(e)) => {
                 eprintln!(
