@@ -618,7 +618,7 @@ mod tests {
             (
                 options(DeviceMode::Grouped, GroupBy::Numanode, "0,8,2"),
                 vec![
-                    ("cpudevnuma000", "1"),
+                    ("cpudevnuma000", "2"),
                     ("cpudevnuma001", "3"),
                     ("cpudevnuma002", "4"),
                     ("cpudevnuma003", "4"),
@@ -724,7 +724,9 @@ mod tests {
         )
         .unwrap();
         let order: Vec<u32> = planned.iter().map(|d| d.cpus.first().unwrap()).collect();
-        assert_eq!(order[..5], [8, 1, 2, 10, 3]);
+        // Cores go by their lowest allocatable CPU: core {0,8} now starts at 8.
+        assert_eq!(order[..5], [1, 2, 10, 3, 11]);
+        assert_eq!(order.last(), Some(&8));
         assert_eq!(planned.len(), 14);
     }
 
