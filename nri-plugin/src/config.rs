@@ -1,0 +1,299 @@
+//! Flags and the YAML config file of nri-plugin.
+//!
+//! Both are read into the same [`Settings`] type, whose every field is
+//! optional: a flag given on the command line wins over the file, the file
+//! wins over the built-in default. The file's keys are the flag names
+//! without the leading dashes (`plugin-index: "10"`); an unknown key is an
+//! error, so a typo cannot silently leave a default in force.
+
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use shared_state::CpuSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_proto::nri::DEFAULT_NRI_SOCKET;
+pub const DEFAULT_PLUGIN_NAME: &str = "dra_cpu";
+pub const DEFAULT_PLUGIN_INDEX: &str = "10";
+pub const DEFAULT_COORDINATION_SOCKET: &str = "/var/lib/dra-cpu/coordination.sock";
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+pub const DEFAULT_SYSFS_ROOT: &str = "/";
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9441";
+
+/// When nri-plugin may change containers outside an event reply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnsolicitedUpdates {
+    /// Only on runtimes known to handle them (NRI ≥ 0.12.1).
+    #[default]
+    Auto,
+    Always,
+    /// Every change waits for the next event reply.
+    Never,
+}
+
+impl UnsolicitedUpdates {
+    /// Whether an update may be sent now, given what the runtime is.
+    pub fn allowed(self, runtime_safe: bool) -> bool {
+        match self {
+            UnsolicitedUpdates::Auto => runtime_safe,
+            UnsolicitedUpdates::Always => true,
+            UnsolicitedUpdates::Never => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Every setting of nri-plugin, as flags or as config-file keys.
+#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// The runtime's NRI socket.
+    #[arg(long)]
+    pub nri_socket: Option<PathBuf>,
+    /// Name this plugin registers under (no '-' or whitespace).
+    #[arg(long)]
+    pub plugin_name: Option<String>,
+    /// Two-digit NRI invocation index.
+    #[arg(long)]
+    pub plugin_index: Option<String>,
+    /// dra-plugin's coordination socket.
+    #[arg(long)]
+    pub coordination_socket: Option<PathBuf>,
+    /// Directory of the CDI specs dra-plugin writes (checked while dra-plugin is down).
+    #[arg(long)]
+    pub cdi_dir: Option<PathBuf>,
+    /// Directory containing `sys/devices/system/cpu` (the host's `/`).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// CPUs kept for system daemons (cpulist), used until dra-plugin's snapshot arrives.
+    #[arg(long)]
+    pub reserved_cpus: Option<CpuSet>,
+    /// A claim container that also requests CPU gets the shared pool too.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub mixed_allocation_mode: Option<bool>,
+    /// auto, always or never.
+    #[arg(long, value_enum)]
+    pub unsolicited_updates: Option<UnsolicitedUpdates>,
+    /// Restrict a claim container's memory to the NUMA nodes of its CPUs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub align_memory: Option<bool>,
+    /// host:port of the metrics and /healthz HTTP server.
+    #[arg(long)]
+    pub metrics_address: Option<SocketAddr>,
+    /// text or json.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("plugin index {0:?} must be exactly two digits, e.g. \"10\"")]
+    BadIndex(String),
+    #[error("plugin name {0:?} must be non-empty and must not contain '-' or whitespace")]
+    BadName(String),
+}
+
+/// The settings of a running plugin, defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub nri_socket: PathBuf,
+    pub plugin_name: String,
+    pub plugin_index: String,
+    pub coordination_socket: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub sysfs_root: PathBuf,
+    pub reserved_cpus: CpuSet,
+    pub mixed_allocation_mode: bool,
+    pub unsolicited_updates: UnsolicitedUpdates,
+    pub align_memory: bool,
+    pub metrics_address: SocketAddr,
+    pub log_format: LogFormat,
+}
+
+/// Parse a config file's text.
+pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
+    // An empty file is a valid "no settings" file; serde_yaml reads it as null.
+    if text.trim().is_empty() {
+        return Ok(Settings::default());
+    }
+    serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Read and parse a config file.
+pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_file(path, &text)
+}
+
+impl Settings {
+    /// Every field set here, else the one from `fallback`.
+    pub fn or(self, fallback: Settings) -> Settings {
+        Settings {
+            nri_socket: self.nri_socket.or(fallback.nri_socket),
+            plugin_name: self.plugin_name.or(fallback.plugin_name),
+            plugin_index: self.plugin_index.or(fallback.plugin_index),
+            coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
+            cdi_dir: self.cdi_dir.or(fallback.cdi_dir),
+            sysfs_root: self.sysfs_root.or(fallback.sysfs_root),
+            reserved_cpus: self.reserved_cpus.or(fallback.reserved_cpus),
+            mixed_allocation_mode: self
+                .mixed_allocation_mode
+                .or(fallback.mixed_allocation_mode),
+            unsolicited_updates: self.unsolicited_updates.or(fallback.unsolicited_updates),
+            align_memory: self.align_memory.or(fallback.align_memory),
+            metrics_address: self.metrics_address.or(fallback.metrics_address),
+            log_format: self.log_format.or(fallback.log_format),
+        }
+    }
+
+    /// Apply defaults and check what the runtime would refuse later.
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let plugin_index = self
+            .plugin_index
+            .unwrap_or_else(|| DEFAULT_PLUGIN_INDEX.to_string());
+        if plugin_index.len() != 2 || !plugin_index.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(ConfigError::BadIndex(plugin_index));
+        }
+        let plugin_name = self
+            .plugin_name
+            .unwrap_or_else(|| DEFAULT_PLUGIN_NAME.to_string());
+        if plugin_name.is_empty()
+            || plugin_name.contains('-')
+            || plugin_name.chars().any(char::is_whitespace)
+        {
+            return Err(ConfigError::BadName(plugin_name));
+        }
+        Ok(Config {
+            nri_socket: self
+                .nri_socket
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_NRI_SOCKET)),
+            plugin_name,
+            plugin_index,
+            coordination_socket: self
+                .coordination_socket
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_COORDINATION_SOCKET)),
+            cdi_dir: self
+                .cdi_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR)),
+            sysfs_root: self
+                .sysfs_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SYSFS_ROOT)),
+            reserved_cpus: self.reserved_cpus.unwrap_or_default(),
+            mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
+            unsolicited_updates: self.unsolicited_updates.unwrap_or_default(),
+            align_memory: self.align_memory.unwrap_or(false),
+            metrics_address: self
+                .metrics_address
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9441))),
+            log_format: self.log_format.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn flags(args: &[&str]) -> Settings {
+        Cli::try_parse_from(std::iter::once("nri-plugin").chain(args.iter().copied()))
+            .expect("flags")
+            .settings
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Settings::default().resolve().expect("defaults");
+        assert_eq!(c.nri_socket, PathBuf::from("/var/run/nri/nri.sock"));
+        assert_eq!(c.plugin_index, "10");
+        assert_eq!(c.unsolicited_updates, UnsolicitedUpdates::Auto);
+        assert!(!c.mixed_allocation_mode && !c.align_memory);
+        assert_eq!(c.metrics_address.to_string(), DEFAULT_METRICS_ADDRESS);
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let file = parse_file(
+            Path::new("f.yaml"),
+            "plugin-index: \"20\"\nmixed-allocation-mode: true\nunsolicited-updates: never\nreserved-cpus: 0-1\n",
+        )
+        .expect("file");
+        let c = flags(&["--plugin-index", "30", "--align-memory"])
+            .or(file)
+            .resolve()
+            .expect("config");
+        assert_eq!(c.plugin_index, "30");
+        assert!(c.mixed_allocation_mode && c.align_memory);
+        assert_eq!(c.unsolicited_updates, UnsolicitedUpdates::Never);
+        assert_eq!(c.reserved_cpus.to_cpulist(), "0-1");
+    }
+
+    #[test]
+    fn refusals_name_the_bad_value() {
+        let err = parse_file(Path::new("/etc/x.yaml"), "plugin-indx: \"10\"\n").expect_err("typo");
+        assert!(
+            err.to_string().contains("/etc/x.yaml") && err.to_string().contains("plugin-indx"),
+            "{err}"
+        );
+        for (name, idx, needle) in [
+            ("a-b", "10", "\"a-b\""),
+            ("ok", "1", "\"1\""),
+            ("ok", "ab", "\"ab\""),
+        ] {
+            let s = Settings {
+                plugin_name: Some(name.into()),
+                plugin_index: Some(idx.into()),
+                ..Default::default()
+            };
+            let err = s.resolve().expect_err("bad");
+            assert!(err.to_string().contains(needle), "{err}");
+        }
+        assert!(Cli::try_parse_from(["x", "--unsolicited-updates", "sometimes"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--reserved-cpus", "3-1"]).is_err());
+    }
+
+    #[test]
+    fn unsolicited_policy_table() {
+        use UnsolicitedUpdates::*;
+        for (policy, safe, allowed) in [
+            (Auto, true, true),
+            (Auto, false, false),
+            (Always, false, true),
+            (Never, true, false),
+        ] {
+            assert_eq!(policy.allowed(safe), allowed, "{policy:?} {safe}");
+        }
+    }
+}

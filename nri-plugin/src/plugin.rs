@@ -1,0 +1,501 @@
+//! The NRI side: the [`NriPlugin`] implementation that turns runtime events
+//! into [`crate::handler`] decisions and replies, and the [`Enforcer`] that
+//! also takes dra-plugin's changes and decides whether they go out now (an
+//! unsolicited `UpdateContainers`) or ride on the next event reply.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use dra_cpu_proto::nri::api::{
+    self, Container, ContainerAdjustment, ContainerUpdate, Event, LinuxContainerAdjustment,
+    LinuxContainerUpdate, LinuxResources, PodSandbox,
+};
+use dra_cpu_proto::nri::{
+    ContainerCreation, ContainerUpdates, EventMask, NriPlugin, NriUpdater, PluginError, RuntimeInfo,
+};
+use shared_state::pool::Update;
+use shared_state::{ClaimAssignment, CpuSet};
+
+use crate::config::UnsolicitedUpdates;
+use crate::handler::{
+    admit_container, synchronize_containers, ClaimResolver, ContainerInfo, CreateDecision,
+    NodeView, ViewError, ViewSnapshot,
+};
+use crate::metrics::Metrics;
+
+/// The view plus everything needed to make it real on containers.
+pub struct Enforcer {
+    view: Mutex<NodeView>,
+    pub metrics: Arc<Metrics>,
+    updater: NriUpdater,
+    policy: UnsolicitedUpdates,
+    /// Set at Configure from the runtime's NRI version.
+    runtime_safe: AtomicBool,
+    /// Whether the last refresh saw stranded containers (logged once).
+    over_committed: AtomicBool,
+}
+
+fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
+    match view.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Enforcer {
+    pub fn new(
+        view: NodeView,
+        metrics: Arc<Metrics>,
+        updater: NriUpdater,
+        policy: UnsolicitedUpdates,
+    ) -> Self {
+        Enforcer {
+            view: Mutex::new(view),
+            metrics,
+            updater,
+            policy,
+            runtime_safe: AtomicBool::new(false),
+            over_committed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn view(&self) -> MutexGuard<'_, NodeView> {
+        lock_view(&self.view)
+    }
+
+    pub fn view_revision(&self) -> u64 {
+        self.view().revision()
+    }
+
+    /// Gauges from the view; the applied revision advances only when no
+    /// update is waiting to be sent.
+    fn refresh(&self, view: &NodeView) {
+        let m = &self.metrics;
+        let pool = view.pool();
+        m.shared_cpus
+            .store(pool.shared().len() as u64, Ordering::Relaxed);
+        m.exclusive_cpus
+            .store(pool.exclusive().len() as u64, Ordering::Relaxed);
+        m.containers
+            .store(pool.containers().len() as u64, Ordering::Relaxed);
+        m.view_revision.store(view.revision(), Ordering::Relaxed);
+        if view.pending_updates().is_empty() {
+            m.applied_revision.store(view.revision(), Ordering::Relaxed);
+        }
+        let stranded = view.stranded();
+        m.over_committed
+            .store(stranded.len() as u64, Ordering::Relaxed);
+        let was = self
+            .over_committed
+            .swap(!stranded.is_empty(), Ordering::Relaxed);
+        if !stranded.is_empty() && !was {
+            tracing::warn!(
+                containers = ?stranded,
+                "node over-committed: every allocatable CPU is held by a claim; shared containers keep their old cpuset"
+            );
+        }
+    }
+
+    /// Send `updates` (the full pending set after a pool change) now if the
+    /// runtime allows unsolicited updates, else leave them for the next
+    /// event reply.
+    async fn after_pool_change(&self, updates: Vec<Update>, why: &'static str) {
+        if updates.is_empty() {
+            self.refresh(&self.view());
+            return;
+        }
+        let allowed = self
+            .policy
+            .allowed(self.runtime_safe.load(Ordering::Relaxed));
+        if allowed && self.updater.is_connected() {
+            let n = updates.len();
+            match self
+                .updater
+                .update_containers(to_nri_updates(&updates))
+                .await
+            {
+                Ok(failed) => {
+                    let failed: Vec<&str> =
+                        failed.iter().map(|f| f.container_id.as_str()).collect();
+                    let sent: Vec<Update> = updates
+                        .into_iter()
+                        .filter(|(id, _)| !failed.contains(&id.as_str()))
+                        .collect();
+                    let mut view = self.view();
+                    view.mark_applied(&sent);
+                    self.refresh(&view);
+                    self.metrics.pool_change("unsolicited");
+                    self.metrics.updates_sent("unsolicited", sent.len());
+                    tracing::info!(why, updates = n, failed = ?failed, "pool change sent as an unsolicited update");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(why, error = %e, "unsolicited update failed; deferring to the next event reply")
+                }
+            }
+        }
+        self.metrics.pool_change("deferred");
+        tracing::info!(
+            why, updates = updates.len(), policy = ?self.policy,
+            "pool change deferred to the next event reply (unsolicited updates are not safe on this runtime)"
+        );
+        self.refresh(&self.view());
+    }
+
+    pub async fn apply_snapshot(&self, snapshot: ViewSnapshot) -> Result<(), ViewError> {
+        let updates = self.view().apply_snapshot(snapshot)?;
+        self.after_pool_change(updates, "snapshot").await;
+        Ok(())
+    }
+
+    pub async fn apply_prepared(
+        &self,
+        revision: u64,
+        claim: ClaimAssignment,
+    ) -> Result<(), ViewError> {
+        let uid = claim.claim_uid.clone();
+        let updates = self.view().apply_prepared(revision, claim)?;
+        tracing::info!(claim = %uid, revision, "claim prepared");
+        self.after_pool_change(updates, "prepare").await;
+        Ok(())
+    }
+
+    pub async fn apply_unprepared(&self, revision: u64, claim_uid: &str) -> Result<(), ViewError> {
+        let updates = self.view().apply_unprepared(revision, claim_uid)?;
+        tracing::info!(claim = %claim_uid, revision, "claim unprepared");
+        self.after_pool_change(updates, "unprepare").await;
+        Ok(())
+    }
+}
+
+fn cpu_resources(cpus: &CpuSet, mems: Option<&CpuSet>) -> LinuxResources {
+    let mut cpu = api::LinuxCPU::new();
+    cpu.cpus = cpus.to_cpulist();
+    if let Some(mems) = mems {
+        cpu.mems = mems.to_cpulist();
+    }
+    let mut resources = LinuxResources::new();
+    resources.cpu = Some(cpu).into();
+    resources
+}
+
+/// NRI updates that set only the cpuset. A container may exit while its
+/// update is in flight; that must not fail the event the update rides on.
+pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
+    updates
+        .iter()
+        .map(|(id, cpus)| {
+            let mut linux = LinuxContainerUpdate::new();
+            linux.resources = Some(cpu_resources(cpus, None)).into();
+            let mut u = ContainerUpdate::new();
+            u.container_id = id.clone();
+            u.linux = Some(linux).into();
+            u.ignore_failure = true;
+            u
+        })
+        .collect()
+}
+
+/// The CreateContainer reply of a decision.
+pub fn creation_reply(decision: &CreateDecision) -> ContainerCreation {
+    let mut linux = LinuxContainerAdjustment::new();
+    linux.resources = Some(cpu_resources(&decision.cpuset, decision.mems.as_ref())).into();
+    let mut adjust = ContainerAdjustment::new();
+    adjust.linux = Some(linux).into();
+    ContainerCreation {
+        adjust: Some(adjust),
+        update: to_nri_updates(&decision.updates),
+        evict: Vec::new(),
+    }
+}
+
+fn shares_of(resources: Option<&LinuxResources>) -> Option<u64> {
+    resources
+        .and_then(|r| r.cpu.as_ref())
+        .and_then(|c| c.shares.as_ref())
+        .map(|s| s.value)
+}
+
+fn cpus_of(resources: Option<&LinuxResources>) -> CpuSet {
+    resources
+        .and_then(|r| r.cpu.as_ref())
+        .and_then(|c| CpuSet::parse_cpulist(&c.cpus).ok())
+        .unwrap_or_default()
+}
+
+/// The plain data the handler needs from NRI's messages.
+pub fn container_info(pod: &PodSandbox, container: &Container) -> ContainerInfo {
+    let resources = container.linux.as_ref().and_then(|l| l.resources.as_ref());
+    ContainerInfo {
+        id: container.id.clone(),
+        name: container.name.clone(),
+        pod_uid: pod.uid.clone(),
+        pod_name: pod.name.clone(),
+        pod_namespace: pod.namespace.clone(),
+        env: container.env.clone(),
+        cpu_shares: shares_of(resources),
+        cpus: cpus_of(resources),
+        stopped: container.state.value() == api::ContainerState::CONTAINER_STOPPED as i32,
+    }
+}
+
+/// The NRI plugin of dra-cpu.
+pub struct DraCpuPlugin {
+    enforcer: Arc<Enforcer>,
+    resolver: Arc<dyn ClaimResolver>,
+}
+
+impl DraCpuPlugin {
+    pub fn new(enforcer: Arc<Enforcer>, resolver: Arc<dyn ClaimResolver>) -> Self {
+        DraCpuPlugin { enforcer, resolver }
+    }
+
+    fn finish(&self, event: &'static str, result: &'static str, started: Instant) {
+        self.enforcer
+            .metrics
+            .event(event, result, started.elapsed());
+    }
+
+    /// Pending updates sent in a reply: record them as applied.
+    fn send_in_reply(&self, updates: &[Update]) {
+        let mut view = self.enforcer.view();
+        view.mark_applied(updates);
+        self.enforcer.refresh(&view);
+        self.enforcer.metrics.updates_sent("reply", updates.len());
+    }
+}
+
+#[async_trait]
+impl NriPlugin for DraCpuPlugin {
+    fn events(&self) -> EventMask {
+        EventMask::of(&[
+            Event::CREATE_CONTAINER,
+            Event::UPDATE_CONTAINER,
+            Event::STOP_CONTAINER,
+            Event::REMOVE_CONTAINER,
+        ])
+    }
+
+    async fn configure(&self, runtime: &RuntimeInfo, _config: &str) -> Result<(), PluginError> {
+        let safe = runtime.unsolicited_updates_safe();
+        self.enforcer.runtime_safe.store(safe, Ordering::Relaxed);
+        self.enforcer
+            .metrics
+            .nri_registered
+            .store(true, Ordering::Relaxed);
+        tracing::info!(
+            runtime = %runtime.runtime_name, version = %runtime.runtime_version,
+            nri = ?runtime.nri_version, unsolicited_updates_safe = safe,
+            policy = ?self.enforcer.policy,
+            "configured by the NRI runtime"
+        );
+        Ok(())
+    }
+
+    async fn synchronize(
+        &self,
+        pods: Vec<PodSandbox>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        let started = Instant::now();
+        let pods: HashMap<&str, &PodSandbox> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let empty = PodSandbox::new();
+        let infos: Vec<ContainerInfo> = containers
+            .iter()
+            .map(|c| {
+                container_info(
+                    pods.get(c.pod_sandbox_id.as_str())
+                        .copied()
+                        .unwrap_or(&empty),
+                    c,
+                )
+            })
+            .collect();
+        let outcome =
+            synchronize_containers(&self.enforcer.view, &infos, self.resolver.as_ref()).await;
+        for (id, reason) in &outcome.demoted {
+            tracing::warn!(container = %id, %reason, "running container's claims do not validate; placing it on the shared pool");
+        }
+        let span = tracing::info_span!("synchronize", containers = infos.len());
+        span.in_scope(|| {
+            tracing::info!(
+                updates = outcome.updates.len(),
+                demoted = outcome.demoted.len(),
+                "synchronized with the runtime"
+            );
+        });
+        self.send_in_reply(&outcome.updates);
+        self.enforcer
+            .metrics
+            .updates_sent("synchronize", outcome.updates.len());
+        // Registered means synchronized: from here on every event is seen.
+        self.enforcer
+            .metrics
+            .nri_registered
+            .store(true, Ordering::Relaxed);
+        self.finish("Synchronize", "ok", started);
+        Ok(to_nri_updates(&outcome.updates))
+    }
+
+    async fn shutdown(&self) {
+        self.enforcer
+            .metrics
+            .nri_registered
+            .store(false, Ordering::Relaxed);
+        tracing::info!("the NRI runtime is shutting down");
+    }
+
+    async fn create_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<ContainerCreation, PluginError> {
+        let started = Instant::now();
+        let info = container_info(&pod, &container);
+        let span = tracing::info_span!(
+            "create_container", container = %info.id, name = %info.name,
+            pod = %info.pod_name, namespace = %info.pod_namespace, pod_uid = %info.pod_uid
+        );
+        match admit_container(&self.enforcer.view, &info, self.resolver.as_ref()).await {
+            Ok(decision) => {
+                let reply = creation_reply(&decision);
+                self.send_in_reply(&decision.updates);
+                span.in_scope(|| {
+                    tracing::info!(
+                        kind = %decision.kind, cpuset = %decision.cpuset,
+                        mems = ?decision.mems.as_ref().map(CpuSet::to_cpulist),
+                        claims = ?decision.claims, other_updates = decision.updates.len(),
+                        "container placed"
+                    )
+                });
+                self.finish("CreateContainer", "ok", started);
+                Ok(reply)
+            }
+            Err(refusal) => {
+                span.in_scope(|| tracing::warn!(reason = refusal.reason(), error = %refusal, "container refused"));
+                self.enforcer.metrics.refused(refusal.reason());
+                self.finish("CreateContainer", "refused", started);
+                Err(PluginError::failed(refusal.to_string()))
+            }
+        }
+    }
+
+    async fn update_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+        resources: Option<LinuxResources>,
+    ) -> Result<ContainerUpdates, PluginError> {
+        let started = Instant::now();
+        let mut info = container_info(&pod, &container);
+        if let Some(shares) = shares_of(resources.as_ref()) {
+            info.cpu_shares = Some(shares);
+        }
+        let updates = self.enforcer.view().update_container(&info);
+        self.send_in_reply(&updates);
+        tracing::debug!(container = %info.id, updates = updates.len(), "container update");
+        self.finish("UpdateContainer", "ok", started);
+        Ok(ContainerUpdates {
+            update: to_nri_updates(&updates),
+            evict: Vec::new(),
+        })
+    }
+
+    async fn stop_container(
+        &self,
+        _pod: PodSandbox,
+        container: Container,
+    ) -> Result<Vec<ContainerUpdate>, PluginError> {
+        let started = Instant::now();
+        let updates = self.enforcer.view().stop_container(&container.id);
+        self.send_in_reply(&updates);
+        tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
+        self.finish("StopContainer", "ok", started);
+        Ok(to_nri_updates(&updates))
+    }
+
+    async fn remove_container(
+        &self,
+        _pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), PluginError> {
+        let started = Instant::now();
+        let mut view = self.enforcer.view();
+        view.remove_container(&container.id);
+        self.enforcer.refresh(&view);
+        drop(view);
+        self.finish("RemoveContainer", "ok", started);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared_state::pool::ContainerKind;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_cpulist(s).expect("set")
+    }
+
+    #[test]
+    fn reply_sets_cpus_mems_and_other_updates() {
+        let decision = CreateDecision {
+            kind: ContainerKind::Exclusive,
+            cpuset: set("2-3"),
+            mems: Some(set("0")),
+            updates: vec![("other".into(), set("1,4-7"))],
+            claims: vec!["c".into()],
+        };
+        let reply = creation_reply(&decision);
+        let adjust = reply.adjust.expect("adjust");
+        let cpu = adjust
+            .linux
+            .resources
+            .cpu
+            .clone()
+            .into_option()
+            .expect("cpu");
+        assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("2-3", "0"));
+        assert_eq!(reply.update.len(), 1);
+        let u = &reply.update[0];
+        assert_eq!(u.container_id, "other");
+        let cpu = u.linux.resources.cpu.clone().into_option().expect("cpu");
+        assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("1,4-7", ""));
+        assert!(cpu.shares.is_none(), "only the cpuset is touched");
+        assert!(u.ignore_failure);
+    }
+
+    #[test]
+    fn container_info_reads_shares_cpus_env_and_state() {
+        let mut pod = PodSandbox::new();
+        pod.uid = "pod-uid".into();
+        let mut c = Container::new();
+        c.id = "cid".into();
+        c.env = vec!["A=1".into()];
+        let mut cpu = api::LinuxCPU::new();
+        let mut shares = api::OptionalUInt64::new();
+        shares.value = 512;
+        cpu.shares = Some(shares).into();
+        cpu.cpus = "0-1".into();
+        let mut res = LinuxResources::new();
+        res.cpu = Some(cpu).into();
+        let mut linux = api::LinuxContainer::new();
+        linux.resources = Some(res).into();
+        c.linux = Some(linux).into();
+        c.state = api::ContainerState::CONTAINER_STOPPED.into();
+        let info = container_info(&pod, &c);
+        assert_eq!(info.pod_uid, "pod-uid");
+        assert_eq!(info.cpu_shares, Some(512));
+        assert_eq!(info.cpus, set("0-1"));
+        assert!(info.stopped);
+        let bare = container_info(&pod, &Container::new());
+        assert_eq!(
+            (bare.cpu_shares, bare.cpus.is_empty(), bare.stopped),
+            (None, true, false)
+        );
+    }
+}
