@@ -307,7 +307,9 @@ impl<P: NriPlugin> PluginService<P> {
     where
         F: Future<Output = Result<T, PluginError>> + Send,
     {
-        match guard(method, self.handler_timeout, handler).await {
+        let runtime_timeout = self.runtime.get().map(|info| info.request_timeout);
+        let timeout = effective_handler_timeout(self.handler_timeout, runtime_timeout);
+        match guard(method, timeout, handler).await {
             Ok(v) => Ok(v),
             Err(failure) => {
                 if !matches!(failure, HandlerFailure::Plugin(PluginError::NotImplemented)) {
@@ -450,6 +452,19 @@ impl HandlerFailure {
             HandlerFailure::Panicked(_) => (ttrpc::Code::INTERNAL, format!("{method}: {self}")),
         };
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, message))
+    }
+}
+
+/// The deadline for one handler: the configured one, shortened to three
+/// quarters of the runtime's own request timeout when the runtime announced
+/// a tighter one, so the reply still arrives before the runtime gives up.
+pub fn effective_handler_timeout(
+    configured: Duration,
+    runtime_request_timeout: Option<Duration>,
+) -> Duration {
+    match runtime_request_timeout {
+        Some(runtime) if !runtime.is_zero() => configured.min(runtime * 3 / 4),
+        _ => configured,
     }
 }
 
@@ -794,6 +809,25 @@ mod tests {
         assert!(info(Some("v0.12.1")).unsolicited_updates_safe());
         assert!(info(Some("v1.0.0")).unsolicited_updates_safe());
         assert!(!info(Some("garbage")).unsolicited_updates_safe());
+    }
+
+    #[test]
+    fn handler_timeout_stays_inside_the_runtime_timeout() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (ms(1500), None, ms(1500)),
+            (ms(1500), Some(Duration::ZERO), ms(1500)),
+            (ms(1500), Some(ms(2000)), ms(1500)),
+            (ms(1500), Some(ms(1000)), ms(750)),
+            (ms(1500), Some(ms(30_000)), ms(1500)),
+        ];
+        for (configured, runtime, want) in cases {
+            assert_eq!(
+                effective_handler_timeout(configured, runtime),
+                want,
+                "{configured:?} {runtime:?}"
+            );
+        }
     }
 
     #[test]
