@@ -6,7 +6,7 @@
 use dra_cpu_tests::apiserver::{validate_k8s_objects, FakeApiServer, FakeApiServerOptions};
 use dra_plugin::publisher::{PublishError, Publisher};
 use dra_plugin::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
-use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::topology::Topology;
@@ -281,6 +281,23 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
     .await;
     // Restoring what was there is not a new device set.
     assert!(server.slices().iter().all(|s| s.spec.pool.generation == 1));
+
+    // A slice labelled as ours that the pool does not have is removed.
+    let mut stray = server.slices()[0].clone();
+    stray.metadata = kube::api::ObjectMeta {
+        name: Some("node-1-dra.cpu-9".to_string()),
+        labels: stray.metadata.labels.clone(),
+        ..Default::default()
+    };
+    let api: kube::Api<ResourceSlice> = kube::Api::all(server.client().await.unwrap());
+    api.create(&kube::api::PostParams::default(), &stray)
+        .await
+        .unwrap();
+    eventually("stray slice removed", || {
+        !names(&server).contains(&"node-1-dra.cpu-9".to_string())
+    })
+    .await;
+    assert_eq!(server.slices().len(), 3);
 
     // New devices through the channel: new generation, stale slices go.
     tx.send(devices(DeviceMode::Grouped)).unwrap();
