@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The node demo: installs what it needs (idempotent), builds both processes and
+# the demo, then brings up a private node (containerd with NRI, a fake API
+# server, dra-plugin, nri-plugin), runs a shared, an exclusive and a mixed pod
+# and prints each container's cpuset as it changes. Cleans up after itself.
+# Needs root (containerd and cgroups).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -ne 0 ]; then
+  echo "demo: must run as root (containerd and cgroups need it)" >&2
+  exit 1
+fi
+scripts/install-deps.sh
+echo "demo: building dra-plugin, nri-plugin and the demo (a first build takes a few minutes)"
+cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugin --bin nri-plugin --bin node-demo
+target_dir="${CARGO_TARGET_DIR:-target}"
+export DRA_PLUGIN_BIN="${DRA_PLUGIN_BIN:-$target_dir/debug/dra-plugin}"
+export NRI_PLUGIN_BIN="${NRI_PLUGIN_BIN:-$target_dir/debug/nri-plugin}"
+exec "$target_dir/debug/node-demo"

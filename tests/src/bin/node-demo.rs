@@ -1,0 +1,214 @@
+//! The node demo: one private node (containerd with NRI, the fake API
+//! server, dra-plugin and nri-plugin as their own processes), three pods as
+//! a scheduler and kubelet would run them, and a table of every container's
+//! cpuset after each step, read from its cgroup and from inside it.
+//!
+//! Run it through `scripts/demo.sh` (installs what it needs and builds
+//! first); it needs root, like containerd.
+
+use anyhow::Context;
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
+use std::fmt::Write;
+
+/// One container shown in the table.
+struct Shown {
+    pod: String,
+    container: String,
+    kind: &'static str,
+    id: String,
+}
+
+struct Demo {
+    node: Node,
+    shown: Vec<Shown>,
+    step: usize,
+}
+
+impl Demo {
+    fn show(&mut self, pod: &RunningPod, kind: &'static str) {
+        for (name, id) in &pod.containers {
+            self.shown.push(Shown {
+                pod: pod.sandbox.name.clone(),
+                container: name.clone(),
+                kind,
+                id: id.clone(),
+            });
+        }
+    }
+
+    fn forget(&mut self, pod: &RunningPod) {
+        self.shown.retain(|s| s.pod != pod.sandbox.name);
+    }
+
+    /// Prints the table once every container shows what the product
+    /// promises (`expect` gives the cpulist per pod name).
+    async fn table(&mut self, what: &str, expect: &[(&str, String)]) -> anyhow::Result<()> {
+        self.step += 1;
+        for (pod, want) in expect {
+            let ids: Vec<String> = self
+                .shown
+                .iter()
+                .filter(|s| s.pod == *pod)
+                .map(|s| s.id.clone())
+                .collect();
+            let want = want.parse().with_context(|| format!("cpulist {want:?}"))?;
+            for id in ids {
+                self.node
+                    .wait_cpus(&id, &want)
+                    .await
+                    .with_context(|| format!("step {}: {pod}", self.step))?;
+            }
+        }
+        let mut out = String::new();
+        let _ = writeln!(out, "\n[{}] {what}", self.step);
+        let _ = writeln!(
+            out,
+            "  {:<14} {:<10} {:<10} {:<12} {:<18}",
+            "pod", "container", "kind", "cpuset.cpus", "Cpus_allowed_list"
+        );
+        let shown: Vec<(String, String, &'static str, String)> = self
+            .shown
+            .iter()
+            .map(|s| (s.pod.clone(), s.container.clone(), s.kind, s.id.clone()))
+            .collect();
+        for (pod, container, kind, id) in shown {
+            let cpus = self.node.cpus(&id).await?;
+            let _ = writeln!(
+                out,
+                "  {:<14} {:<10} {:<10} {:<12} {:<18}",
+                pod,
+                container,
+                kind,
+                cpus.cgroup.cpus.to_cpulist(),
+                cpus.allowed_inside.to_cpulist()
+            );
+        }
+        print!("{out}");
+        Ok(())
+    }
+}
+
+async fn claim_pod(
+    node: &mut Node,
+    name: &str,
+    request_milli: Option<i64>,
+) -> anyhow::Result<(PodIdentity, PreparedClaim, RunningPod)> {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .create_claim(&format!("{name}-cpu"), 1, &pod)
+        .await
+        .with_context(|| format!("preparing the claim of {name}"))?;
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&claim.cdi_device)
+        .with_cpu(request_milli, None);
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .with_context(|| format!("starting {name}"))?;
+    Ok((pod, claim, running))
+}
+
+async fn run() -> anyhow::Result<()> {
+    println!("dra-cpu node demo: containerd with NRI, fake API server, dra-plugin, nri-plugin");
+    let node = Node::start(NodeOptions {
+        mixed_allocation_mode: true,
+        ..Default::default()
+    })
+    .await
+    .context("bringing up the node")?;
+    let all = node.allocatable()?;
+    println!(
+        "node {} up: CPUs {all}; dra-plugin pid {}, nri-plugin pid {}; mixed allocation mode on",
+        node.options().node_name,
+        node.dra_plugin_pid().unwrap_or(0),
+        node.nri_plugin_pid().unwrap_or(0),
+    );
+    let mut demo = Demo {
+        node,
+        shown: Vec::new(),
+        step: 0,
+    };
+
+    let shared = PodIdentity::new("shared");
+    let shared_pod = demo
+        .node
+        .start_pod(
+            &shared,
+            &[ContainerSpec::sleeper("app").with_cpu(Some(500), None)],
+        )
+        .await
+        .context("starting the shared pod")?;
+    demo.show(&shared_pod, "shared");
+    demo.table(
+        "shared pod (requests.cpu 500m) runs on the whole shared pool",
+        &[("shared", all.to_cpulist())],
+    )
+    .await?;
+
+    let (_, claim, exclusive_pod) = claim_pod(&mut demo.node, "exclusive", None).await?;
+    demo.show(&exclusive_pod, "exclusive");
+    let pool = all.difference(&claim.cpus);
+    demo.table(
+        &format!(
+            "claim of 1 CPU prepared (got {}), exclusive pod started: the shared pool shrinks",
+            claim.cpus
+        ),
+        &[
+            ("shared", pool.to_cpulist()),
+            ("exclusive", claim.cpus.to_cpulist()),
+        ],
+    )
+    .await?;
+
+    demo.node.delete_pod(&exclusive_pod).await?;
+    demo.node.unprepare(&claim.claim).await?;
+    demo.node.after_unprepare().await?;
+    demo.forget(&exclusive_pod);
+    demo.table(
+        "exclusive pod deleted, claim unprepared: the shared pool grows back",
+        &[("shared", all.to_cpulist())],
+    )
+    .await?;
+
+    let (_, claim, mixed_pod) = claim_pod(&mut demo.node, "mixed", Some(250)).await?;
+    demo.show(&mixed_pod, "mixed");
+    let pool = all.difference(&claim.cpus);
+    demo.table(
+        &format!(
+            "mixed pod (claim of 1 CPU, got {}, plus requests.cpu 250m): its CPU and the shared pool",
+            claim.cpus
+        ),
+        &[
+            ("shared", pool.to_cpulist()),
+            ("mixed", claim.cpus.union(&pool).to_cpulist()),
+        ],
+    )
+    .await?;
+
+    demo.node.delete_pod(&mixed_pod).await?;
+    demo.node.unprepare(&claim.claim).await?;
+    demo.node.after_unprepare().await?;
+    demo.forget(&mixed_pod);
+    demo.table(
+        "mixed pod deleted, claim unprepared: the shared pool grows back",
+        &[("shared", all.to_cpulist())],
+    )
+    .await?;
+
+    demo.node.delete_pod(&shared_pod).await?;
+    drop(demo);
+    println!("\ncleaned up: processes stopped, containerd and its pods removed");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node demo failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
