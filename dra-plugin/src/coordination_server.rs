@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 /// How often a quiet stream gets a heartbeat.
@@ -69,12 +70,28 @@ fn snapshot_event(s: &StateSnapshot) -> coord::WatchEvent {
 pub struct CoordinationService {
     driver: Arc<Driver>,
     heartbeat: Duration,
+    stopping: watch::Receiver<bool>,
 }
 
 impl CoordinationService {
-    pub fn new(driver: Arc<Driver>, heartbeat: Duration) -> CoordinationService {
-        CoordinationService { driver, heartbeat }
+    /// `stopping` turning true ends every Watch stream, so that a graceful
+    /// shutdown does not wait for subscribers that never hang up.
+    pub fn new(
+        driver: Arc<Driver>,
+        heartbeat: Duration,
+        stopping: watch::Receiver<bool>,
+    ) -> CoordinationService {
+        CoordinationService {
+            driver,
+            heartbeat,
+            stopping,
+        }
     }
+}
+
+/// Completes once `stopping` is true (or its sender is gone).
+pub async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
 }
 
 type WatchStream =
@@ -135,7 +152,10 @@ impl coord::coordination_server::Coordination for CoordinationService {
                 Some((Ok(event), (receiver, driver, guard, subscriber, heartbeat)))
             },
         );
-        let stream = futures::StreamExt::chain(futures::stream::once(async { Ok(first) }), rest);
+        let stream = futures::StreamExt::take_until(
+            futures::StreamExt::chain(futures::stream::once(async { Ok(first) }), rest),
+            stopped(self.stopping.clone()),
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -339,11 +339,14 @@ impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
 /// plugin going away).
 pub struct Health {
     driver: Arc<Driver>,
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Health {
-    pub fn new(driver: Arc<Driver>) -> Health {
-        Health { driver }
+    /// `stopping` turning true ends the streams, so shutdown does not wait
+    /// for kubelet to hang up.
+    pub fn new(driver: Arc<Driver>, stopping: tokio::sync::watch::Receiver<bool>) -> Health {
+        Health { driver, stopping }
     }
 }
 
@@ -387,7 +390,10 @@ impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
             futures::stream::once(
                 async move { Ok(health_v1::NodeWatchResourcesResponse { devices }) },
             );
-        let stream = futures::StreamExt::chain(first, futures::stream::pending());
+        let stream = futures::StreamExt::take_until(
+            futures::StreamExt::chain(first, futures::stream::pending()),
+            crate::coordination_server::stopped(self.stopping.clone()),
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 }

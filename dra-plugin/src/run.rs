@@ -155,6 +155,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .add_service(CoordinationServer::new(CoordinationService::new(
                 driver.clone(),
                 DEFAULT_HEARTBEAT,
+                stop_rx.clone(),
             )))
             .serve_with_incoming_shutdown(
                 incoming_with_peer_check(listener, policy),
@@ -190,7 +191,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             ))
             .add_service(
                 health_v1::dra_resource_health_server::DraResourceHealthServer::new(
-                    crate::dra_service::Health::new(driver.clone()),
+                    crate::dra_service::Health::new(driver.clone(), stop_rx.clone()),
                 ),
             )
             .serve_with_incoming_shutdown(

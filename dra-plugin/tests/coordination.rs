@@ -1,0 +1,173 @@
+//! The coordination socket of the running daemon: snapshot then ordered
+//! deltas, lookup, applied-revision reports, socket mode and peer check.
+
+mod common;
+
+use common::{pod_uid, Node, WAIT};
+use dra_cpu_proto::coordination::v1 as coord;
+use dra_cpu_proto::transport::connect_unix;
+use dra_cpu_tests::kubelet_dra::DraVersion;
+use dra_plugin::config::DeviceMode;
+use std::os::unix::fs::PermissionsExt;
+
+async fn next(stream: &mut tonic::Streaming<coord::WatchEvent>) -> coord::watch_event::Event {
+    loop {
+        let event = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .expect("an event within the wait bound")
+            .expect("stream ok")
+            .expect("stream open")
+            .event
+            .expect("event set");
+        if !matches!(event, coord::watch_event::Event::Heartbeat(_)) {
+            return event;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_get_a_snapshot_then_deltas_in_order() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let first = node.claim("first", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&first))
+        .await
+        .expect("prepare");
+    assert_eq!(answers[&first.uid].error, "");
+
+    let socket = &node.config.coordination_socket;
+    let mode = std::fs::metadata(socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let channel = connect_unix(socket).await.expect("connect");
+    let mut client = coord::coordination_client::CoordinationClient::new(channel);
+    // Two subscribers at once; both see the same sequence.
+    let mut streams = Vec::new();
+    for name in ["nri-plugin/a", "nri-plugin/b"] {
+        let stream = client
+            .watch(coord::WatchRequest {
+                from_revision: 0,
+                subscriber: name.into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        streams.push(stream);
+    }
+    let mut base = 0;
+    for stream in &mut streams {
+        let coord::watch_event::Event::Snapshot(snapshot) = next(stream).await else {
+            panic!("first event is not a snapshot");
+        };
+        assert_eq!(snapshot.allocatable, node.topology.online().to_cpulist());
+        assert_eq!(snapshot.reserved, "");
+        assert!(!snapshot.mixed_allocation_mode);
+        assert_eq!(snapshot.claims.len(), 1);
+        assert_eq!(snapshot.claims[0].uid, first.uid);
+        assert_eq!(snapshot.claims[0].consumer_pod_uids, vec![pod_uid(1)]);
+        assert_eq!(
+            Some(snapshot.claims[0].cpus.clone()),
+            node.cdi_cpus(&first.uid).map(|c| c.to_cpulist())
+        );
+        base = snapshot.revision;
+    }
+
+    let second = node.claim("second", &[("cpudevnuma001", Some("4"))], &pod_uid(2));
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&second))
+        .await
+        .expect("prepare");
+    assert_eq!(answers[&second.uid].error, "");
+    let errors = running
+        .kubelet
+        .unprepare(std::slice::from_ref(&first))
+        .await
+        .expect("unprepare");
+    assert_eq!(errors[&first.uid], "");
+
+    for stream in &mut streams {
+        match next(stream).await {
+            coord::watch_event::Event::ClaimPrepared(p) => {
+                assert_eq!(p.revision, base + 1);
+                let claim = p.claim.expect("claim");
+                assert_eq!(claim.uid, second.uid);
+                assert_eq!(
+                    Some(claim.cpus),
+                    node.cdi_cpus(&second.uid).map(|c| c.to_cpulist())
+                );
+            }
+            other => panic!("expected ClaimPrepared, got {other:?}"),
+        }
+        match next(stream).await {
+            coord::watch_event::Event::ClaimUnprepared(u) => {
+                assert_eq!(u.revision, base + 2);
+                assert_eq!(u.claim_uid, first.uid);
+            }
+            other => panic!("expected ClaimUnprepared, got {other:?}"),
+        }
+    }
+
+    let found = client
+        .lookup(coord::LookupRequest {
+            claim_uid: second.uid.clone(),
+        })
+        .await
+        .expect("lookup")
+        .into_inner();
+    assert!(found.found);
+    assert_eq!(found.revision, base + 2);
+    assert_eq!(found.claim.map(|c| c.uid), Some(second.uid.clone()));
+    let gone = client
+        .lookup(coord::LookupRequest {
+            claim_uid: first.uid.clone(),
+        })
+        .await
+        .expect("lookup")
+        .into_inner();
+    assert!(!gone.found);
+    assert!(gone.claim.is_none());
+
+    let ack = client
+        .report_applied(coord::AppliedRevision {
+            subscriber: "nri-plugin/a".into(),
+            revision: base + 1,
+        })
+        .await
+        .expect("report")
+        .into_inner();
+    assert_eq!(ack.current_revision, base + 2);
+    running.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_outside_the_allowed_uids_is_refused() {
+    // This test runs as root; admitting only uid 4242 makes root the
+    // "other" peer, which exercises the same SO_PEERCRED refusal a
+    // non-root nri-plugin would meet under the default policy.
+    let node = Node::with(DeviceMode::Grouped, |s| {
+        s.coordination_allowed_uids = Some(vec![4242]);
+    });
+    let running = node.start(DraVersion::V1).await;
+    let refused = async {
+        let channel = connect_unix(&node.config.coordination_socket).await?;
+        let mut client = coord::coordination_client::CoordinationClient::new(channel);
+        client
+            .lookup(coord::LookupRequest {
+                claim_uid: "x".into(),
+            })
+            .await
+            .map_err(anyhow::Error::from)?;
+        anyhow::Ok(())
+    };
+    let outcome = tokio::time::timeout(WAIT, refused)
+        .await
+        .expect("refusal within the wait bound");
+    assert!(outcome.is_err(), "a peer outside the allow-list was served");
+    running.stop().await.expect("clean stop");
+}
