@@ -1,0 +1,496 @@
+//! The Helm chart's ClusterRole against the API calls dra-plugin makes.
+//!
+//! The daemon's real run loop is driven against the fake API server through
+//! everything that touches the API: publishing its pool (including removing a
+//! stale slice), watching its slices, and preparing a claim for kubelet. Every
+//! request the server saw is turned into the attributes RBAC authorizes
+//! (API group, resource, verb), and each must be allowed by the ClusterRole
+//! that `helm template` renders. The other way round too: every permission the
+//! role grants must have been used, so the role cannot grow past the code.
+//!
+//! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides the
+//! binary).
+
+use dra_cpu_tests::apiserver::{FakeApiServer, RequestLine};
+use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
+use dra_plugin::config::{DeviceMode, GroupBy, Settings};
+use dra_plugin::slices::{build_slices, slice_name};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const NODE: &str = "node-a";
+const DRIVER: &str = "dra.cpu";
+const FIXTURE: &str = "intel-2s-snc2-ht-128";
+/// Guards against a hung daemon only; never a measure of speed.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// What RBAC authorizes for one resource request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Access {
+    group: String,
+    resource: String,
+    verb: String,
+}
+
+fn access(group: &str, resource: &str, verb: &str) -> Access {
+    Access {
+        group: group.into(),
+        resource: resource.into(),
+        verb: verb.into(),
+    }
+}
+
+/// How the API server's authorizer sees one request.
+#[derive(Debug, PartialEq, Eq)]
+enum Attributes {
+    Resource(Vec<Access>),
+    /// Discovery and version paths, open to every authenticated user through
+    /// the built-in system:discovery role.
+    NonResource(String),
+}
+
+/// The RBAC attributes of a request line, following the API server's
+/// request-info rules. An apply patch is also authorized as a create, because
+/// the server checks create permission when the apply creates the object.
+fn attributes(request: &RequestLine) -> Result<Attributes, String> {
+    let (path, query) = request
+        .path
+        .split_once('?')
+        .unwrap_or((request.path.as_str(), ""));
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match parts.as_slice() {
+        ["api", "v1", rest @ ..] if !rest.is_empty() => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] if !rest.is_empty() => (group.to_string(), rest),
+        _ => return Ok(Attributes::NonResource(path.to_string())),
+    };
+    let (group, mut rest) = rest;
+    if let ["namespaces", _ns, inner @ ..] = rest {
+        if !inner.is_empty() {
+            rest = inner;
+        }
+    }
+    let (resource, name) = match rest {
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => return Err(format!("unexpected path {path}")),
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verbs: &[&str] = match (request.method.as_str(), name, watch) {
+        ("GET", _, true) => &["watch"],
+        ("GET", true, false) => &["get"],
+        ("GET", false, false) => &["list"],
+        ("POST", false, _) => &["create"],
+        ("PUT", true, _) => &["update"],
+        ("PATCH", true, _) => &["patch", "create"],
+        ("DELETE", true, _) => &["delete"],
+        ("DELETE", false, _) => &["deletecollection"],
+        (method, _, _) => return Err(format!("unexpected request {method} {path}")),
+    };
+    Ok(Attributes::Resource(
+        verbs
+            .iter()
+            .map(|verb| access(&group, &resource, verb))
+            .collect(),
+    ))
+}
+
+/// Paths the built-in system:discovery and system:public-info-viewer roles
+/// open to every client.
+fn is_public_path(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    [
+        "/api", "/apis", "/version", "/openapi", "/healthz", "/livez", "/readyz",
+    ]
+    .iter()
+    .any(|open| path == *open || path.starts_with(&format!("{open}/")))
+}
+
+/// One ClusterRole rule, as rendered.
+#[derive(Debug, Clone, PartialEq)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+}
+
+impl Rule {
+    fn allows(&self, a: &Access) -> bool {
+        let has = |list: &[String], want: &str| list.iter().any(|x| x == "*" || x == want);
+        has(&self.groups, &a.group)
+            && has(&self.resources, &a.resource)
+            && has(&self.verbs, &a.verb)
+    }
+
+    /// Every (group, resource, verb) the rule grants; wildcards stay as `*`.
+    fn grants(&self) -> Vec<Access> {
+        let mut all = Vec::new();
+        for g in &self.groups {
+            for r in &self.resources {
+                for v in &self.verbs {
+                    all.push(access(g, r, v));
+                }
+            }
+        }
+        all
+    }
+}
+
+fn strings(value: &serde_yaml::Value, key: &str) -> Vec<String> {
+    value
+        .get(key)
+        .and_then(serde_yaml::Value::as_sequence)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dra-cpu")
+}
+
+/// The rules of the ClusterRole the chart renders with its default values.
+fn rendered_rules() -> Vec<Rule> {
+    let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
+    let output = std::process::Command::new(&helm)
+        .args(["template", "rbac-check"])
+        .arg(chart_dir())
+        .args(["--show-only", "templates/clusterrole.yaml"])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("running {helm:?}: {e} (install helm with scripts/install-deps.sh or set HELM)")
+        });
+    assert!(
+        output.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let role: serde_yaml::Value =
+        serde_yaml::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
+    assert_eq!(
+        role.get("kind").and_then(|k| k.as_str()),
+        Some("ClusterRole")
+    );
+    let rules = role
+        .get("rules")
+        .and_then(serde_yaml::Value::as_sequence)
+        .expect("ClusterRole has rules");
+    rules
+        .iter()
+        .map(|r| {
+            assert!(
+                r.get("nonResourceURLs").is_none() && r.get("resourceNames").is_none(),
+                "rule forms this check does not read: {r:?}"
+            );
+            Rule {
+                groups: strings(r, "apiGroups"),
+                resources: strings(r, "resources"),
+                verbs: strings(r, "verbs"),
+            }
+        })
+        .collect()
+}
+
+fn unpack_fixture(into: &Path) {
+    let dir = match std::env::var_os("DRA_CPU_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
+    };
+    let archive = dir.join(format!("{FIXTURE}.tar.gz"));
+    let file = std::fs::File::open(&archive)
+        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
+    tar::Archive::new(flate2::read::GzDecoder::new(file))
+        .unpack(into)
+        .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
+}
+
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(HANG_GUARD, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never happened: {what}");
+}
+
+/// A claim allocated one share of NUMA node 0's CPUs, reserved for a pod.
+fn allocated_claim(name: &str) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec::default()),
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "cpus".into(),
+                        driver: DRIVER.into(),
+                        pool: NODE.into(),
+                        device: "cpudevnuma000".into(),
+                        consumed_capacity: Some(
+                            [("dra.cpu/cpu".to_string(), Quantity("2".into()))].into(),
+                        ),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: "pod-a".into(),
+                uid: "0000000a-0000-4000-8000-000000000000".into(),
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+#[tokio::test]
+async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
+    let rules = rendered_rules();
+    let dir = tempfile::Builder::new()
+        .prefix("dcpu")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let sysfs = dir.path().join("sysfs");
+    unpack_fixture(&sysfs);
+    let api = FakeApiServer::start().expect("fake API server");
+    api.insert_node(NODE).expect("node");
+
+    // A slice of ours the pool no longer has, so the daemon deletes one.
+    let stale = slice_name(NODE, DRIVER, 7);
+    let mut slice: ResourceSlice = build_slices(DRIVER, NODE, None, Vec::new(), 1)
+        .expect("slice")
+        .remove(0);
+    slice.metadata.name = Some(stale.clone());
+    let setup = api.client().await.expect("client");
+    kube::Api::<ResourceSlice>::all(setup)
+        .create(&Default::default(), &slice)
+        .await
+        .expect("stale slice");
+    let claim = api.insert_claim(allocated_claim("cpus")).expect("claim");
+    let before = api.requests().len();
+
+    let config = Settings {
+        node_name: Some(NODE.into()),
+        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
+        kubelet_root_dir: Some(dir.path().join("kubelet")),
+        state_dir: Some(dir.path().join("state")),
+        cdi_dir: Some(dir.path().join("cdi")),
+        sysfs_root: Some(sysfs),
+        cpu_device_mode: Some(DeviceMode::Grouped),
+        group_by: Some(GroupBy::Numanode),
+        metrics_address: Some("127.0.0.1:0".parse().expect("addr")),
+        ..Settings::default()
+    }
+    .resolve(None)
+    .expect("config");
+    let registry = config.kubelet_root_dir.join("plugins_registry");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let daemon = tokio::spawn(dra_plugin::run::run(config, async {
+        let _ = stopped.await;
+    }));
+
+    let kubelet = KubeletDra::register(&registry, DRIVER, DraVersion::V1, HANG_GUARD)
+        .await
+        .expect("registration");
+    let claim_ref = dra_cpu_tests::kubelet_dra::Claim {
+        namespace: "team-a".into(),
+        name: "cpus".into(),
+        uid: claim.metadata.uid.clone().expect("uid"),
+    };
+    let prepared = kubelet
+        .prepare(std::slice::from_ref(&claim_ref))
+        .await
+        .expect("prepare");
+    let outcome = &prepared[&claim_ref.uid];
+    assert_eq!(outcome.error, "", "prepare failed: {outcome:?}");
+    kubelet
+        .unprepare(std::slice::from_ref(&claim_ref))
+        .await
+        .expect("unprepare");
+
+    eventually("the stale slice is deleted and the pool published", || {
+        let names: Vec<String> = api
+            .slices()
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        !names.contains(&stale) && names.contains(&slice_name(NODE, DRIVER, 0))
+    })
+    .await;
+    eventually("the daemon watches its slices", || {
+        api.requests()[before..]
+            .iter()
+            .any(|r| r.method == "GET" && r.path.contains("watch=true"))
+    })
+    .await;
+    let _ = stop.send(());
+    match tokio::time::timeout(HANG_GUARD, daemon).await {
+        Ok(Ok(result)) => result.expect("daemon ran cleanly"),
+        other => panic!("daemon did not stop: {other:?}"),
+    }
+
+    let requests = api.requests()[before..].to_vec();
+    let mut used = BTreeSet::new();
+    let mut denied = Vec::new();
+    for request in &requests {
+        match attributes(request).unwrap_or_else(|e| panic!("{e}")) {
+            Attributes::NonResource(path) => {
+                assert!(
+                    is_public_path(&path),
+                    "non-resource request {request:?} needs a rule"
+                );
+            }
+            Attributes::Resource(accesses) => {
+                for a in accesses {
+                    if !rules.iter().any(|r| r.allows(&a)) {
+                        denied.push(format!("{} {} -> {a:?}", request.method, request.path));
+                    }
+                    used.insert(a);
+                }
+            }
+        }
+    }
+    assert!(
+        denied.is_empty(),
+        "the chart's ClusterRole denies calls dra-plugin makes:\n{}",
+        denied.join("\n")
+    );
+    let granted: BTreeSet<Access> = rules.iter().flat_map(Rule::grants).collect();
+    let unused: Vec<&Access> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "the chart's ClusterRole grants what dra-plugin never calls: {unused:?}"
+    );
+    // The calls this test exists for happened.
+    for wanted in [
+        access("", "nodes", "get"),
+        access("resource.k8s.io", "resourceclaims", "get"),
+        access("resource.k8s.io", "resourceslices", "list"),
+        access("resource.k8s.io", "resourceslices", "watch"),
+        access("resource.k8s.io", "resourceslices", "patch"),
+        access("resource.k8s.io", "resourceslices", "delete"),
+    ] {
+        assert!(used.contains(&wanted), "dra-plugin never made {wanted:?}");
+    }
+}
+
+#[test]
+fn request_attributes_table() {
+    let line = |method: &str, path: &str| RequestLine {
+        method: method.into(),
+        path: path.into(),
+    };
+    let one = |g: &str, r: &str, v: &str| Attributes::Resource(vec![access(g, r, v)]);
+    let cases = [
+        (line("GET", "/api/v1/nodes/node-a"), one("", "nodes", "get")),
+        (
+            line(
+                "GET",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c",
+            ),
+            one("resource.k8s.io", "resourceclaims", "get"),
+        ),
+        (
+            line(
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices?labelSelector=a%3Db",
+            ),
+            one("resource.k8s.io", "resourceslices", "list"),
+        ),
+        (
+            line(
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices?watch=true&resourceVersion=5",
+            ),
+            one("resource.k8s.io", "resourceslices", "watch"),
+        ),
+        (
+            line(
+                "PATCH",
+                "/apis/resource.k8s.io/v1/resourceslices/s?fieldManager=dra.cpu",
+            ),
+            Attributes::Resource(vec![
+                access("resource.k8s.io", "resourceslices", "patch"),
+                access("resource.k8s.io", "resourceslices", "create"),
+            ]),
+        ),
+        (
+            line("DELETE", "/apis/resource.k8s.io/v1/resourceslices/s"),
+            one("resource.k8s.io", "resourceslices", "delete"),
+        ),
+        (
+            line("DELETE", "/apis/resource.k8s.io/v1/resourceslices"),
+            one("resource.k8s.io", "resourceslices", "deletecollection"),
+        ),
+        (
+            line(
+                "PUT",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status",
+            ),
+            one("resource.k8s.io", "resourceclaims/status", "update"),
+        ),
+        (
+            line("POST", "/api/v1/namespaces/ns/events"),
+            one("", "events", "create"),
+        ),
+        (
+            line("GET", "/api/v1/namespaces/kube-system"),
+            one("", "namespaces", "get"),
+        ),
+        (
+            line("GET", "/version"),
+            Attributes::NonResource("/version".into()),
+        ),
+        (
+            line("GET", "/apis"),
+            Attributes::NonResource("/apis".into()),
+        ),
+    ];
+    for (request, want) in cases {
+        assert_eq!(attributes(&request), Ok(want), "{request:?}");
+    }
+    assert!(attributes(&line("PATCH", "/apis/resource.k8s.io/v1/resourceslices")).is_err());
+    assert!(is_public_path("/version") && is_public_path("/apis/resource.k8s.io/v1"));
+    assert!(!is_public_path("/metrics") && !is_public_path("/versions"));
+}
+
+#[test]
+fn rules_allow_by_group_resource_and_verb() {
+    let rule = Rule {
+        groups: vec!["resource.k8s.io".into()],
+        resources: vec!["resourceslices".into()],
+        verbs: vec!["list".into(), "watch".into()],
+    };
+    assert!(rule.allows(&access("resource.k8s.io", "resourceslices", "list")));
+    assert!(!rule.allows(&access("resource.k8s.io", "resourceslices", "delete")));
+    assert!(!rule.allows(&access("", "resourceslices", "list")));
+    assert!(!rule.allows(&access("resource.k8s.io", "resourceclaims", "list")));
+    let wide = Rule {
+        groups: vec!["*".into()],
+        resources: vec!["*".into()],
+        verbs: vec!["get".into()],
+    };
+    assert!(wide.allows(&access("apps", "daemonsets", "get")));
+    assert_eq!(rule.grants().len(), 2);
+}
