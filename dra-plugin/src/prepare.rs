@@ -312,7 +312,7 @@ pub fn whole_cpus(quantity: &str) -> Option<u32> {
     let q = q.strip_prefix('+').unwrap_or(q);
     let value: u64 = if let Some(milli) = q.strip_suffix('m') {
         let m: u64 = digits(milli)?;
-        if m % 1000 != 0 {
+        if !m.is_multiple_of(1000) {
             return None;
         }
         m / 1000

@@ -34,6 +34,9 @@ pub fn fixtures_dir() -> PathBuf {
     }
 }
 
+/// One allocation result: driver, pool, device, consumed CPUs.
+pub type RawResult = (String, String, String, Option<String>);
+
 pub struct Node {
     pub dir: tempfile::TempDir,
     pub api: FakeApiServer,
@@ -123,7 +126,7 @@ impl Node {
     /// Create a claim allocated with `results` (device, consumed CPUs) from
     /// this node's pool, reserved for `pod_uid`. Returns the claim's uid.
     pub fn claim(&self, name: &str, results: &[(&str, Option<&str>)], pod_uid: &str) -> Claim {
-        let results: Vec<(String, String, String, Option<String>)> = results
+        let results: Vec<RawResult> = results
             .iter()
             .map(|(device, cap)| {
                 (
@@ -141,7 +144,7 @@ impl Node {
     pub fn claim_raw(
         &self,
         name: &str,
-        results: Option<Vec<(String, String, String, Option<String>)>>,
+        results: Option<Vec<RawResult>>,
         pod_uid: Option<&str>,
     ) -> Claim {
         let results = results.map(|rs| {
