@@ -1,0 +1,249 @@
+//! The driver core without sockets: a store that fails, a CDI directory
+//! that cannot be written, and a subscriber too slow to keep up.
+
+use dra_cpu_proto::coordination::v1 as coord;
+use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
+use dra_plugin::cdi::CdiDir;
+use dra_plugin::config::{DeviceMode, GroupBy};
+use dra_plugin::coordination_server::CoordinationService;
+use dra_plugin::driver::{Driver, DriverOptions, EVENT_BUFFER};
+use dra_plugin::metrics::Metrics;
+use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use shared_state::alloc::Policy;
+use shared_state::store::{AssignmentStore, LenientListing, MemoryStore, StoreError, StoreOp};
+use shared_state::topology::synthetic;
+use shared_state::{ClaimAssignment, CpuSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NODE: &str = "node-a";
+
+/// A real in-memory store whose commits fail while `failing` is set, as a
+/// full disk or an I/O error would make sled's fail.
+#[derive(Default)]
+struct FaultyStore {
+    inner: MemoryStore,
+    failing: AtomicBool,
+}
+
+impl AssignmentStore for FaultyStore {
+    fn get(&self, uid: &str) -> Result<Option<ClaimAssignment>, StoreError> {
+        self.inner.get(uid)
+    }
+    fn list_lenient(&self) -> Result<LenientListing, StoreError> {
+        self.inner.list_lenient()
+    }
+    fn revision(&self) -> Result<u64, StoreError> {
+        self.inner.revision()
+    }
+    fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError::DataFile {
+                path: "/var/lib/dra-cpu/store/db".into(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        self.inner.apply(ops)
+    }
+}
+
+fn topology() -> shared_state::topology::Topology {
+    synthetic::build(&synthetic::Shape {
+        sockets: 2,
+        numa_per_socket: 1,
+        l3_per_numa: 1,
+        cores_per_l3: 8,
+        threads_per_core: 2,
+        sibling_numbering: synthetic::SiblingNumbering::Split,
+    })
+}
+
+fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
+    let topo = topology();
+    let catalog = DeviceCatalog::new(
+        &topo,
+        &CpuSet::new(),
+        DeviceMode::Grouped,
+        GroupBy::Numanode,
+    )
+    .expect("catalog");
+    let options = DriverOptions {
+        driver_name: "dra.cpu".into(),
+        node_name: NODE.into(),
+        reserved: CpuSet::new(),
+        policy: Policy::Packed,
+        mixed_allocation_mode: false,
+    };
+    Arc::new(
+        Driver::open(
+            options,
+            catalog,
+            &topo,
+            store,
+            cdi,
+            Arc::new(Metrics::new()),
+        )
+        .expect("driver"),
+    )
+}
+
+fn uid(n: usize) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+fn claim(n: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
+    let reference = ClaimRef {
+        namespace: "default".into(),
+        name: format!("c{n}"),
+        uid: uid(n),
+    };
+    let object = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(reference.name.clone()),
+            namespace: Some("default".into()),
+            uid: Some(reference.uid.clone()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "cpus".into(),
+                        driver: "dra.cpu".into(),
+                        pool: NODE.into(),
+                        device: "cpudevnuma000".into(),
+                        consumed_capacity: Some(
+                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
+                        ),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: "pod".into(),
+                uid: "feedbeef-0000-4000-8000-000000000000".into(),
+            }]),
+            ..Default::default()
+        }),
+    };
+    (reference, object)
+}
+
+#[test]
+fn a_store_failure_is_a_claim_error_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(FaultyStore::default());
+    let cdi = CdiDir::new(dir.path());
+    let driver = driver(store.clone(), cdi.clone());
+    let (reference, object) = claim(1, 2);
+    store.failing.store(true, Ordering::SeqCst);
+    let error = driver
+        .prepare(&reference, &object)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("store failure"), "{error}");
+    assert!(error.contains("/var/lib/dra-cpu/store/db"), "{error}");
+    assert!(driver.prepared(&reference.uid).is_none());
+    assert!(cdi.list().expect("list").is_empty());
+    assert_eq!(driver.metrics().errors("prepare", "store"), 1);
+    // The disk recovers: kubelet's retry succeeds.
+    store.failing.store(false, Ordering::SeqCst);
+    let prepared = driver.prepare(&reference, &object).expect("retry");
+    assert_eq!(prepared.assignment.cpus.len(), 2);
+    assert_eq!(
+        cdi.read_cpus(&reference.uid),
+        Some(prepared.assignment.cpus)
+    );
+}
+
+#[test]
+fn a_cdi_failure_undoes_the_store_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_a_dir = dir.path().join("cdi");
+    std::fs::write(&not_a_dir, b"a file where the CDI directory should be").expect("file");
+    let store = Arc::new(MemoryStore::new());
+    let driver = driver(store.clone(), CdiDir::new(&not_a_dir));
+    let (reference, object) = claim(1, 4);
+    let error = driver
+        .prepare(&reference, &object)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("writing its CDI spec failed"), "{error}");
+    assert_eq!(store.get(&reference.uid).expect("get"), None);
+    assert!(driver.prepared(&reference.uid).is_none());
+    // The CPUs are free again: a claim for the whole group fits.
+    std::fs::remove_file(&not_a_dir).expect("rm");
+    let (whole, object) = claim(2, 16);
+    assert_eq!(
+        driver
+            .prepare(&whole, &object)
+            .expect("whole group")
+            .assignment
+            .cpus
+            .len(),
+        16
+    );
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_never_blocks_a_prepare_and_gets_a_fresh_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver = driver(Arc::new(MemoryStore::new()), CdiDir::new(dir.path()));
+    let (_stop, stopping) = tokio::sync::watch::channel(false);
+    let service = CoordinationService::new(driver.clone(), Duration::from_secs(3600), stopping);
+    let mut stream = service
+        .watch(tonic::Request::new(coord::WatchRequest {
+            from_revision: 0,
+            subscriber: "slow".into(),
+        }))
+        .await
+        .expect("watch")
+        .into_inner();
+    // The subscriber reads nothing while more changes than the buffer holds
+    // are committed; every one of them completes.
+    let (reference, object) = claim(1, 1);
+    let rounds = EVENT_BUFFER; // 2 events per round
+    for _ in 0..rounds {
+        driver.prepare(&reference, &object).expect("prepare");
+        driver.unprepare(&reference).expect("unprepare");
+    }
+    driver.prepare(&reference, &object).expect("last prepare");
+    let final_revision = driver.revision();
+    assert_eq!(final_revision, 2 * rounds as u64 + 1);
+
+    let first = stream
+        .next()
+        .await
+        .and_then(|e| e.ok())
+        .and_then(|e| e.event);
+    let Some(coord::watch_event::Event::Snapshot(initial)) = first else {
+        panic!("first event is not a snapshot: {first:?}");
+    };
+    assert_eq!(initial.revision, 0);
+    let second = stream
+        .next()
+        .await
+        .and_then(|e| e.ok())
+        .and_then(|e| e.event);
+    let Some(coord::watch_event::Event::Snapshot(fresh)) = second else {
+        panic!("a lagging subscriber must get a fresh snapshot, got {second:?}");
+    };
+    assert_eq!(fresh.revision, final_revision);
+    assert_eq!(fresh.claims.len(), 1);
+    assert_eq!(fresh.claims[0].uid, reference.uid);
+}
