@@ -1,0 +1,154 @@
+//! The config file and mounts the Helm chart renders for dra-plugin, read by
+//! dra-plugin's own config loader: every mode must parse, resolve to the
+//! settings its values ask for, and put the sockets where the chart mounts
+//! the host's directories.
+//!
+//! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides it).
+
+use dra_plugin::config::{parse_file, Config, DeviceMode, GroupBy, LogFormat};
+use shared_state::alloc::Policy;
+use std::path::{Path, PathBuf};
+
+fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dra-cpu")
+}
+
+/// `helm template` of the chart with `values` (a file under ci/, or none).
+fn render(values: Option<&str>) -> Vec<serde_yaml::Value> {
+    let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
+    let mut command = std::process::Command::new(&helm);
+    command.args(["template", "dra-cpu"]).arg(chart_dir());
+    if let Some(values) = values {
+        command.arg("-f").arg(chart_dir().join("ci").join(values));
+    }
+    let output = command.output().unwrap_or_else(|e| {
+        panic!("running {helm:?}: {e} (install helm with scripts/install-deps.sh or set HELM)")
+    });
+    assert!(
+        output.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    text.split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+        .filter(|doc| doc.get("kind").is_some())
+        .collect()
+}
+
+fn object<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    docs.iter()
+        .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some(kind))
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+fn str_at<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+    path.iter()
+        .fold(value, |v, key| &v[*key])
+        .as_str()
+        .unwrap_or_else(|| panic!("no string at {path:?}"))
+}
+
+/// dra-plugin's config as the binary would load it, and the container's
+/// mount paths.
+fn dra_plugin(values: Option<&str>) -> (Config, Vec<PathBuf>) {
+    let docs = render(values);
+    let text = str_at(object(&docs, "ConfigMap"), &["data", "dra-plugin.yaml"]);
+    let settings = parse_file(Path::new("/etc/dra-cpu/dra-plugin.yaml"), text)
+        .unwrap_or_else(|e| panic!("{values:?}: {e}"));
+    // The chart sets NODE_NAME from the Downward API.
+    let config = settings
+        .resolve(Some("node-a".into()))
+        .unwrap_or_else(|e| panic!("{values:?}: {e}"));
+    let pod = &object(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let container = pod["containers"]
+        .as_sequence()
+        .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some("dra-plugin")))
+        .expect("dra-plugin container");
+    let mounts = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .map(|m| PathBuf::from(m["mountPath"].as_str().expect("mountPath")))
+        .collect();
+    (config, mounts)
+}
+
+#[test]
+fn every_mode_resolves_to_what_its_values_ask_for() {
+    type Check = fn(&Config) -> bool;
+    let cases: [(Option<&str>, Check); 7] = [
+        (None, |c| {
+            c.driver_name == "dra.cpu"
+                && c.device_mode == DeviceMode::Grouped
+                && c.group_by == GroupBy::Numanode
+                && c.allocation_policy == Policy::Packed
+                && !c.mixed_allocation_mode
+                && c.node_allocatable_mapping
+                && c.reserved_cpus.is_empty()
+                && c.kubeconfig.is_none()
+                && c.coordination_allowed_uids == [0]
+                && c.metrics_address.port() == 9440
+                && c.log_format == LogFormat::Text
+                && c.sysfs_root == Path::new("/host")
+        }),
+        (Some("individual-values.yaml"), |c| {
+            c.device_mode == DeviceMode::Individual
+        }),
+        (Some("group-by-socket-values.yaml"), |c| {
+            c.device_mode == DeviceMode::Grouped && c.group_by == GroupBy::Socket
+        }),
+        (Some("mixed-values.yaml"), |c| c.mixed_allocation_mode),
+        (Some("no-node-allocatable-mapping-values.yaml"), |c| {
+            !c.node_allocatable_mapping
+        }),
+        (Some("no-nri-values.yaml"), |c| {
+            c.device_mode == DeviceMode::Grouped
+        }),
+        (Some("everything-set-values.yaml"), |c| {
+            c.driver_name == "cpu.example.com"
+                && c.reserved_cpus.to_cpulist() == "0-1,64-65"
+                && c.group_by == GroupBy::Machine
+                && c.allocation_policy == Policy::DistributeAcrossNuma
+                && c.mixed_allocation_mode
+                && c.kubeconfig.as_deref() == Some(Path::new("/etc/kubernetes/kubeconfig"))
+                && c.coordination_allowed_uids == [0, 1000]
+                && c.coordination_socket == Path::new("/var/lib/cpu-driver/sock/coord.sock")
+                && c.metrics_address.port() == 19440
+                && c.log_format == LogFormat::Json
+        }),
+    ];
+    for (values, check) in cases {
+        let (config, mounts) = dra_plugin(values);
+        assert!(check(&config), "{values:?}: {config:#?}");
+        // Kubelet dials the paths the plugin creates: each socket must lie in
+        // a directory the chart mounts from the host at the same path.
+        let sockets = [
+            config.registration_socket(),
+            config.dra_socket(),
+            config.coordination_socket.clone(),
+        ];
+        for socket in sockets {
+            let parent = socket.parent().expect("socket has a directory");
+            assert!(
+                mounts.iter().any(|m| parent.starts_with(m)),
+                "{values:?}: socket {} is in no mounted directory ({mounts:?})",
+                socket.display()
+            );
+        }
+        assert!(
+            mounts.iter().any(|m| config.store_dir().starts_with(m)),
+            "{values:?}: store {} is in no mounted directory",
+            config.store_dir().display()
+        );
+        assert!(
+            mounts.contains(&config.sysfs_root.join("sys")),
+            "{values:?}: sysfs root {} has no sys mount",
+            config.sysfs_root.display()
+        );
+        assert!(
+            mounts.contains(&config.cdi_dir),
+            "{values:?}: CDI dir not mounted"
+        );
+    }
+}
