@@ -1,0 +1,62 @@
+//! What every end-to-end scenario shares: starting a node, and turning
+//! errors into test failures that say what was being done.
+
+#![allow(dead_code)]
+
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod};
+use shared_state::CpuSet;
+use std::fmt::Display;
+
+/// Unwraps with the error's text (not its Debug form) and what was being done.
+pub trait Must<T> {
+    fn must(self, what: &str) -> T;
+}
+
+impl<T, E: Display> Must<T> for Result<T, E> {
+    fn must(self, what: &str) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+pub async fn node(options: NodeOptions) -> Node {
+    Node::start(options).await.must("starting the node")
+}
+
+pub async fn node_with_mixed_mode(on: bool) -> Node {
+    node(NodeOptions {
+        mixed_allocation_mode: on,
+        ..Default::default()
+    })
+    .await
+}
+
+/// A pod of one container `app` with `requests.cpu: <milli>m` and no claim.
+pub async fn shared_pod(node: &mut Node, name: &str, milli: i64) -> (RunningPod, String) {
+    let pod = PodIdentity::new(name);
+    let running = node
+        .start_pod(
+            &pod,
+            &[ContainerSpec::sleeper("app").with_cpu(Some(milli), None)],
+        )
+        .await
+        .must(&format!("starting shared pod {name}"));
+    let id = running.id("app").to_string();
+    (running, id)
+}
+
+pub fn set(list: &str) -> CpuSet {
+    CpuSet::parse_cpulist(list).must("cpulist")
+}
+
+/// The `DRA_CPUSET_<uid>` variable a container sees, parsed.
+pub async fn claim_env(node: &mut Node, id: &str, claim_uid: &str) -> Option<CpuSet> {
+    let env = dra_cpu_tests::cgroup::container_env(&mut node.cri, id)
+        .await
+        .must("reading the container's environment");
+    env.get(&format!("DRA_CPUSET_{claim_uid}"))
+        .and_then(|v| CpuSet::parse_cpulist(v).ok())
+}

@@ -1,0 +1,203 @@
+//! End-to-end pool scenarios on a real node: containerd with NRI, dra-plugin
+//! and nri-plugin as their own processes, the fake API server, the kubelet
+//! stand-ins. Every check reads the container's cgroup cpuset and the
+//! `Cpus_allowed_list` of a process inside it. Needs root and
+//! `scripts/install-deps.sh`.
+
+mod e2e_common;
+
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{PodIdentity, PreparedClaim, RunningPod};
+use e2e_common::{claim_env, node_with_mixed_mode, shared_pod, Must};
+
+/// Scheduler and kubelet for a pod whose one container `app` names a fresh
+/// claim of one CPU and requests `request_milli`.
+async fn claim_pod(
+    node: &mut dra_cpu_tests::node::Node,
+    name: &str,
+    request_milli: Option<i64>,
+) -> (PreparedClaim, RunningPod, String) {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .create_claim(&format!("{name}-cpu"), 1, &pod)
+        .await
+        .must(&format!("preparing the claim of {name}"));
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&claim.cdi_device)
+        .with_cpu(request_milli, None);
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must(&format!("starting {name}"));
+    let id = running.id("app").to_string();
+    (claim, running, id)
+}
+
+/// Kubelet deleting a claim pod: pod first, then unprepare.
+async fn delete_claim_pod(
+    node: &mut dra_cpu_tests::node::Node,
+    claim: &PreparedClaim,
+    pod: &RunningPod,
+) {
+    node.delete_pod(pod).await.must("deleting the claim pod");
+    node.unprepare(&claim.claim).await.must("unpreparing");
+    node.after_unprepare()
+        .await
+        .must("the event after unprepare");
+}
+
+#[tokio::test]
+async fn exclusive_claim_pins_its_container_and_the_shared_pool_shrinks_and_grows_back() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    node.wait_cpus(&a, &all).await.must("A on every CPU");
+
+    let (claim, pod_b, b) = claim_pod(&mut node, "pod-b", None).await;
+    assert_eq!(claim.cpus.len(), 1, "a 1-CPU claim got {}", claim.cpus);
+    assert!(claim.cpus.is_subset(&all));
+    let pinned = node.wait_cpus(&b, &claim.cpus).await.must("B pinned");
+    assert_eq!(pinned.allowed_inside, claim.cpus);
+    assert_eq!(
+        claim_env(&mut node, &b, &claim.claim.uid).await,
+        Some(claim.cpus.clone()),
+        "B sees its claim's CPUs in its environment"
+    );
+    let pool = all.difference(&claim.cpus);
+    node.wait_cpus(&a, &pool)
+        .await
+        .must("A shrinks off B's CPU");
+
+    delete_claim_pod(&mut node, &claim, &pod_b).await;
+    assert_eq!(
+        node.claim_cpus(&claim.claim.uid),
+        None,
+        "the claim's CDI spec is gone after unprepare"
+    );
+    node.wait_cpus(&a, &all).await.must("A grows back");
+}
+
+#[tokio::test]
+async fn mixed_mode_on_gives_claim_and_pool_only_to_containers_that_request_cpu() {
+    let mut node = node_with_mixed_mode(true).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    // (CPU request, whether the container gets the shared pool too)
+    let cases = [(Some(250), true), (None, false), (Some(1), false)];
+    for (i, (request, mixed)) in cases.into_iter().enumerate() {
+        let (claim, pod, id) = claim_pod(&mut node, &format!("pod-m{i}"), request).await;
+        let pool = all.difference(&claim.cpus);
+        let want = if mixed {
+            claim.cpus.union(&pool)
+        } else {
+            claim.cpus.clone()
+        };
+        node.wait_cpus(&id, &want)
+            .await
+            .must(&format!("case {i}: request {request:?}"));
+        node.wait_cpus(&a, &pool).await.must(&format!(
+            "case {i}: the shared container leaves the claim's CPU"
+        ));
+        delete_claim_pod(&mut node, &claim, &pod).await;
+        node.wait_cpus(&a, &all)
+            .await
+            .must(&format!("case {i}: the shared container grows back"));
+    }
+}
+
+#[tokio::test]
+async fn mixed_mode_off_keeps_a_cpu_requesting_claim_container_exclusive() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (claim, _pod, id) = claim_pod(&mut node, "pod-m", Some(250)).await;
+    node.wait_cpus(&id, &claim.cpus)
+        .await
+        .must("exclusive only with the mode off");
+    node.wait_cpus(&a, &all.difference(&claim.cpus))
+        .await
+        .must("the shared container leaves the claim's CPU");
+}
+
+#[tokio::test]
+async fn a_later_claim_shrinks_shared_and_mixed_containers_and_its_unprepare_grows_them() {
+    let mut node = node_with_mixed_mode(true).await;
+    let all = node.allocatable().must("online CPUs");
+    // A shared container needs a CPU left for it after both claims; on a
+    // two-CPU machine only the mixed container can be watched shrinking.
+    let with_shared = all.len() >= 3;
+    let shared = if with_shared {
+        Some(shared_pod(&mut node, "pod-a", 500).await.1)
+    } else {
+        eprintln!("{} CPUs: no CPU would stay for a shared container after two claims; checking the mixed container only", all.len());
+        None
+    };
+    let (first, _pod_m, m) = claim_pod(&mut node, "pod-m", Some(250)).await;
+    let pool = all.difference(&first.cpus);
+    node.wait_cpus(&m, &first.cpus.union(&pool))
+        .await
+        .must("mixed before the second claim");
+
+    let later = PodIdentity::new("pod-x");
+    let second = node
+        .create_claim("pod-x-cpu", 1, &later)
+        .await
+        .must("preparing the second claim");
+    assert!(
+        second.cpus.is_disjoint(&first.cpus),
+        "{} vs {}",
+        second.cpus,
+        first.cpus
+    );
+    let smaller = pool.difference(&second.cpus);
+    // Kubelet starts the claim's pod right after Prepare; its CreateContainer
+    // reply carries the shrink.
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&second.cdi_device);
+    let pod_x = node.start_pod(&later, &[spec]).await.must("starting pod-x");
+    node.wait_cpus(pod_x.id("app"), &second.cpus)
+        .await
+        .must("pod-x pinned");
+    node.wait_cpus(&m, &first.cpus.union(&smaller))
+        .await
+        .must("mixed shrinks by the second claim");
+    if let Some(a) = &shared {
+        node.wait_cpus(a, &smaller)
+            .await
+            .must("shared shrinks by the second claim");
+    }
+
+    delete_claim_pod(&mut node, &second, &pod_x).await;
+    node.wait_cpus(&m, &first.cpus.union(&pool))
+        .await
+        .must("mixed grows back");
+    if let Some(a) = &shared {
+        node.wait_cpus(a, &pool).await.must("shared grows back");
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_claim_container_keeps_its_cpus() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (claim, pod_b, b) = claim_pod(&mut node, "pod-b", None).await;
+    node.wait_cpus(&b, &claim.cpus).await.must("B pinned");
+
+    // The container exits and kubelet creates it again in the same sandbox.
+    node.cri.stop_container(&b, 0).await.must("stopping B");
+    node.cri.remove_container(&b).await.must("removing B");
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let again = node
+        .cri
+        .run_container(&pod_b.sandbox, &spec)
+        .await
+        .must("creating B again");
+    assert_ne!(again, b, "a new container");
+    node.wait_cpus(&again, &claim.cpus)
+        .await
+        .must("the new B has the same CPUs");
+    node.wait_cpus(&a, &all.difference(&claim.cpus))
+        .await
+        .must("A still off B's CPU");
+    assert_eq!(node.claim_cpus(&claim.claim.uid), Some(claim.cpus.clone()));
+}
