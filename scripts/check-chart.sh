@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks the Helm chart and the example manifests:
 #   - helm lint, with the default values and with every charts/dra-cpu/ci/*-values.yaml,
+#   - a client-side dry-run install of each (renders NOTES.txt too),
 #   - helm template for each of those modes, every rendered object validated
 #     against the Kubernetes 1.34 and 1.37 OpenAPI schemas (strict: unknown
 #     fields are errors),
@@ -55,6 +56,10 @@ for mode in "${modes[@]}"; do
   helm template dra-cpu "$chart" --namespace dra-cpu "${args[@]}" >"$out/$mode.yaml" 2>"$out/render-$mode.log" ||
     { cat "$out/render-$mode.log" >&2; fail "helm template ($mode)"; }
   validate "$out/$mode.yaml"
+  # helm template skips NOTES.txt; a client-side dry-run install renders it.
+  helm install --dry-run=client dra-cpu "$chart" --namespace dra-cpu "${args[@]}" >"$out/install-$mode.log" 2>&1 ||
+    { cat "$out/install-$mode.log" >&2; fail "helm install --dry-run ($mode)"; }
+  grep -q '^NOTES:' "$out/install-$mode.log" || fail "helm install --dry-run ($mode) printed no notes"
 done
 echo "check-chart: lint, render and schema validation (Kubernetes ${schema_versions[*]}) passed for modes: ${modes[*]}"
 
