@@ -1,0 +1,251 @@
+//! End-to-end refusals: a container the product must not pin as asked is
+//! refused at CreateContainer with a reason the user reads in the CRI error
+//! and the operator in nri-plugin's log, and nothing else on the node
+//! changes. Every check reads cgroups. Needs root and `scripts/install-deps.sh`.
+
+mod e2e_common;
+
+use dra_cpu_tests::cri::{new_uid, ContainerSpec, CriError};
+use dra_cpu_tests::node::{log_messages_with, Node, NodeError, PodIdentity, PreparedClaim};
+use e2e_common::{node_with_mixed_mode, shared_pod, Must};
+use serde_json::Value;
+use shared_state::CpuSet;
+
+/// What the user gets back from CreateContainer.
+fn refusal_text(result: Result<String, CriError>, what: &str) -> String {
+    match result {
+        Ok(id) => panic!("{what}: container {id} was created, want a refusal"),
+        Err(e) => e.runtime_message().unwrap_or_default().to_string(),
+    }
+}
+
+/// The `reason` fields of nri-plugin's "container refused" log lines.
+fn refusal_reasons(node: &Node) -> Vec<String> {
+    log_messages_with(&node.nri_log(), "container refused")
+        .iter()
+        .filter_map(|v| v.pointer("/fields/reason").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every container's cpuset (cgroup and inside), to compare before and after.
+async fn snapshot(node: &mut Node, ids: &[&str]) -> Vec<(CpuSet, CpuSet)> {
+    let mut out = Vec::new();
+    for id in ids {
+        let now = node.cpus(id).await.must("reading a cpuset");
+        out.push((now.cgroup.cpus, now.allowed_inside));
+    }
+    out
+}
+
+async fn claim_pod(node: &mut Node, name: &str) -> (PodIdentity, PreparedClaim, String) {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .create_claim(&format!("{name}-cpu"), 1, &pod)
+        .await
+        .must("preparing a claim");
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting a claim pod");
+    node.wait_cpus(running.id("app"), &claim.cpus)
+        .await
+        .must("claim container pinned");
+    (pod, claim, running.id("app").to_string())
+}
+
+#[tokio::test]
+async fn forged_claim_environment_is_refused_and_changes_nothing() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (_b, claim, b) = claim_pod(&mut node, "pod-b").await;
+    node.wait_cpus(&a, &all.difference(&claim.cpus))
+        .await
+        .must("A off B's CPU");
+    let before = snapshot(&mut node, &[&a, &b]).await;
+    let other_cpus = all.difference(&claim.cpus);
+    let uid = claim.claim.uid.clone();
+    // (env name, env value, the reasons the refusal may give)
+    let cases: Vec<(String, String, &[&str])> = vec![
+        (
+            format!("DRA_CPUSET_{}", new_uid()),
+            claim.cpus.to_cpulist(),
+            &["claim-not-prepared"],
+        ),
+        (
+            format!("DRA_CPUSET_{uid}"),
+            claim.cpus.to_cpulist(),
+            &["wrong-pod", "claim-owned"],
+        ),
+        (
+            format!("DRA_CPUSET_{uid}"),
+            other_cpus.to_cpulist(),
+            &["cpus-mismatch", "wrong-pod"],
+        ),
+        (
+            format!("DRA_CPUSET_{uid}"),
+            "not-a-cpulist".to_string(),
+            &["bad-env"],
+        ),
+    ];
+    for (i, (name, value, reasons)) in cases.into_iter().enumerate() {
+        let refused_before = refusal_reasons(&node).len();
+        let pod = PodIdentity::new(&format!("forger-{i}"));
+        let sandbox = node
+            .cri
+            .run_pod(&pod.name, "default", &pod.uid)
+            .await
+            .must("forger sandbox");
+        let spec = ContainerSpec::sleeper("app").with_env(&name, &value);
+        let text = refusal_text(
+            node.cri.create_container(&sandbox, &spec).await,
+            &format!("case {i}: {name}={value}"),
+        );
+        assert!(
+            text.contains("dra-cpu refuses container"),
+            "case {i}: CRI error {text:?}"
+        );
+        let log = node
+            .wait_log(true, "container refused")
+            .await
+            .must("refusal log line");
+        assert!(log.len() > refused_before, "case {i}: a new log line");
+        let reasons_now = refusal_reasons(&node);
+        let reason = reasons_now.last().cloned().unwrap_or_default();
+        assert!(
+            reasons.contains(&reason.as_str()),
+            "case {i}: reason {reason:?}, want one of {reasons:?}"
+        );
+        let left = node
+            .cri
+            .list_containers(Some(&sandbox.id))
+            .await
+            .must("listing the forger's containers");
+        assert!(left.is_empty(), "case {i}: no container left: {left:?}");
+        assert_eq!(
+            snapshot(&mut node, &[&a, &b]).await,
+            before,
+            "case {i}: nothing else changes"
+        );
+        assert_eq!(node.claim_cpus(&uid), Some(claim.cpus.clone()));
+        node.cri
+            .delete_pod(&sandbox.id)
+            .await
+            .must("removing the forger");
+    }
+}
+
+#[tokio::test]
+async fn a_claim_named_by_two_containers_is_refused_for_the_second() {
+    let mut node = node_with_mixed_mode(false).await;
+    let pod = PodIdentity::new("pod-b");
+    let claim = node
+        .create_claim("pod-b-cpu", 1, &pod)
+        .await
+        .must("preparing the claim");
+    let first = ContainerSpec::sleeper("first").with_cdi_device(&claim.cdi_device);
+    let running = node.start_pod(&pod, &[first]).await.must("first container");
+    let first_id = running.id("first").to_string();
+    node.wait_cpus(&first_id, &claim.cpus)
+        .await
+        .must("first pinned");
+    let before = snapshot(&mut node, &[&first_id]).await;
+
+    let second = ContainerSpec::sleeper("second").with_cdi_device(&claim.cdi_device);
+    let text = refusal_text(
+        node.cri.create_container(&running.sandbox, &second).await,
+        "second container of one claim",
+    );
+    assert!(
+        text.contains("dra-cpu refuses container"),
+        "CRI error {text:?}"
+    );
+    assert!(text.contains(&claim.claim.uid), "names the claim: {text:?}");
+    node.wait_log(true, "container refused")
+        .await
+        .must("refusal log line");
+    assert_eq!(
+        refusal_reasons(&node).last().map(String::as_str),
+        Some("claim-owned")
+    );
+    let containers = node
+        .cri
+        .list_containers(Some(&running.sandbox.id))
+        .await
+        .must("listing the pod's containers");
+    assert_eq!(
+        containers.len(),
+        1,
+        "only the first container: {containers:?}"
+    );
+    assert_eq!(snapshot(&mut node, &[&first_id]).await, before);
+}
+
+#[tokio::test]
+async fn an_exhausted_shared_pool_refuses_new_shared_containers_and_changes_nothing() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (_b, first, b) = claim_pod(&mut node, "pod-b").await;
+    let pool = all.difference(&first.cpus);
+    node.wait_cpus(&a, &pool).await.must("A off B's CPU");
+
+    // Claims of every CPU left: the shared pool is empty.
+    let taker = PodIdentity::new("pod-x");
+    let rest = u32::try_from(pool.len()).must("CPU count");
+    let exhausting = node.create_claim("pod-x-cpu", rest, &taker).await;
+    let second = match exhausting {
+        Ok(claim) => claim,
+        Err(NodeError::Prepare { claim, error }) => {
+            // Refusing the prepare is a clear answer too; nothing may change.
+            eprintln!("dra-plugin refused the exhausting prepare of {claim}: {error}");
+            assert!(!error.is_empty(), "{claim}");
+            assert_eq!(node.cpus(&a).await.must("A").cgroup.cpus, pool);
+            return;
+        }
+        Err(e) => panic!("preparing the exhausting claim: {e}"),
+    };
+    assert_eq!(second.cpus, pool, "the claim takes every CPU left");
+    eprintln!("claim {} prepared with the last CPUs {}", second.claim.uid, second.cpus);
+    let before = snapshot(&mut node, &[&a, &b]).await;
+
+    let late = PodIdentity::new("pod-late");
+    let sandbox = node
+        .cri
+        .run_pod(&late.name, "default", &late.uid)
+        .await
+        .must("late sandbox");
+    let spec = ContainerSpec::sleeper("app").with_cpu(Some(100), None);
+    let text = refusal_text(
+        node.cri.create_container(&sandbox, &spec).await,
+        "a shared container with no shared CPU left",
+    );
+    assert!(
+        text.contains("dra-cpu refuses container"),
+        "CRI error {text:?}"
+    );
+    node.wait_log(true, "container refused")
+        .await
+        .must("refusal log line");
+    assert_eq!(
+        refusal_reasons(&node).last().map(String::as_str),
+        Some("empty-shared-pool")
+    );
+    assert_eq!(
+        snapshot(&mut node, &[&a, &b]).await,
+        before,
+        "running containers keep their cpusets"
+    );
+
+    // Once the claim goes, shared containers start again.
+    node.unprepare(&second.claim).await.must("unpreparing");
+    let id = node
+        .cri
+        .run_container(&sandbox, &spec)
+        .await
+        .must("a shared container after the pool is back");
+    node.wait_cpus(&id, &pool).await.must("on the shared pool");
+    node.wait_cpus(&a, &pool).await.must("A on the shared pool");
+}
