@@ -663,7 +663,9 @@ impl Node {
         self.wait_nri_ready(self.dra.pid().is_some()).await
     }
 
-    async fn wait_nri_ready(&mut self, subscribed: bool) -> Result<(), NodeError> {
+    /// Waits until nri-plugin is registered with NRI and, when `subscribed`,
+    /// subscribed to dra-plugin.
+    pub async fn wait_nri_ready(&mut self, subscribed: bool) -> Result<(), NodeError> {
         let started = Instant::now();
         loop {
             self.nri.check_running()?;

@@ -208,7 +208,10 @@ async fn an_exhausted_shared_pool_refuses_new_shared_containers_and_changes_noth
         Err(e) => panic!("preparing the exhausting claim: {e}"),
     };
     assert_eq!(second.cpus, pool, "the claim takes every CPU left");
-    eprintln!("claim {} prepared with the last CPUs {}", second.claim.uid, second.cpus);
+    eprintln!(
+        "claim {} prepared with the last CPUs {}",
+        second.claim.uid, second.cpus
+    );
     let before = snapshot(&mut node, &[&a, &b]).await;
 
     let late = PodIdentity::new("pod-late");
