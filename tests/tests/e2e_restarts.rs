@@ -65,6 +65,11 @@ async fn nri_plugin_killed_between_two_pod_starts_repairs_every_container() {
     // Kubelet goes on: a claim pod starts while nobody pins it.
     let (claim, pod_b, b) = start_claim_pod(&mut node, "pod-b").await;
     let (_pod_c, c) = shared_pod(&mut node, "pod-c", 500).await;
+    let unpinned = node.cpus(&b).await.must("B while nri-plugin is down");
+    assert_eq!(
+        unpinned.cgroup.cpus, all,
+        "nothing pins a container while nri-plugin is down"
+    );
     node.start_nri_plugin()
         .await
         .must("starting nri-plugin again");

@@ -1,0 +1,133 @@
+//! End-to-end KEP-5517: the ResourceSlices dra-plugin publishes for a real
+//! node carry the node-allocatable mapping by default and not with
+//! `--disable-node-allocatable-mapping`; claims are prepared and pinned
+//! either way, and an API server that drops the field does not break
+//! publishing. Needs root and `scripts/install-deps.sh`.
+
+mod e2e_common;
+
+use dra_cpu_tests::apiserver::validate_k8s_objects;
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE};
+use e2e_common::{node, Must};
+use serde_json::Value;
+
+fn devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// Whether a device's `nodeAllocatableResources.cpu` maps the CPU capacity
+/// one to one (`capacityKey: dra.cpu/cpu`, `capacityMultiplier: "1"`),
+/// wherever the mapping nests.
+fn maps_cpu_capacity(device: &Value) -> bool {
+    fn find(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => {
+                let key = m.get("capacityKey").and_then(Value::as_str) == Some(CPU_CAPACITY);
+                let multiplier = m
+                    .get("capacityMultiplier")
+                    .map(|q| q.to_string().trim_matches('"').to_string());
+                (key && multiplier.as_deref() == Some("1")) || m.values().any(find)
+            }
+            _ => false,
+        }
+    }
+    device
+        .pointer("/nodeAllocatableResources/cpu")
+        .is_some_and(find)
+}
+
+/// A claim is prepared and its container pinned on this node.
+async fn claims_work(node: &mut Node) {
+    let pod = PodIdentity::new("pod-b");
+    let claim = node
+        .create_claim("pod-b-cpu", 1, &pod)
+        .await
+        .must("preparing a claim");
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let running = node.start_pod(&pod, &[spec]).await.must("claim pod");
+    node.wait_cpus(running.id("app"), &claim.cpus)
+        .await
+        .must("claim container pinned");
+}
+
+#[tokio::test]
+async fn published_slices_carry_the_node_allocatable_mapping_by_default() {
+    let mut node = node(NodeOptions::default()).await;
+    let all = node.allocatable().must("online CPUs");
+    let slices = node.wait_slices().await.must("slices");
+    let devices = devices(&slices);
+    let grouped = devices
+        .iter()
+        .find(|d| d.get("name").and_then(Value::as_str) == Some(GROUPED_DEVICE))
+        .unwrap_or_else(|| panic!("no {GROUPED_DEVICE} in {devices:?}"));
+    assert_eq!(
+        grouped
+            .pointer(&format!(
+                "/capacity/{}/value",
+                CPU_CAPACITY.replace('/', "~1")
+            ))
+            .and_then(Value::as_str),
+        Some(all.len().to_string().as_str()),
+        "capacity is every allocatable CPU: {grouped}"
+    );
+    assert!(maps_cpu_capacity(grouped), "mapping missing: {grouped}");
+    assert!(devices.iter().all(maps_cpu_capacity), "{devices:?}");
+    validate_k8s_objects(&node.api().received_objects("ResourceSlice"), &["1.37.0"])
+        .must("received slices against the 1.37 schema");
+    claims_work(&mut node).await;
+}
+
+#[tokio::test]
+async fn disabled_mapping_publishes_no_node_allocatable_resources() {
+    let mut node = node(NodeOptions {
+        node_allocatable_mapping: false,
+        ..Default::default()
+    })
+    .await;
+    let slices = node.wait_slices().await.must("slices");
+    let devices = devices(&slices);
+    assert!(!devices.is_empty());
+    for device in &devices {
+        assert!(device.get("nodeAllocatableResources").is_none(), "{device}");
+    }
+    let received = node.api().received_objects("ResourceSlice");
+    assert!(!received.is_empty());
+    assert!(
+        devices_of_bodies(&received).all(|d| d.get("nodeAllocatableResources").is_none()),
+        "nothing sent carries the mapping"
+    );
+    validate_k8s_objects(&received, &["1.34.0", "1.37.0"])
+        .must("received slices against the 1.34 and 1.37 schemas");
+    claims_work(&mut node).await;
+}
+
+#[tokio::test]
+async fn an_api_server_without_the_feature_drops_the_mapping_and_publishing_still_works() {
+    let mut node = node(NodeOptions {
+        api_keeps_node_allocatable: false,
+        ..Default::default()
+    })
+    .await;
+    let slices = node.wait_slices().await.must("slices");
+    let devices = devices(&slices);
+    assert!(devices
+        .iter()
+        .any(|d| d.get("name").and_then(Value::as_str) == Some(GROUPED_DEVICE)));
+    assert!(devices
+        .iter()
+        .all(|d| d.get("nodeAllocatableResources").is_none()));
+    claims_work(&mut node).await;
+}
+
+fn devices_of_bodies(bodies: &[Value]) -> impl Iterator<Item = &Value> {
+    bodies
+        .iter()
+        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
+        .flatten()
+}
