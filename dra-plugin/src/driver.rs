@@ -219,8 +219,13 @@ impl Driver {
     /// Answer for a claim that is already prepared, making sure its CDI spec
     /// is on disk (it may have been removed behind our back).
     pub fn already_prepared(&self, claim: &ClaimRef) -> Option<Result<Prepared, PrepareError>> {
-        let assignment = self.prepared(&claim.uid)?;
-        Some(self.ensure_cdi(claim, assignment))
+        // Held across the spec check so that a concurrent unprepare cannot
+        // remove the claim between the check and a rewrite of its spec.
+        let state = self.lock();
+        let assignment = state.claims.get(&claim.uid).cloned()?;
+        let answer = self.ensure_cdi(claim, assignment);
+        drop(state);
+        Some(answer)
     }
 
     fn ensure_cdi(
@@ -268,7 +273,6 @@ impl Driver {
     ) -> Result<Prepared, PrepareError> {
         let mut state = self.lock();
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
-            drop(state);
             return self.ensure_cdi(claim, assignment);
         }
         let parsed = parse_claim(
