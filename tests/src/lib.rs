@@ -8,3 +8,4 @@ pub mod cri;
 pub mod image;
 pub mod kubelet_dra;
 pub mod node;
+pub mod perf;
