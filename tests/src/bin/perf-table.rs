@@ -4,7 +4,9 @@
 //! `scripts/perf.sh` builds the release binaries and runs this. Flags:
 //! `--quick` (few samples, to check that every row runs), `--out FILE`
 //! (also write the table there), `--skip-containerd` (rows 4 and 5 are
-//! reported as not measured).
+//! reported as not measured), `--only GROUP[,GROUP]` (measure only some of
+//! `dra` (rows 1, 2, 7a, 7b, 7d), `alloc` (6), `nri` (3, 7c), `containerd`
+//! (4, 5)).
 
 use anyhow::Context;
 use dra_cpu_tests::perf::{self, dra::DraBench, Goal, Row};
@@ -63,41 +65,53 @@ async fn main() -> anyhow::Result<()> {
         .position(|a| a == "--out")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |group: &str| only.as_ref().is_none_or(|g| g.iter().any(|x| x == group));
     let c = counts(quick);
     let started = Instant::now();
     let mut rows: Vec<Row> = Vec::new();
 
-    eprintln!("rows 1, 2, 7: dra-plugin on a 1024-CPU sysfs tree ...");
-    match dra_rows(&c).await {
-        Ok(r) => rows.extend(r),
-        Err(e) => {
-            eprintln!("dra-plugin rows failed: {e:#}");
-            for (id, what, goal) in [
-                (
-                    "1",
-                    "NodePrepareResources vs fsync floor",
-                    Goal::RatioAtMost(1.5),
-                ),
-                (
-                    "2",
-                    "32 concurrent vs sequential prepares",
-                    Goal::RatioAtLeast(5.0),
-                ),
-                ("7", "footprint and restart", Goal::None),
-            ] {
-                rows.push(Row::not_measured(id, what, goal, format!("{e:#}")));
+    if wanted("dra") {
+        eprintln!("rows 1, 2, 7: dra-plugin on a 1024-CPU sysfs tree ...");
+        match dra_rows(&c).await {
+            Ok(r) => rows.extend(r),
+            Err(e) => {
+                eprintln!("dra-plugin rows failed: {e:#}");
+                for (id, what, goal) in [
+                    (
+                        "1",
+                        "NodePrepareResources vs fsync floor",
+                        Goal::RatioAtMost(1.5),
+                    ),
+                    (
+                        "2",
+                        "32 concurrent vs sequential prepares",
+                        Goal::RatioAtLeast(5.0),
+                    ),
+                    ("7", "footprint and restart", Goal::None),
+                ] {
+                    rows.push(Row::not_measured(id, what, goal, format!("{e:#}")));
+                }
             }
         }
     }
-    eprintln!("row 6: allocation ...");
-    rows.extend(perf::inproc::allocation_rows(c.fast * 5));
-    eprintln!("rows 3, 7c: nri-plugin handler ...");
-    rows.extend(perf::inproc::nri_rows(c.fast * 5, c.slow).await);
+    if wanted("alloc") {
+        eprintln!("row 6: allocation ...");
+        rows.extend(perf::inproc::allocation_rows(c.fast * 5));
+    }
+    if wanted("nri") {
+        eprintln!("rows 3, 7c: nri-plugin handler ...");
+        rows.extend(perf::inproc::nri_rows(c.fast * 5, c.slow).await);
+    }
     if skip_containerd {
         for (id, what, goal) in perf::node_rows::ROWS {
             rows.push(Row::not_measured(id, what, goal, "--skip-containerd"));
         }
-    } else {
+    } else if wanted("containerd") {
         eprintln!("rows 4, 5: real containerd ...");
         rows.extend(perf::node_rows::rows(c.containers).await);
     }
