@@ -963,6 +963,32 @@ impl Node {
             })
     }
 
+    /// The container runtime's name and version, as CRI reports them.
+    pub async fn runtime_version(&mut self) -> Result<String, NodeError> {
+        let v = self.cri.version().await?;
+        Ok(format!("{} {}", v.runtime_name, v.runtime_version))
+    }
+
+    /// What nri-plugin logged of the NRI runtime when it registered: the
+    /// runtime's NRI version (as the runtime reports it, if it does).
+    pub fn nri_runtime_nri_version(&self) -> Option<String> {
+        self.nri_log()
+            .lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| {
+                v.pointer("/fields/message").and_then(Value::as_str)
+                    == Some("configured by the NRI runtime")
+            })
+            .and_then(|v| v.pointer("/fields/nri").cloned())
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            })
+            .filter(|v| v != "None")
+    }
+
     /// After a claim is unprepared: make sure an event reaches nri-plugin if
     /// it has to wait for one to grow containers back.
     pub async fn after_unprepare(&mut self) -> Result<(), NodeError> {

@@ -7,7 +7,7 @@
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{PodIdentity, PreparedClaim, RunningPod};
+use dra_cpu_tests::node::{log_messages_with, PodIdentity, PreparedClaim, RunningPod};
 use e2e_common::{claim_env, node_with_mixed_mode, shared_pod, Must};
 
 /// Scheduler and kubelet for a pod whose one container `app` names a fresh
@@ -75,6 +75,26 @@ async fn exclusive_claim_pins_its_container_and_the_shared_pool_shrinks_and_grow
         "the claim's CDI spec is gone after unprepare"
     );
     node.wait_cpus(&a, &all).await.must("A grows back");
+
+    // Unsolicited updates only where the runtime is known to take them.
+    let runtime = node.runtime_version().await.must("runtime version");
+    let safe = node.unsolicited_updates_safe();
+    if runtime.starts_with("containerd 1.") {
+        assert_eq!(safe, Some(false), "{runtime} has NRI 0.6: not safe");
+    }
+    let log = node.nri_log();
+    let unsolicited = log_messages_with(&log, "sent as an unsolicited update");
+    let deferred = log_messages_with(&log, "pool change deferred");
+    match safe {
+        Some(true) => assert!(!unsolicited.is_empty(), "grow-back sent at once"),
+        _ => {
+            assert!(unsolicited.is_empty(), "{runtime}: {unsolicited:?}");
+            assert!(
+                !deferred.is_empty(),
+                "{runtime}: the grow-back is deferred and says so"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -124,6 +124,18 @@ async fn run() -> anyhow::Result<()> {
         node.dra_plugin_pid().unwrap_or(0),
         node.nri_plugin_pid().unwrap_or(0),
     );
+    let mut node = node;
+    let runtime = node.runtime_version().await?;
+    let safe = match node.unsolicited_updates_safe() {
+        Some(true) => "yes: the pool grows back at once",
+        Some(false) => "no: the pool grows back at the next container event",
+        None => "unknown",
+    };
+    println!(
+        "runtime {runtime} (NRI {}); unsolicited updates safe: {safe}",
+        node.nri_runtime_nri_version()
+            .unwrap_or_else(|| "version not reported".into())
+    );
     let mut demo = Demo {
         node,
         shown: Vec::new(),
