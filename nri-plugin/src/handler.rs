@@ -758,7 +758,8 @@ mod tests {
     fn kinds_and_cpusets_table() {
         // (mixed mode, env, shares, kind, cpuset)
         let e1 = env(CLAIM_1, "2-3");
-        let cases: Vec<(bool, Vec<&str>, Option<u64>, ContainerKind, &str)> = vec![
+        type Case<'a> = (bool, Vec<&'a str>, Option<u64>, ContainerKind, &'a str);
+        let cases: Vec<Case> = vec![
             (false, vec![], None, ContainerKind::Shared, "1,4-7"),
             (true, vec![], Some(1024), ContainerKind::Shared, "1,4-7"),
             (false, vec![&e1], None, ContainerKind::Exclusive, "2-3"),

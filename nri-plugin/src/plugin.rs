@@ -185,11 +185,22 @@ fn cpu_resources(cpus: &CpuSet, mems: Option<&CpuSet>) -> LinuxResources {
 /// NRI updates that set only the cpuset. A container may exit while its
 /// update is in flight; that must not fail the event the update rides on.
 pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
+    // Most updates of one reply carry the same shared pool: render each
+    // distinct cpuset once.
+    let mut rendered: Vec<(&CpuSet, LinuxResources)> = Vec::new();
     updates
         .iter()
         .map(|(id, cpus)| {
+            let resources = match rendered.iter().find(|(seen, _)| *seen == cpus) {
+                Some((_, r)) => r.clone(),
+                None => {
+                    let r = cpu_resources(cpus, None);
+                    rendered.push((cpus, r.clone()));
+                    r
+                }
+            };
             let mut linux = LinuxContainerUpdate::new();
-            linux.resources = Some(cpu_resources(cpus, None)).into();
+            linux.resources = Some(resources).into();
             let mut u = ContainerUpdate::new();
             u.container_id = id.clone();
             u.linux = Some(linux).into();
