@@ -171,3 +171,46 @@ async fn a_peer_outside_the_allowed_uids_is_refused() {
     assert!(outcome.is_err(), "a peer outside the allow-list was served");
     running.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_root_process_is_refused_even_when_the_socket_mode_lets_it_connect() {
+    use std::os::unix::process::CommandExt;
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let socket = node.config.coordination_socket.clone();
+    // Open every directory on the way and the socket itself, as a careless
+    // mode would: only the SO_PEERCRED check stands between uid 65534 and
+    // the claims.
+    for dir in [node.dir.path(), &node.config.state_dir] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod dir");
+    }
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .expect("chmod socket");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+            .args([
+                "inspect",
+                "--state-dir",
+                "/nonexistent",
+                "--coordination-socket",
+            ])
+            .arg(&socket)
+            .uid(65534)
+            .gid(65534)
+            .output()
+    })
+    .await
+    .expect("join")
+    .expect("run inspect as uid 65534");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "uid 65534 read the state: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(stderr.contains("does not answer"), "{stderr}");
+    // It got through the file mode (the kernel would say EACCES) and was
+    // dropped by the server after connecting.
+    assert!(!stderr.contains("Permission denied"), "{stderr}");
+    running.stop().await.expect("clean stop");
+}
