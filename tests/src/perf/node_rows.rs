@@ -8,13 +8,16 @@ use crate::cgroup;
 use crate::cri::ContainerSpec;
 use crate::node::{Node, NodeOptions, PodIdentity};
 use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CREATE_WHAT: &str = "container create+start through containerd, nri-plugin registered";
 const CONVERGE_WHAT: &str =
     "NodeUnprepareResources return → shared container cgroup shows the grown pool";
-const GO_WHAT: &str = "create+start vs a Go reference plugin (official NRI stub)";
+const GO_WHAT: &str =
+    "container create+start, nri-plugin vs a Go reference plugin (official NRI stub, same cpuset adjustment)";
 
 /// The rows of this module with their goals, for reports that skip them.
 pub const ROWS: [(&str, &str, Goal); 3] = [
@@ -43,20 +46,87 @@ async fn create_start(node: &mut Node, n: usize) -> anyhow::Result<Duration> {
     Ok(took)
 }
 
-async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Row> {
-    // One of each first, untimed: image and runtime caches warm.
+/// The Go reference plugin (`go-reference/main.go`), built by
+/// `scripts/perf.sh` when a Go toolchain is installed.
+fn go_reference_bin() -> Option<PathBuf> {
+    let path = match std::env::var_os("NRI_GO_REFERENCE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp/nri-go-reference")
+        }
+    };
+    path.is_file().then_some(path)
+}
+
+/// The Go reference plugin registered with the node's containerd.
+struct GoReference {
+    child: Child,
+}
+
+impl GoReference {
+    /// Starts it and waits until the runtime has synchronized it.
+    fn start(bin: &std::path::Path, node: &Node) -> anyhow::Result<GoReference> {
+        let cpus = node.allocatable()?.to_cpulist();
+        let mut child = Command::new(bin)
+            .arg("--nri-socket")
+            .arg(&node.layout().nri_socket)
+            .args(["--cpus", &cpus])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("Go reference stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("synchronized") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        let mut reference = GoReference { child };
+        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+            reference.stop();
+            bail!("the Go reference plugin did not register within 30 s");
+        }
+        Ok(reference)
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for GoReference {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Row 4 (ours against no plugin) and 4b (ours against the Go reference),
+/// all three interleaved round by round.
+async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>> {
+    // One first, untimed: image and runtime caches warm.
     create_start(node, 0).await?;
-    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let go = go_reference_bin();
+    let (mut ours, mut none, mut reference) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..samples {
-        with.push(create_start(node, 2 * i + 1).await?);
+        ours.push(create_start(node, 3 * i + 1).await?);
         node.kill_nri_plugin();
-        without.push(create_start(node, 2 * i + 2).await?);
+        none.push(create_start(node, 3 * i + 2).await?);
+        if let Some(bin) = &go {
+            let mut plugin = GoReference::start(bin, node)?;
+            reference.push(create_start(node, 3 * i + 3).await?);
+            plugin.stop();
+        }
         node.start_nri_plugin().await?;
     }
-    let (Some(w), Some(wo)) = (summarize(&with), summarize(&without)) else {
+    let (Some(w), Some(wo)) = (summarize(&ours), summarize(&none)) else {
         bail!("no samples");
     };
-    Ok(Row::timed(
+    let mut rows = vec![Row::timed(
         "4",
         CREATE_WHAT,
         Goal::RatioAtMost(1.05),
@@ -64,7 +134,25 @@ async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Row> {
         Some(("no NRI plugin, interleaved", &wo)),
         w.median,
         true,
-    ))
+    )];
+    rows.push(match summarize(&reference) {
+        Some(g) => Row::timed(
+            "4b",
+            GO_WHAT,
+            Goal::RatioAtMost(1.0),
+            &w,
+            Some(("Go reference plugin, interleaved", &g)),
+            w.median,
+            true,
+        ),
+        None => Row::not_measured(
+            "4b",
+            GO_WHAT,
+            Goal::RatioAtMost(1.0),
+            "the Go reference plugin is not built (scripts/perf.sh builds it when Go and golang-github-containerd-nri-dev are installed)",
+        ),
+    });
+    Ok(rows)
 }
 
 fn cgroup_cpus(dir: &std::path::Path) -> Option<shared_state::CpuSet> {
@@ -128,15 +216,9 @@ async fn convergence_row(node: &mut Node, samples: usize) -> anyhow::Result<Row>
     Ok(row)
 }
 
-/// Rows 4, 4b and 5. The Go reference plugin is not built by this table.
+/// Rows 4, 4b and 5.
 pub async fn rows(samples: usize) -> Vec<Row> {
     let mut rows = Vec::new();
-    let go = Row::not_measured(
-        "4b",
-        GO_WHAT,
-        Goal::RatioAtMost(1.0),
-        "the Go reference plugin is not in the bench folder yet",
-    );
     let mut node = match Node::start(NodeOptions::default()).await {
         Ok(n) => n,
         Err(e) => {
@@ -147,15 +229,13 @@ pub async fn rows(samples: usize) -> Vec<Row> {
         }
     };
     match create_rows(&mut node, samples).await {
-        Ok(r) => rows.push(r),
-        Err(e) => rows.push(Row::not_measured(
-            "4",
-            CREATE_WHAT,
-            ROWS[0].2,
-            format!("{e:#}"),
-        )),
+        Ok(r) => rows.extend(r),
+        Err(e) => {
+            for (id, what, goal) in &ROWS[..2] {
+                rows.push(Row::not_measured(id, what, *goal, format!("{e:#}")));
+            }
+        }
     }
-    rows.push(go);
     match convergence_row(&mut node, samples).await {
         Ok(r) => rows.push(r),
         Err(e) => rows.push(Row::not_measured(
