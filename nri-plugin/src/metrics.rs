@@ -106,6 +106,10 @@ impl Metrics {
         *lock(&self.refused).entry(reason).or_default() += 1;
     }
 
+    pub fn pool_change_count(&self, way: &str) -> u64 {
+        lock(&self.pool_changes).get(way).copied().unwrap_or(0)
+    }
+
     pub fn refused_count(&self, reason: &str) -> u64 {
         lock(&self.refused).get(reason).copied().unwrap_or(0)
     }

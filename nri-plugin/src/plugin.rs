@@ -452,6 +452,127 @@ mod tests {
         CpuSet::parse_cpulist(s).expect("set")
     }
 
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    fn claim(uid: &str, cpus: &str, pod: &str) -> ClaimAssignment {
+        ClaimAssignment {
+            claim_uid: uid.into(),
+            namespace: "ns".into(),
+            name: "n".into(),
+            consumer_pods: vec![pod.into()],
+            devices: Vec::new(),
+            cpus: set(cpus),
+            prepared_at_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn pool_changes_without_a_usable_runtime_wait_for_the_next_reply() {
+        // Every policy ends deferred here: never/auto on an unsafe runtime by
+        // choice, always because no runtime connection exists.
+        for policy in [
+            UnsolicitedUpdates::Never,
+            UnsolicitedUpdates::Auto,
+            UnsolicitedUpdates::Always,
+        ] {
+            let metrics = Arc::new(Metrics::new());
+            let view = NodeView::new(set("0-3"), CpuSet::new(), false, None);
+            let enforcer = Enforcer::new(view, metrics.clone(), NriUpdater::new(), policy);
+            let shared = ContainerInfo {
+                id: "s".into(),
+                pod_uid: "p".into(),
+                ..Default::default()
+            };
+            enforcer.view().create(&shared).expect("shared");
+            let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+            run(enforcer.apply_prepared(1, claim(uid, "3", "q"))).expect("prepare");
+            assert_eq!(metrics.pool_change_count("deferred"), 1, "{policy:?}");
+            assert_eq!(metrics.pool_change_count("unsolicited"), 0);
+            assert_eq!(
+                enforcer.view().pending_updates(),
+                vec![("s".to_string(), set("0-2"))],
+                "not recorded as applied"
+            );
+            assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 0);
+            assert_eq!(metrics.view_revision.load(Ordering::Relaxed), 1);
+        }
+    }
+
+    struct NoClaims;
+
+    #[async_trait]
+    impl ClaimResolver for NoClaims {
+        async fn resolve(&self, _claim_uid: &str) -> crate::handler::Resolution {
+            crate::handler::Resolution::NotPrepared
+        }
+    }
+
+    fn nri_container(id: &str, env: &[String]) -> Container {
+        let mut c = Container::new();
+        c.id = id.into();
+        c.name = id.into();
+        c.env = env.to_vec();
+        c
+    }
+
+    #[test]
+    fn deferred_shrink_rides_on_the_next_create_and_is_then_applied() {
+        let metrics = Arc::new(Metrics::new());
+        let view = NodeView::new(set("0-3"), CpuSet::new(), false, None);
+        let enforcer = Arc::new(Enforcer::new(
+            view,
+            metrics.clone(),
+            NriUpdater::new(),
+            UnsolicitedUpdates::Auto,
+        ));
+        let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+        let mut pod = PodSandbox::new();
+        pod.uid = "q".into();
+        let first =
+            run(plugin.create_container(pod.clone(), nri_container("s", &[]))).expect("shared");
+        assert!(first.update.is_empty());
+        let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+        run(enforcer.apply_prepared(4, claim(uid, "3", "q"))).expect("prepare");
+
+        let env = [format!("DRA_CPUSET_{uid}=3")];
+        let reply = run(plugin.create_container(pod.clone(), nri_container("e", &env)))
+            .expect("claim container");
+        let cpus = |u: &ContainerUpdate| u.linux.resources.cpu.cpus.clone();
+        assert_eq!(reply.adjust.expect("adjust").linux.resources.cpu.cpus, "3");
+        assert_eq!(reply.update.len(), 1);
+        assert_eq!(
+            (
+                reply.update[0].container_id.as_str(),
+                cpus(&reply.update[0]).as_str()
+            ),
+            ("s", "0-2")
+        );
+        assert!(enforcer.view().pending_updates().is_empty());
+        assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 4);
+
+        // A forged copy is refused with the reason, and counted.
+        let forged = [format!("DRA_CPUSET_{uid}=2")];
+        let err =
+            run(plugin.create_container(pod, nri_container("f", &forged))).expect_err("forged");
+        assert!(
+            err.to_string()
+                .contains("says CPUs 2 but the claim was prepared with 3"),
+            "{err}"
+        );
+        assert_eq!(metrics.refused_count("cpus-mismatch"), 1);
+        let text = metrics.render();
+        assert!(
+            text.contains("nri_plugin_container_updates_total{path=\"reply\"} 1"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn reply_sets_cpus_mems_and_other_updates() {
         let decision = CreateDecision {

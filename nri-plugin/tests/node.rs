@@ -294,6 +294,25 @@ async fn restarts_of_every_process_keep_or_repair_cpusets() {
         claim.cpus
     );
     assert_eq!(node.cpus(&web_id).await.expect("web").cgroup.cpus, pool);
+    // nri-plugin restarted while dra-plugin is down starts from the claims'
+    // CDI specs: the claim container stays pinned and a new shared container
+    // still keeps off the claim's CPU.
+    node.restart_nri_plugin()
+        .await
+        .expect("nri-plugin without dra-plugin");
+    let lone = node
+        .start_pod(&PodIdentity::new("lone"), &[ContainerSpec::sleeper("lone")])
+        .await
+        .expect("shared pod while dra-plugin is down");
+    node.wait_cpus(lone.id("lone"), &pool)
+        .await
+        .expect("pool from the CDI view");
+    assert_eq!(
+        node.cpus(&app_id).await.expect("app").cgroup.cpus,
+        claim.cpus
+    );
+    assert_eq!(node.cpus(&web_id).await.expect("web").cgroup.cpus, pool);
+    node.delete_pod(&lone).await.expect("delete lone");
     // nri-plugin resubscribes by itself; the harness waits until it has.
     node.restart_dra_plugin().await.expect("dra-plugin back");
     assert_eq!(
