@@ -100,6 +100,23 @@ impl std::fmt::Debug for Driver {
     }
 }
 
+/// Env var naming a point of the prepare path where the process aborts, for
+/// crash-recovery tests: `after-store-commit` or `after-cdi-write`. Read once.
+pub const CRASH_AT_ENV: &str = "DRA_CPU_CRASH_AT";
+
+/// Abort here if [`CRASH_AT_ENV`] names `point`: lets a test stop the daemon
+/// exactly between two durable steps, which random kills rarely hit.
+fn crash_point(point: &str) {
+    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if CRASH_AT
+        .get_or_init(|| std::env::var(CRASH_AT_ENV).ok())
+        .as_deref()
+        == Some(point)
+    {
+        std::process::abort();
+    }
+}
+
 fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -310,6 +327,7 @@ impl Driver {
                 claim: claim.to_string(),
                 reason: e.to_string(),
             })?;
+        crash_point("after-store-commit");
         if let Err(e) = self.cdi.write(&claim.uid, &assignment.cpus) {
             // Undo the commit so a failed claim leaves nothing behind; if even
             // that fails the record stays, and CDI reconciliation at the next
@@ -330,6 +348,7 @@ impl Driver {
                 reason,
             });
         }
+        crash_point("after-cdi-write");
         state.revision = revision;
         state.claims.insert(claim.uid.clone(), assignment.clone());
         self.update_gauges(&state);

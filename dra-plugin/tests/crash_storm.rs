@@ -1,0 +1,493 @@
+//! Crash recovery of the real `dra-plugin run` process: a concurrent
+//! prepare/unprepare storm while the process is SIGKILLed at random moments,
+//! and aborts at the named points between the store commit, the CDI write
+//! and the notification. After every restart: the store opens, no
+//! acknowledged prepare or unprepare is lost, no CPU belongs to two claims,
+//! the CDI directory holds exactly the stored claims' specs, and repeating
+//! the interrupted kubelet call converges.
+//!
+//! `DRA_CPU_CRASH_KILLS` sets the number of random kills (200 by default),
+//! `DRA_CPU_CRASH_SEED` replays a run.
+
+mod common;
+
+use common::{pod_uid, Node, DRIVER, WAIT};
+use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
+use dra_plugin::cdi::CdiDir;
+use dra_plugin::config::DeviceMode;
+use dra_plugin::driver::CRASH_AT_ENV;
+use dra_plugin::inspect_state::StateReport;
+use shared_state::CpuSet;
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// Claims in the storm; 2 CPUs each, spread over the four NUMA nodes, so
+/// they always fit together (32 × 2 of 128 CPUs).
+const CLAIMS: usize = 32;
+/// Concurrent kubelet callers; each owns the claims `i, i + WORKERS, ...`,
+/// so the calls for one claim are sequential and their outcome is known.
+const WORKERS: usize = 4;
+/// Aborts at each named point.
+const NAMED_ROUNDS: usize = 5;
+
+/// Small, seedable and dependency-free: the point is reproducible schedules,
+/// not statistical quality.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// What the test knows of a claim from acknowledged calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Known {
+    /// Last acknowledged call was a prepare, which got these CPUs.
+    Prepared(CpuSet),
+    /// Last acknowledged call was an unprepare (or the claim is untouched).
+    Unprepared,
+    /// A prepare was sent and not answered: either outcome is allowed, and
+    /// repeating it must succeed.
+    PrepareInFlight,
+    /// Likewise for an unprepare.
+    UnprepareInFlight,
+}
+
+#[derive(Default, Debug)]
+struct Figures {
+    random_kills: usize,
+    named_aborts: usize,
+    acknowledged_prepares: usize,
+    acknowledged_unprepares: usize,
+    interrupted_calls: usize,
+    restarts: usize,
+}
+
+struct Daemon {
+    child: Child,
+    kubelet: Arc<KubeletDra>,
+}
+
+fn run_args(node: &Node) -> Vec<String> {
+    let c = &node.config;
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    vec![
+        "run".into(),
+        format!("--node-name={}", c.node_name),
+        format!(
+            "--kubeconfig={}",
+            path(c.kubeconfig.as_deref().expect("kubeconfig"))
+        ),
+        format!("--kubelet-root-dir={}", path(&c.kubelet_root_dir)),
+        format!("--state-dir={}", path(&c.state_dir)),
+        format!("--cdi-dir={}", path(&c.cdi_dir)),
+        format!("--sysfs-root={}", path(&c.sysfs_root)),
+        "--cpu-device-mode=grouped".into(),
+        "--group-by=numanode".into(),
+        "--metrics-address=127.0.0.1:0".into(),
+    ]
+}
+
+/// Start the process and register it; `crash_at` arms a named crash point.
+async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
+    // A SIGKILLed daemon leaves its registration socket; kubelet would fail
+    // to connect to it, so wait for the new one instead.
+    let _ = std::fs::remove_file(node.config.registration_socket());
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(node.dir.path().join("dra-plugin.log"))
+        .expect("log file");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
+    command
+        .args(run_args(node))
+        .env("RUST_LOG", "warn")
+        .env_remove(CRASH_AT_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true);
+    if let Some(point) = crash_at {
+        command.env(CRASH_AT_ENV, point);
+    }
+    let mut child = command.spawn().expect("spawning dra-plugin run");
+    let deadline = Instant::now() + WAIT;
+    let registered = loop {
+        match KubeletDra::register(&node.registry_dir(), DRIVER, DraVersion::V1, WAIT).await {
+            // The socket file exists from bind(2) on, but connections are
+            // refused until listen(2): kubelet's plugin watcher retries too.
+            Err(KubeletDraError::Connect { .. })
+                if Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => break other,
+        }
+    };
+    match registered {
+        Ok(kubelet) => Daemon {
+            child,
+            kubelet: Arc::new(kubelet),
+        },
+        Err(e) => {
+            let _ = child.start_kill();
+            let log =
+                std::fs::read_to_string(node.dir.path().join("dra-plugin.log")).unwrap_or_default();
+            panic!("registration after start: {e}\n--- daemon log ---\n{log}");
+        }
+    }
+}
+
+/// The running daemon's state through its coordination socket.
+async fn snapshot(node: &Node) -> StateReport {
+    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
+        .await
+        .expect("snapshot from the coordination socket")
+}
+
+/// The invariants after a restart, against what acknowledged calls said.
+fn check_state(node: &Node, claims: &[Claim], known: &[Known], report: &StateReport, when: &str) {
+    let stored: BTreeMap<String, CpuSet> = report
+        .claims
+        .iter()
+        .map(|c| {
+            let cpus = CpuSet::parse_cpulist(&c.cpus).expect("daemon cpulist");
+            (c.uid.clone(), cpus)
+        })
+        .collect();
+    // No CPU in two claims, none outside the node.
+    let allocatable = CpuSet::parse_cpulist(&report.allocatable).expect("allocatable");
+    let mut seen = CpuSet::new();
+    for (uid, cpus) in &stored {
+        assert!(
+            cpus.is_subset(&allocatable),
+            "{when}: claim {uid} holds {cpus} outside {allocatable}"
+        );
+        assert!(
+            seen.is_disjoint(cpus),
+            "{when}: claim {uid} holds {cpus}, some already held by another claim ({seen})"
+        );
+        seen = seen.union(cpus);
+    }
+    // Nothing acknowledged is lost.
+    for (claim, known) in claims.iter().zip(known) {
+        match known {
+            Known::Prepared(cpus) => assert_eq!(
+                stored.get(&claim.uid),
+                Some(cpus),
+                "{when}: acknowledged prepare of {} lost or changed",
+                claim.name
+            ),
+            Known::Unprepared => assert!(
+                !stored.contains_key(&claim.uid),
+                "{when}: acknowledged unprepare of {} came back",
+                claim.name
+            ),
+            Known::PrepareInFlight | Known::UnprepareInFlight => {}
+        }
+    }
+    // The CDI directory is exactly the store.
+    let cdi = CdiDir::new(&node.config.cdi_dir);
+    let on_disk = cdi.list().expect("listing CDI specs");
+    let stored_uids: std::collections::BTreeSet<String> = stored.keys().cloned().collect();
+    assert_eq!(
+        on_disk, stored_uids,
+        "{when}: CDI specs differ from the store"
+    );
+    for (uid, cpus) in &stored {
+        assert_eq!(
+            cdi.read_cpus(uid).as_ref(),
+            Some(cpus),
+            "{when}: CDI spec of {uid}"
+        );
+    }
+    // Nothing else a runtime would read (temp files are dot-prefixed).
+    if let Ok(entries) = std::fs::read_dir(&node.config.cdi_dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') {
+                let uid = dra_plugin::cdi::claim_uid_of_file(&name);
+                assert!(
+                    uid.is_some_and(|u| stored.contains_key(u)),
+                    "{when}: stray file {name} in the CDI directory"
+                );
+            }
+        }
+    }
+}
+
+async fn prepare_one(kubelet: &KubeletDra, node: &Node, claim: &Claim) -> Option<CpuSet> {
+    let answers = kubelet.prepare(std::slice::from_ref(claim)).await.ok()?;
+    let outcome = answers.get(&claim.uid).expect("an answer for every claim");
+    assert_eq!(outcome.error, "", "prepare of {} refused", claim.name);
+    assert_eq!(outcome.devices.len(), 1, "{outcome:?}");
+    Some(
+        node.cdi_cpus(&claim.uid)
+            .expect("a CDI spec after an acknowledged prepare"),
+    )
+}
+
+async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
+    let answers = kubelet.unprepare(std::slice::from_ref(claim)).await.ok()?;
+    assert_eq!(
+        answers.get(&claim.uid).map(String::as_str),
+        Some(""),
+        "unprepare of {}",
+        claim.name
+    );
+    Some(())
+}
+
+/// Repeat every interrupted call, as kubelet does, and check it converges:
+/// a claim the store kept keeps its CPUs.
+async fn converge(
+    daemon: &Daemon,
+    node: &Node,
+    claims: &[Claim],
+    known: &mut [Known],
+    report: &StateReport,
+    figures: &mut Figures,
+) {
+    for (claim, state) in claims.iter().zip(known.iter_mut()) {
+        let kept = report
+            .claims
+            .iter()
+            .find(|c| c.uid == claim.uid)
+            .map(|c| CpuSet::parse_cpulist(&c.cpus).expect("cpulist"));
+        match state {
+            Known::PrepareInFlight => {
+                figures.interrupted_calls += 1;
+                let cpus = prepare_one(&daemon.kubelet, node, claim)
+                    .await
+                    .expect("repeated prepare answers");
+                if let Some(kept) = kept {
+                    assert_eq!(
+                        cpus, kept,
+                        "repeated prepare of {} moved its CPUs",
+                        claim.name
+                    );
+                }
+                *state = Known::Prepared(cpus);
+            }
+            Known::UnprepareInFlight => {
+                figures.interrupted_calls += 1;
+                unprepare_one(&daemon.kubelet, claim)
+                    .await
+                    .expect("repeated unprepare answers");
+                assert_eq!(
+                    node.cdi_cpus(&claim.uid),
+                    None,
+                    "{} spec after unprepare",
+                    claim.name
+                );
+                *state = Known::Unprepared;
+            }
+            Known::Prepared(_) | Known::Unprepared => {}
+        }
+    }
+}
+
+/// One worker's calls until the daemon dies under it.
+async fn storm_worker(
+    kubelet: Arc<KubeletDra>,
+    node: Arc<Node>,
+    claims: Arc<Vec<Claim>>,
+    known: Arc<Mutex<Vec<Known>>>,
+    worker: usize,
+    seed: u64,
+) -> (usize, usize) {
+    let mut rng = XorShift(seed | 1);
+    let mine: Vec<usize> = (worker..claims.len()).step_by(WORKERS).collect();
+    let (mut prepares, mut unprepares) = (0, 0);
+    loop {
+        let i = mine[rng.below(mine.len() as u64) as usize];
+        let claim = &claims[i];
+        let prepared = matches!(known.lock().expect("lock")[i], Known::Prepared(_));
+        if prepared {
+            known.lock().expect("lock")[i] = Known::UnprepareInFlight;
+            match unprepare_one(&kubelet, claim).await {
+                Some(()) => {
+                    known.lock().expect("lock")[i] = Known::Unprepared;
+                    unprepares += 1;
+                }
+                None => return (prepares, unprepares),
+            }
+        } else {
+            known.lock().expect("lock")[i] = Known::PrepareInFlight;
+            match prepare_one(&kubelet, &node, claim).await {
+                Some(cpus) => {
+                    known.lock().expect("lock")[i] = Known::Prepared(cpus);
+                    prepares += 1;
+                }
+                None => return (prepares, unprepares),
+            }
+        }
+    }
+}
+
+async fn wait_exit(daemon: &mut Daemon) -> std::process::ExitStatus {
+    tokio::time::timeout(WAIT, daemon.child.wait())
+        .await
+        .expect("the daemon exits")
+        .expect("waiting for the daemon")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
+    let kills: usize = std::env::var("DRA_CPU_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let seed: u64 = std::env::var("DRA_CPU_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("crash storm seed {seed} (DRA_CPU_CRASH_SEED replays it)");
+    let mut rng = XorShift(seed | 1);
+    let node = Arc::new(Node::new(DeviceMode::Grouped));
+    let claims: Vec<Claim> = (0..CLAIMS)
+        .map(|i| {
+            let device = format!("cpudevnuma{:03}", i % 4);
+            node.claim(
+                &format!("c{i}"),
+                &[(&device, Some("2"))],
+                &pod_uid(i as u32),
+            )
+        })
+        .collect();
+    let claims = Arc::new(claims);
+    let known = Arc::new(Mutex::new(vec![Known::Unprepared; CLAIMS]));
+    let mut figures = Figures::default();
+    let started = Instant::now();
+
+    let mut daemon = spawn(&node, None).await;
+    for round in 0..kills {
+        // Storm, then SIGKILL at a random moment of it.
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                tokio::spawn(storm_worker(
+                    daemon.kubelet.clone(),
+                    node.clone(),
+                    claims.clone(),
+                    known.clone(),
+                    w,
+                    rng.next(),
+                ))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
+        daemon.child.start_kill().expect("SIGKILL");
+        let status = wait_exit(&mut daemon).await;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "round {round}: {status:?}"
+        );
+        figures.random_kills += 1;
+        for w in workers {
+            let (p, u) = w.await.expect("worker");
+            figures.acknowledged_prepares += p;
+            figures.acknowledged_unprepares += u;
+        }
+
+        daemon = spawn(&node, None).await;
+        figures.restarts += 1;
+        let when = format!("after kill {round}");
+        let report = snapshot(&node).await;
+        let mut now = known.lock().expect("lock").clone();
+        check_state(&node, &claims, &now, &report, &when);
+        converge(&daemon, &node, &claims, &mut now, &report, &mut figures).await;
+        check_state(
+            &node,
+            &claims,
+            &now,
+            &snapshot(&node).await,
+            &format!("{when}, converged"),
+        );
+        *known.lock().expect("lock") = now;
+    }
+
+    // Named points: abort inside a prepare, between its durable steps.
+    for point in ["after-store-commit", "after-cdi-write"] {
+        for round in 0..NAMED_ROUNDS {
+            let _ = daemon.child.start_kill();
+            let _ = wait_exit(&mut daemon).await;
+            daemon = spawn(&node, Some(point)).await;
+            let mut now = known.lock().expect("lock").clone();
+            let Some(i) = now.iter().position(|k| *k == Known::Unprepared) else {
+                panic!("no unprepared claim left for {point}");
+            };
+            now[i] = Known::PrepareInFlight;
+            assert_eq!(
+                prepare_one(&daemon.kubelet, &node, &claims[i]).await,
+                None,
+                "a prepare through {point} must not be acknowledged"
+            );
+            let status = wait_exit(&mut daemon).await;
+            assert_eq!(status.signal(), Some(libc::SIGABRT), "{point}: {status:?}");
+            figures.named_aborts += 1;
+
+            daemon = spawn(&node, None).await;
+            figures.restarts += 1;
+            let when = format!("after abort {round} at {point}");
+            let report = snapshot(&node).await;
+            // The commit happened before the abort: the store keeps the claim
+            // and the start rewrote its spec.
+            assert!(
+                report.claims.iter().any(|c| c.uid == claims[i].uid),
+                "{when}: the committed claim {} is gone",
+                claims[i].name
+            );
+            check_state(&node, &claims, &now, &report, &when);
+            converge(&daemon, &node, &claims, &mut now, &report, &mut figures).await;
+            check_state(
+                &node,
+                &claims,
+                &now,
+                &snapshot(&node).await,
+                &format!("{when}, converged"),
+            );
+            *known.lock().expect("lock") = now;
+        }
+    }
+
+    // Everything can be released, and the node ends empty.
+    for claim in claims.iter() {
+        unprepare_one(&daemon.kubelet, claim)
+            .await
+            .expect("final unprepare");
+    }
+    let report = snapshot(&node).await;
+    assert!(report.claims.is_empty(), "{:?}", report.claims);
+    assert_eq!(
+        CdiDir::new(&node.config.cdi_dir).list().expect("list"),
+        Default::default()
+    );
+    let _ = daemon.child.start_kill();
+    let _ = wait_exit(&mut daemon).await;
+    eprintln!(
+        "crash storm: {figures:?} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(figures.random_kills, kills);
+    assert_eq!(figures.named_aborts, 2 * NAMED_ROUNDS);
+    assert!(figures.acknowledged_prepares > 0, "{figures:?}");
+}
