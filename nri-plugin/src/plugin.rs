@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use tokio::sync::Notify;
+
 use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerAdjustment, ContainerUpdate, Event, LinuxContainerAdjustment,
@@ -36,6 +38,9 @@ pub struct Enforcer {
     runtime_safe: AtomicBool,
     /// Whether the last refresh saw stranded containers (logged once).
     over_committed: AtomicBool,
+    /// Signalled when the applied revision advances, so the subscription
+    /// reports it to dra-plugin without waiting for the next stream event.
+    pub applied_changed: Notify,
 }
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
@@ -59,6 +64,7 @@ impl Enforcer {
             policy,
             runtime_safe: AtomicBool::new(false),
             over_committed: AtomicBool::new(false),
+            applied_changed: Notify::new(),
         }
     }
 
@@ -83,7 +89,10 @@ impl Enforcer {
             .store(pool.containers().len() as u64, Ordering::Relaxed);
         m.view_revision.store(view.revision(), Ordering::Relaxed);
         if view.pending_updates().is_empty() {
-            m.applied_revision.store(view.revision(), Ordering::Relaxed);
+            let before = m.applied_revision.swap(view.revision(), Ordering::Relaxed);
+            if before != view.revision() {
+                self.applied_changed.notify_one();
+            }
         }
         let stranded = view.stranded();
         m.over_committed

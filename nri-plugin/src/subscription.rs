@@ -199,8 +199,15 @@ async fn subscribe_once(
     let mut reported = 0u64;
     let mut first = true;
     loop {
-        let message = tokio::time::timeout(STREAM_IDLE_TIMEOUT, stream.message())
-            .await
+        // Streaming::message is cancel safe: a report in between loses nothing.
+        let received = tokio::select! {
+            received = tokio::time::timeout(STREAM_IDLE_TIMEOUT, stream.message()) => received,
+            () = enforcer.applied_changed.notified(), if !first => {
+                report_applied(&mut client, enforcer, subscriber, &mut reported).await;
+                continue;
+            }
+        };
+        let message = received
             .map_err(|_| format!("nothing received for {STREAM_IDLE_TIMEOUT:?}"))?
             .map_err(|s| format!("Watch stream: {}", s.message()))?;
         let Some(event) = message else {
@@ -255,19 +262,31 @@ async fn subscribe_once(
                 .coordination_connected
                 .store(true, Ordering::Relaxed);
         }
-        let applied_revision = enforcer.metrics.applied_revision.load(Ordering::Relaxed);
-        if applied_revision != reported {
-            let report = coord::AppliedRevision {
-                subscriber: subscriber.to_string(),
-                revision: applied_revision,
-            };
-            match tokio::time::timeout(Duration::from_secs(1), client.report_applied(report)).await
-            {
-                Ok(Ok(_)) => reported = applied_revision,
-                Ok(Err(s)) => tracing::warn!(error = %s.message(), "ReportApplied failed"),
-                Err(_) => tracing::warn!("ReportApplied timed out"),
-            }
-        }
+        report_applied(&mut client, enforcer, subscriber, &mut reported).await;
+    }
+}
+
+type CoordinationClient = coord::coordination_client::CoordinationClient<tonic::transport::Channel>;
+
+/// Tell dra-plugin the applied revision if it changed since the last report.
+async fn report_applied(
+    client: &mut CoordinationClient,
+    enforcer: &Enforcer,
+    subscriber: &str,
+    reported: &mut u64,
+) {
+    let applied_revision = enforcer.metrics.applied_revision.load(Ordering::Relaxed);
+    if applied_revision == *reported {
+        return;
+    }
+    let report = coord::AppliedRevision {
+        subscriber: subscriber.to_string(),
+        revision: applied_revision,
+    };
+    match tokio::time::timeout(Duration::from_secs(1), client.report_applied(report)).await {
+        Ok(Ok(_)) => *reported = applied_revision,
+        Ok(Err(s)) => tracing::warn!(error = %s.message(), "ReportApplied failed"),
+        Err(_) => tracing::warn!("ReportApplied timed out"),
     }
 }
 

@@ -37,7 +37,26 @@ fn claim_container(name: &str, claim: &PreparedClaim) -> ContainerSpec {
 }
 
 async fn nri_metric(node: &Node, name: &str) -> Option<f64> {
-    let addr = node.layout().nri_metrics;
+    metric_at(node.layout().nri_metrics, name).await
+}
+
+/// Waits until dra-plugin says every subscriber applied its last revision.
+async fn wait_converged(node: &Node) {
+    let started = std::time::Instant::now();
+    loop {
+        let lag = metric_at(node.layout().dra_metrics, "dra_cpu_applied_revision_lag").await;
+        if lag == Some(0.0) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nri-plugin never reported the current revision applied (lag {lag:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn metric_at(addr: std::net::SocketAddr, name: &str) -> Option<f64> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
@@ -109,6 +128,8 @@ async fn claims_shrink_and_grow_shared_and_mixed_containers() {
     node.wait_cpus(&web_id, &pool)
         .await
         .expect("web shrinks in the same reply");
+    // The shrink was sent, so the claim's revision is reported applied.
+    wait_converged(&node).await;
 
     // Unprepare grows web back (unsolicited or at the next event).
     node.delete_pod(&running_a).await.expect("delete claim pod");
