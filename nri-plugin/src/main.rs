@@ -1,6 +1,7 @@
 //! nri-plugin: the containerd NRI plugin of dra-cpu.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,8 +58,21 @@ async fn shutdown_signal() {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    let result = tokio::runtime::Runtime::new()
+        .context("starting the async runtime")
+        .and_then(|runtime| runtime.block_on(run()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line with the whole cause chain; operators read this in logs.
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let file = match &cli.config {
         Some(path) => config::load_file(path)?,
