@@ -6,6 +6,9 @@
 //! the CDI directory holds exactly the stored claims' specs, and repeating
 //! the interrupted kubelet call converges.
 //!
+//! A full disk under the store or the CDI directory (small tmpfs mounts, so
+//! root is needed) refuses the prepare with its cause and loses nothing.
+//!
 //! `DRA_CPU_CRASH_KILLS` sets the number of random kills (200 by default),
 //! `DRA_CPU_CRASH_SEED` replays a run.
 
@@ -490,4 +493,214 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
     assert_eq!(figures.random_kills, kills);
     assert_eq!(figures.named_aborts, 2 * NAMED_ROUNDS);
     assert!(figures.acknowledged_prepares > 0, "{figures:?}");
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped.
+struct SmallFs {
+    path: std::path::PathBuf,
+}
+
+impl SmallFs {
+    fn mount(path: std::path::PathBuf, size: &str) -> SmallFs {
+        std::fs::create_dir_all(&path).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .expect("running mount");
+        assert!(
+            status.success(),
+            "mounting a tmpfs at {} (needs root)",
+            path.display()
+        );
+        SmallFs { path }
+    }
+
+    /// Write zeros until the filesystem is full; returns the filler's path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut file = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 4096];
+        loop {
+            match file.write_all(&block) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", self.path.display()),
+            }
+        }
+        filler
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+/// A full disk under the CDI directory, then under the store: the prepare
+/// that cannot be made durable is refused with the cause, nothing of it is
+/// left, claims prepared before stay, and the retry after space returns
+/// succeeds. A restart finds every acknowledged claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
+    let scratch = tempfile::Builder::new()
+        .prefix("dfull")
+        .tempdir_in("/tmp")
+        .expect("scratch");
+    let state_fs = SmallFs::mount(scratch.path().join("state"), "16m");
+    let cdi_fs = SmallFs::mount(scratch.path().join("cdi"), "256k");
+    let node = Node::with(DeviceMode::Grouped, |s| {
+        s.state_dir = Some(state_fs.path.clone());
+        s.cdi_dir = Some(cdi_fs.path.clone());
+    });
+    let running = node.start(DraVersion::V1).await;
+    let before = node.claim("before", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&before))
+        .await
+        .expect("prepare");
+    assert_eq!(answers[&before.uid].error, "");
+    let before_cpus = node.cdi_cpus(&before.uid).expect("spec");
+
+    // CDI directory full.
+    let filler = cdi_fs.fill();
+    let cdi_full = node.claim("cdi-full", &[("cpudevnuma001", Some("2"))], &pod_uid(2));
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&cdi_full))
+        .await
+        .expect("answer");
+    let error = &answers[&cdi_full.uid].error;
+    assert!(
+        error.contains("cdi-full") && error.contains("No space left"),
+        "{error:?}"
+    );
+    let report = snapshot(&node).await;
+    assert!(
+        !report.claims.iter().any(|c| c.uid == cdi_full.uid),
+        "a refused claim is stored"
+    );
+    assert_eq!(node.cdi_cpus(&cdi_full.uid), None);
+    std::fs::remove_file(&filler).expect("freeing the CDI disk");
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&cdi_full))
+        .await
+        .expect("retry");
+    assert_eq!(
+        answers[&cdi_full.uid].error, "",
+        "the retry after space returns"
+    );
+
+    // Store full.
+    let filler = state_fs.fill();
+    let mut store_errors = Vec::new();
+    let mut refused = Vec::new();
+    // sled buffers; a few prepares in, its flush meets the full disk.
+    for i in 0..8u32 {
+        let claim = node.claim(
+            &format!("store-full-{i}"),
+            &[("cpudevnuma002", Some("2"))],
+            &pod_uid(10 + i),
+        );
+        let answers = running
+            .kubelet
+            .prepare(std::slice::from_ref(&claim))
+            .await
+            .expect("answer");
+        let error = answers[&claim.uid].error.clone();
+        if !error.is_empty() {
+            assert!(error.contains(&claim.name), "{error:?}");
+            assert_eq!(node.cdi_cpus(&claim.uid), None, "spec of a refused claim");
+            store_errors.push(error);
+            refused.push(claim);
+        }
+    }
+    eprintln!(
+        "full store: {} of 8 prepares refused: {:?}",
+        refused.len(),
+        store_errors.first()
+    );
+    assert!(!refused.is_empty(), "no prepare noticed the full store");
+    std::fs::remove_file(&filler).expect("freeing the store disk");
+    // sled keeps an I/O error once it has seen one: until a restart the
+    // store may go on refusing, but only ever with the cause named.
+    let mut refused_until_restart = 0;
+    for claim in &refused {
+        let answers = running
+            .kubelet
+            .prepare(std::slice::from_ref(claim))
+            .await
+            .expect("retry");
+        let error = &answers[&claim.uid].error;
+        if !error.is_empty() {
+            refused_until_restart += 1;
+            assert!(
+                error.contains(&claim.name) && error.contains("store"),
+                "{error:?}"
+            );
+            assert_eq!(node.cdi_cpus(&claim.uid), None, "spec of a refused claim");
+        }
+    }
+    eprintln!(
+        "full store: {refused_until_restart} of {} retries refused until a restart",
+        refused.len()
+    );
+    let acknowledged: BTreeMap<String, CpuSet> = snapshot(&node)
+        .await
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                c.uid.clone(),
+                CpuSet::parse_cpulist(&c.cpus).expect("cpulist"),
+            )
+        })
+        .collect();
+    running.stop().await.expect("clean stop");
+
+    // Every acknowledged claim is there after a restart, with its CPUs.
+    let running = node.start(DraVersion::V1).await;
+    let after: BTreeMap<String, CpuSet> = snapshot(&node)
+        .await
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                c.uid.clone(),
+                CpuSet::parse_cpulist(&c.cpus).expect("cpulist"),
+            )
+        })
+        .collect();
+    assert_eq!(after, acknowledged);
+    assert_eq!(after.get(&before.uid), Some(&before_cpus));
+    // And the kubelet's retries converge.
+    for claim in &refused {
+        let answers = running
+            .kubelet
+            .prepare(std::slice::from_ref(claim))
+            .await
+            .expect("retry");
+        assert_eq!(
+            answers[&claim.uid].error, "",
+            "retry of {} after the restart",
+            claim.name
+        );
+    }
+    let cdi = CdiDir::new(&node.config.cdi_dir);
+    let report = snapshot(&node).await;
+    let stored: std::collections::BTreeSet<String> =
+        report.claims.iter().map(|c| c.uid.clone()).collect();
+    assert_eq!(
+        cdi.list().expect("list"),
+        stored,
+        "CDI specs match the store"
+    );
+    running.stop().await.expect("clean stop");
 }
