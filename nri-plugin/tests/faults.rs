@@ -97,7 +97,7 @@ async fn every_cpuset_is_right_after_each_fault_of_a_pod_churn() {
     ];
     let mut plan: Vec<(Fault, When)> = (0..rounds)
         .map(|i| {
-            let when = if xorshift(&mut seed) % 2 == 0 {
+            let when = if xorshift(&mut seed).is_multiple_of(2) {
                 When::BeforeCreate
             } else {
                 When::AfterCreate
