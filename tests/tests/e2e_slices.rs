@@ -8,6 +8,7 @@ mod e2e_common;
 
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE};
 use e2e_common::{node, Must};
 use serde_json::Value;
@@ -85,8 +86,10 @@ async fn published_slices_carry_the_node_allocatable_mapping_by_default() {
 
 #[tokio::test]
 async fn disabled_mapping_publishes_no_node_allocatable_resources() {
+    // This node's kubelet stand-in talks DRA v1beta1, as older kubelets do.
     let mut node = node(NodeOptions {
         node_allocatable_mapping: false,
+        dra_version: DraVersion::V1beta1,
         ..Default::default()
     })
     .await;
