@@ -578,7 +578,15 @@ async fn resolve_into<R: ClaimResolver + ?Sized>(
     resolver: &R,
     claim_uid: &str,
 ) -> Result<(), ResolveFailure> {
-    match resolver.resolve(claim_uid).await {
+    learn_resolution(view, claim_uid, resolver.resolve(claim_uid).await)
+}
+
+fn learn_resolution(
+    view: &Mutex<NodeView>,
+    claim_uid: &str,
+    resolution: Resolution,
+) -> Result<(), ResolveFailure> {
+    match resolution {
         Resolution::Prepared(assignment) => lock(view)
             .learn_claim(assignment, ClaimOrigin::DraPlugin)
             .map(|_| ())
@@ -674,8 +682,11 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
     resolver: &R,
 ) -> SyncOutcome {
     let unknown = unknown_claims(&lock(view), containers);
-    for uid in unknown {
-        if resolve_into(view, resolver, &uid).await.is_err() {
+    // Concurrently: each resolution is bounded, and so is their sum only if
+    // they do not queue behind each other.
+    let answers = futures::future::join_all(unknown.iter().map(|uid| resolver.resolve(uid))).await;
+    for (uid, answer) in unknown.iter().zip(answers) {
+        if learn_resolution(view, uid, answer).is_err() {
             tracing::warn!(claim = %uid, "claim of a running container could not be resolved");
         }
     }
@@ -1143,6 +1154,45 @@ mod tests {
         ));
         assert_eq!(out.updates, updates(&[("c", "6-7"), ("s", "1-5")]));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+    }
+
+    /// Answers only once every claim of the Synchronize has been asked, so
+    /// it completes only if the questions are in flight together.
+    struct AllAtOnce {
+        barrier: tokio::sync::Barrier,
+    }
+
+    #[async_trait::async_trait]
+    impl ClaimResolver for AllAtOnce {
+        async fn resolve(&self, claim_uid: &str) -> Resolution {
+            self.barrier.wait().await;
+            let cpus = if claim_uid == CLAIM_1 { "2" } else { "3" };
+            Resolution::Prepared(claim(claim_uid, cpus, POD_A))
+        }
+    }
+
+    #[test]
+    fn synchronize_asks_about_all_unknown_claims_at_once() {
+        let view = Mutex::new(view(false));
+        let resolver = AllAtOnce {
+            barrier: tokio::sync::Barrier::new(2),
+        };
+        let a = container("a", POD_A, &[&env(CLAIM_1, "2")], None);
+        let b = container("b", POD_A, &[&env(CLAIM_2, "3")], None);
+        let out = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                // Deadlock detection only: one at a time never passes the barrier.
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    synchronize_containers(&view, &[a, b], &resolver),
+                )
+                .await
+                .expect("the claims were asked one at a time")
+            });
+        assert_eq!(out.updates, updates(&[("a", "2"), ("b", "3")]));
     }
 
     proptest! {
