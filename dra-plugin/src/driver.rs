@@ -287,12 +287,6 @@ impl Driver {
         self.lock().revision
     }
 
-    /// Changes waiting for the next group commit (not counting the one
-    /// running): how much a commit is lagging behind its callers.
-    pub fn queued(&self) -> usize {
-        self.lock().queue.len()
-    }
-
     /// The current state and a receiver of every change after it.
     pub fn subscribe(&self) -> (StateSnapshot, broadcast::Receiver<StateEvent>) {
         let state = self.lock();
