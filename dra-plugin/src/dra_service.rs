@@ -189,162 +189,102 @@ fn devices_of(prepared: &Prepared) -> Vec<(Vec<String>, String, String, Vec<Stri
         .collect()
 }
 
-/// `v1.DRAPlugin`.
-pub struct DraV1(pub DraService);
+/// Stamps out one kubelet `DRAPlugin` service over the generated types of
+/// `$api`: the API versions carry the same calls and messages and differ
+/// only in their module path (and v1's optional `Device.share_id`, passed in
+/// as extra device fields), so one body serves both.
+macro_rules! dra_plugin_service {
+    ($(#[$meta:meta])* $service:ident, $api:ident { $($device_field:ident: $device_value:expr),* $(,)? }) => {
+        $(#[$meta])*
+        pub struct $service(pub DraService);
 
-#[tonic::async_trait]
-impl dra_v1::dra_plugin_server::DraPlugin for DraV1 {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<dra_v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                name: c.name,
-                uid: c.uid,
-            })
-            .collect();
-        let mut response = HashMap::new();
-        for (uid, outcome) in self.0.prepare_all(claims).await {
-            let entry = match outcome {
-                Ok(prepared) => dra_v1::NodePrepareResourceResponse {
-                    devices: devices_of(&prepared)
-                        .into_iter()
-                        .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
-                            dra_v1::Device {
-                                request_names,
-                                pool_name,
-                                device_name,
-                                cdi_device_ids,
-                                share_id: None,
-                            }
-                        })
-                        .collect(),
-                    error: String::new(),
-                },
-                Err(e) => dra_v1::NodePrepareResourceResponse {
-                    devices: vec![],
-                    error: e.to_string(),
-                },
-            };
-            response.insert(uid, entry);
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for $service {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let mut response = HashMap::new();
+                for (uid, outcome) in self.0.prepare_all(claims).await {
+                    let entry = match outcome {
+                        Ok(prepared) => $api::NodePrepareResourceResponse {
+                            devices: devices_of(&prepared)
+                                .into_iter()
+                                .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
+                                    $api::Device {
+                                        request_names,
+                                        pool_name,
+                                        device_name,
+                                        cdi_device_ids,
+                                        $($device_field: $device_value,)*
+                                    }
+                                })
+                                .collect(),
+                            error: String::new(),
+                        },
+                        Err(e) => $api::NodePrepareResourceResponse {
+                            devices: vec![],
+                            error: e.to_string(),
+                        },
+                    };
+                    response.insert(uid, entry);
+                }
+                Ok(Response::new($api::NodePrepareResourcesResponse {
+                    claims: response,
+                }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare_all(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, outcome)| {
+                        let error = outcome.err().map(|e| e.to_string()).unwrap_or_default();
+                        (uid, $api::NodeUnprepareResourceResponse { error })
+                    })
+                    .collect();
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
         }
-        Ok(Response::new(dra_v1::NodePrepareResourcesResponse {
-            claims: response,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<dra_v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                name: c.name,
-                uid: c.uid,
-            })
-            .collect();
-        let claims = self
-            .0
-            .unprepare_all(claims)
-            .await
-            .into_iter()
-            .map(|(uid, outcome)| {
-                let error = outcome.err().map(|e| e.to_string()).unwrap_or_default();
-                (uid, dra_v1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
+    };
 }
 
-/// `v1beta1.DRAPlugin`.
-pub struct DraV1beta1(pub DraService);
+dra_plugin_service!(
+    /// `v1.DRAPlugin`.
+    DraV1, dra_v1 { share_id: None }
+);
 
-#[tonic::async_trait]
-impl dra_v1beta1::dra_plugin_server::DraPlugin for DraV1beta1 {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<dra_v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                name: c.name,
-                uid: c.uid,
-            })
-            .collect();
-        let mut response = HashMap::new();
-        for (uid, outcome) in self.0.prepare_all(claims).await {
-            let entry = match outcome {
-                Ok(prepared) => dra_v1beta1::NodePrepareResourceResponse {
-                    devices: devices_of(&prepared)
-                        .into_iter()
-                        .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
-                            dra_v1beta1::Device {
-                                request_names,
-                                pool_name,
-                                device_name,
-                                cdi_device_ids,
-                            }
-                        })
-                        .collect(),
-                    error: String::new(),
-                },
-                Err(e) => dra_v1beta1::NodePrepareResourceResponse {
-                    devices: vec![],
-                    error: e.to_string(),
-                },
-            };
-            response.insert(uid, entry);
-        }
-        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse {
-            claims: response,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                name: c.name,
-                uid: c.uid,
-            })
-            .collect();
-        let claims = self
-            .0
-            .unprepare_all(claims)
-            .await
-            .into_iter()
-            .map(|(uid, outcome)| {
-                let error = outcome.err().map(|e| e.to_string()).unwrap_or_default();
-                (uid, dra_v1beta1::NodeUnprepareResourceResponse { error })
-            })
-            .collect();
-        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
-}
+dra_plugin_service!(
+    /// `v1beta1.DRAPlugin`.
+    DraV1beta1, dra_v1beta1 {}
+);
 
 /// `v1.DRAResourceHealth`: CPUs do not fail on their own in a way this
 /// driver can observe, so every published device is reported healthy once,

@@ -163,6 +163,77 @@ fn find_socket(dir: &Path, driver: &str) -> Option<PathBuf> {
     is_socket.then_some(path)
 }
 
+/// The request's claims as `$api` messages; the DRA API versions share
+/// their message shapes and differ only in the generated module path.
+macro_rules! claims_of {
+    ($api:ident, $claims:expr) => {
+        $claims
+            .iter()
+            .map(|c| $api::Claim {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                uid: c.uid.clone(),
+            })
+            .collect()
+    };
+}
+
+/// NodePrepareResources over `$api`, answers keyed by claim UID.
+macro_rules! prepare_over {
+    ($api:ident, $channel:expr, $claims:expr, $call_error:expr) => {{
+        let request = $api::NodePrepareResourcesRequest {
+            claims: claims_of!($api, $claims),
+        };
+        let mut client = $api::dra_plugin_client::DraPluginClient::new($channel.clone());
+        client
+            .node_prepare_resources(request)
+            .await
+            .map_err($call_error)?
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let devices = r
+                    .devices
+                    .into_iter()
+                    .map(|d| PreparedDevice {
+                        request_names: d.request_names,
+                        pool_name: d.pool_name,
+                        device_name: d.device_name,
+                        cdi_device_ids: d.cdi_device_ids,
+                    })
+                    .collect();
+                (
+                    uid,
+                    PrepareOutcome {
+                        devices,
+                        error: r.error,
+                    },
+                )
+            })
+            .collect()
+    }};
+}
+
+/// NodeUnprepareResources over `$api`: claim UID → error string.
+macro_rules! unprepare_over {
+    ($api:ident, $channel:expr, $claims:expr, $call_error:expr) => {{
+        let request = $api::NodeUnprepareResourcesRequest {
+            claims: claims_of!($api, $claims),
+        };
+        let mut client = $api::dra_plugin_client::DraPluginClient::new($channel.clone());
+        client
+            .node_unprepare_resources(request)
+            .await
+            .map_err($call_error)?
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|(uid, r)| (uid, r.error))
+            .collect()
+    }};
+}
+
 impl KubeletDra {
     /// Wait for `<dir>/<driver>-reg.sock`, then register it and connect to
     /// its endpoint for `version` calls.
@@ -248,88 +319,8 @@ impl KubeletDra {
             status,
         };
         let answers: BTreeMap<String, PrepareOutcome> = match self.version {
-            DraVersion::V1 => {
-                let request = dra_v1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| dra_v1::Claim {
-                            namespace: c.namespace.clone(),
-                            name: c.name.clone(),
-                            uid: c.uid.clone(),
-                        })
-                        .collect(),
-                };
-                let mut client =
-                    dra_v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                client
-                    .node_prepare_resources(request)
-                    .await
-                    .map_err(call_error)?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let devices = r
-                            .devices
-                            .into_iter()
-                            .map(|d| PreparedDevice {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect();
-                        (
-                            uid,
-                            PrepareOutcome {
-                                devices,
-                                error: r.error,
-                            },
-                        )
-                    })
-                    .collect()
-            }
-            DraVersion::V1beta1 => {
-                let request = dra_v1beta1::NodePrepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| dra_v1beta1::Claim {
-                            namespace: c.namespace.clone(),
-                            name: c.name.clone(),
-                            uid: c.uid.clone(),
-                        })
-                        .collect(),
-                };
-                let mut client =
-                    dra_v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                client
-                    .node_prepare_resources(request)
-                    .await
-                    .map_err(call_error)?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| {
-                        let devices = r
-                            .devices
-                            .into_iter()
-                            .map(|d| PreparedDevice {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect();
-                        (
-                            uid,
-                            PrepareOutcome {
-                                devices,
-                                error: r.error,
-                            },
-                        )
-                    })
-                    .collect()
-            }
+            DraVersion::V1 => prepare_over!(dra_v1, self.channel, claims, call_error),
+            DraVersion::V1beta1 => prepare_over!(dra_v1beta1, self.channel, claims, call_error),
         };
         for claim in claims {
             if !answers.contains_key(&claim.uid) {
@@ -350,52 +341,8 @@ impl KubeletDra {
             status,
         };
         let answers: BTreeMap<String, String> = match self.version {
-            DraVersion::V1 => {
-                let request = dra_v1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| dra_v1::Claim {
-                            namespace: c.namespace.clone(),
-                            name: c.name.clone(),
-                            uid: c.uid.clone(),
-                        })
-                        .collect(),
-                };
-                let mut client =
-                    dra_v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                client
-                    .node_unprepare_resources(request)
-                    .await
-                    .map_err(call_error)?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| (uid, r.error))
-                    .collect()
-            }
-            DraVersion::V1beta1 => {
-                let request = dra_v1beta1::NodeUnprepareResourcesRequest {
-                    claims: claims
-                        .iter()
-                        .map(|c| dra_v1beta1::Claim {
-                            namespace: c.namespace.clone(),
-                            name: c.name.clone(),
-                            uid: c.uid.clone(),
-                        })
-                        .collect(),
-                };
-                let mut client =
-                    dra_v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                client
-                    .node_unprepare_resources(request)
-                    .await
-                    .map_err(call_error)?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, r)| (uid, r.error))
-                    .collect()
-            }
+            DraVersion::V1 => unprepare_over!(dra_v1, self.channel, claims, call_error),
+            DraVersion::V1beta1 => unprepare_over!(dra_v1beta1, self.channel, claims, call_error),
         };
         for claim in claims {
             if !answers.contains_key(&claim.uid) {
