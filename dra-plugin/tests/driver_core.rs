@@ -53,6 +53,15 @@ impl AssignmentStore for FaultyStore {
         }
         self.inner.apply(ops)
     }
+    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StoreError::DataFile {
+                path: "/var/lib/dra-cpu/store/db".into(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        self.inner.apply_numbered(ops)
+    }
 }
 
 fn topology() -> shared_state::topology::Topology {

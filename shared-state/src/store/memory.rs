@@ -1,6 +1,9 @@
 //! An [`AssignmentStore`] held in memory, for tests of its callers.
 
-use super::{apply_to_map, AssignmentStore, LenientListing, StoreError, StoreOp};
+use super::{
+    apply_to_map, apply_to_map_each, number_ops, AssignmentStore, LenientListing, StoreError,
+    StoreOp,
+};
 use crate::assignment::ClaimAssignment;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -60,6 +63,18 @@ impl AssignmentStore for MemoryStore {
     fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
         apply_locked(&mut self.lock(), ops)
     }
+
+    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError> {
+        let mut state = self.lock();
+        let mut records = state.records.clone();
+        let changed = apply_to_map_each(&mut records, ops)?;
+        let numbered = number_ops(state.revision, &changed, std::path::Path::new("memory"))?;
+        if let Some(last) = numbered.iter().flatten().last() {
+            state.revision = *last;
+        }
+        state.records = records;
+        Ok(numbered)
+    }
 }
 
 fn apply_locked(state: &mut State, ops: &[StoreOp]) -> Result<u64, StoreError> {
@@ -101,6 +116,37 @@ mod tests {
         assert_eq!(store.remove("a").ok(), Some(Some(3)));
         assert_eq!(store.remove("a").ok(), Some(None));
         assert_eq!(store.revision().ok(), Some(3));
+    }
+
+    #[test]
+    fn numbered_batch_gives_one_revision_per_change() {
+        let store = MemoryStore::new();
+        assert_eq!(store.put(&record("old", "7")).ok(), Some(1));
+        let ops = [
+            StoreOp::Put(record("a", "0")),
+            StoreOp::Remove("absent".into()),
+            StoreOp::Remove("old".into()),
+            StoreOp::Put(record("b", "1")),
+        ];
+        assert_eq!(
+            store.apply_numbered(&ops).ok(),
+            Some(vec![Some(2), None, Some(3), Some(4)])
+        );
+        assert_eq!(store.revision().ok(), Some(4));
+        let uids: Vec<String> = store
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.claim_uid)
+            .collect();
+        assert_eq!(uids, ["a", "b"]);
+        let refused = [
+            StoreOp::Put(record("z", "1")),
+            StoreOp::Remove(String::new()),
+        ];
+        assert!(store.apply_numbered(&refused).is_err());
+        assert_eq!(store.revision().ok(), Some(4));
+        assert_eq!(store.get("z").ok(), Some(None));
     }
 
     #[test]

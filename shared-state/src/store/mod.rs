@@ -179,6 +179,58 @@ pub trait AssignmentStore: Send + Sync {
     /// changed (a put always changes; a remove only if the claim was stored)
     /// and not at all otherwise.
     fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError>;
+
+    /// Apply `ops` in order as one atomic, durable commit (one flush), giving
+    /// each op that changes something its own revision, consecutive from the
+    /// revision before the commit. Returns, per op, the revision it was given,
+    /// or `None` for a remove of an absent claim. This is the group commit of
+    /// concurrent prepares: one fsync for the batch, yet every change keeps
+    /// the strictly increasing revision its Watch event is ordered by.
+    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError>;
+}
+
+/// The revision each op of a batch is given, from the revision `before` it
+/// and whether each op changes something. Errors if the counter would wrap.
+pub fn number_ops(
+    before: u64,
+    changed: &[bool],
+    path: &std::path::Path,
+) -> Result<Vec<Option<u64>>, StoreError> {
+    let mut current = before;
+    changed
+        .iter()
+        .map(|&changes| {
+            if !changes {
+                return Ok(None);
+            }
+            current = current
+                .checked_add(1)
+                .ok_or_else(|| StoreError::RevisionExhausted {
+                    path: path.to_path_buf(),
+                    current,
+                })?;
+            Ok(Some(current))
+        })
+        .collect()
+}
+
+/// What a batch does to a map of records, op by op: whether each op changed
+/// anything. Nothing is changed if the batch is refused.
+pub fn apply_to_map_each(
+    records: &mut BTreeMap<String, ClaimAssignment>,
+    ops: &[StoreOp],
+) -> Result<Vec<bool>, StoreError> {
+    validate_ops(ops)?;
+    Ok(ops
+        .iter()
+        .map(|op| match op {
+            StoreOp::Put(assignment) => {
+                records.insert(assignment.claim_uid.clone(), assignment.clone());
+                true
+            }
+            StoreOp::Remove(claim_uid) => records.remove(claim_uid).is_some(),
+        })
+        .collect())
 }
 
 /// What a batch does to a map of records: the pure rule both stores follow.
@@ -187,20 +239,7 @@ pub fn apply_to_map(
     records: &mut BTreeMap<String, ClaimAssignment>,
     ops: &[StoreOp],
 ) -> Result<bool, StoreError> {
-    validate_ops(ops)?;
-    let mut changed = false;
-    for op in ops {
-        match op {
-            StoreOp::Put(assignment) => {
-                records.insert(assignment.claim_uid.clone(), assignment.clone());
-                changed = true;
-            }
-            StoreOp::Remove(claim_uid) => {
-                changed |= records.remove(claim_uid).is_some();
-            }
-        }
-    }
-    Ok(changed)
+    Ok(apply_to_map_each(records, ops)?.into_iter().any(|c| c))
 }
 
 /// Refuse a batch naming an empty claim UID before anything is written.
@@ -400,7 +439,48 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn number_ops_table() {
+        let path = std::path::Path::new("/var/lib/dra-cpu/store");
+        /// `None` as the answer: the counter would wrap.
+        type Numbered = Option<Vec<Option<u64>>>;
+        let cases: [(u64, &[bool], Numbered); 5] = [
+            (0, &[], Some(vec![])),
+            (
+                4,
+                &[true, true, true],
+                Some(vec![Some(5), Some(6), Some(7)]),
+            ),
+            (4, &[true, false, true], Some(vec![Some(5), None, Some(6)])),
+            (9, &[false], Some(vec![None])),
+            (u64::MAX - 1, &[true, true], None),
+        ];
+        for (before, changed, want) in cases {
+            let got = number_ops(before, changed, path);
+            match want {
+                Some(want) => assert_eq!(got.ok(), Some(want), "{before} {changed:?}"),
+                None => assert!(
+                    matches!(got, Err(StoreError::RevisionExhausted { current, .. }) if current == u64::MAX),
+                    "{before} {changed:?}"
+                ),
+            }
+        }
+    }
+
     proptest! {
+        /// Numbered revisions are consecutive from `before`, one per change.
+        #[test]
+        fn numbered_revisions_are_consecutive(before in 0u64..1_000_000, changed in proptest::collection::vec(any::<bool>(), 0..40)) {
+            let path = std::path::Path::new("/x");
+            let numbered = number_ops(before, &changed, path).unwrap_or_default();
+            let given: Vec<u64> = numbered.iter().flatten().copied().collect();
+            let want: Vec<u64> = (1..=changed.iter().filter(|c| **c).count() as u64).map(|k| before + k).collect();
+            prop_assert_eq!(given, want);
+            for (n, c) in numbered.iter().zip(&changed) {
+                prop_assert_eq!(n.is_some(), *c);
+            }
+        }
+
         /// Applying a batch equals applying its ops one by one, and "changed"
         /// is true exactly when some op was a put or removed a stored claim.
         #[test]

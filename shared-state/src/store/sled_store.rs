@@ -11,7 +11,7 @@
 //! refused opener say who holds it.
 
 use super::{
-    claim_key, decode_record, parse_counter, validate_ops, AssignmentStore, BadRecord,
+    claim_key, decode_record, number_ops, parse_counter, validate_ops, AssignmentStore, BadRecord,
     LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, INITIALIZED_FILE, OWNER_PID_FILE,
     REVISION_KEY, SCHEMA_KEY, SCHEMA_VERSION,
 };
@@ -261,6 +261,60 @@ impl SledStore {
     }
 }
 
+impl SledStore {
+    /// Commit the encoded ops in one transaction, each op that changes
+    /// something taking the next revision. Returns the revision of each op.
+    fn commit_numbered(&self, encoded: &[EncodedOp]) -> Result<Vec<Option<u64>>, StoreError> {
+        let result = self.db.transaction(|tx| {
+            // Recomputed on every attempt: sled may rerun a transaction.
+            let mut changed = Vec::with_capacity(encoded.len());
+            for (key, value) in encoded {
+                changed.push(match value {
+                    Some(value) => {
+                        tx.insert(key.as_bytes(), value.as_slice())?;
+                        true
+                    }
+                    None => tx.remove(key.as_bytes())?.is_some(),
+                });
+            }
+            let current = match tx.get(REVISION_KEY)? {
+                None => 0,
+                Some(raw) => parse_counter(&raw).ok_or_else(|| {
+                    ConflictableTransactionError::Abort(self.corrupt(format!(
+                        "key {REVISION_KEY} holds {:?}, not a revision",
+                        String::from_utf8_lossy(&raw)
+                    )))
+                })?,
+            };
+            let numbered = number_ops(current, &changed, &self.dir)
+                .map_err(ConflictableTransactionError::Abort)?;
+            if let Some(last) = numbered.iter().flatten().last() {
+                tx.insert(REVISION_KEY, last.to_string().as_bytes())?;
+            }
+            Ok(numbered)
+        });
+        result.map_err(|e| match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e) => self.backend("commit", e),
+        })
+    }
+}
+
+fn encode_ops(ops: &[StoreOp]) -> Result<Vec<EncodedOp>, StoreError> {
+    validate_ops(ops)?;
+    ops.iter()
+        .map(|op| match op {
+            StoreOp::Put(assignment) => serde_json::to_vec(assignment)
+                .map(|value| (claim_key(&assignment.claim_uid), Some(value)))
+                .map_err(|e| StoreError::Encode {
+                    claim_uid: assignment.claim_uid.clone(),
+                    error: e.to_string(),
+                }),
+            StoreOp::Remove(claim_uid) => Ok((claim_key(claim_uid), None)),
+        })
+        .collect()
+}
+
 impl Drop for SledStore {
     fn drop(&mut self) {
         // Still holding the lock here (the Db drops after this body), so no
@@ -339,24 +393,25 @@ impl AssignmentStore for SledStore {
     }
 
     fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
-        validate_ops(ops)?;
-        let encoded = ops
-            .iter()
-            .map(|op| match op {
-                StoreOp::Put(assignment) => serde_json::to_vec(assignment)
-                    .map(|value| (claim_key(&assignment.claim_uid), Some(value)))
-                    .map_err(|e| StoreError::Encode {
-                        claim_uid: assignment.claim_uid.clone(),
-                        error: e.to_string(),
-                    }),
-                StoreOp::Remove(claim_uid) => Ok((claim_key(claim_uid), None)),
-            })
-            .collect::<Result<Vec<EncodedOp>, StoreError>>()?;
+        let encoded = encode_ops(ops)?;
         let _writer = self.lock_writer();
         self.shielded("apply", || {
             let (revision, _changed) = self.commit(&encoded)?;
             self.flush()?;
             Ok(revision)
+        })
+    }
+
+    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError> {
+        let encoded = encode_ops(ops)?;
+        let _writer = self.lock_writer();
+        self.shielded("apply", || {
+            let numbered = self.commit_numbered(&encoded)?;
+            // Flushed even when nothing changed, as `remove` does: a retry of
+            // a commit that landed but failed to flush must not be
+            // acknowledged before it is durable.
+            self.flush()?;
+            Ok(numbered)
         })
     }
 }
@@ -447,6 +502,39 @@ mod tests {
             }
             other => panic!("expected Corrupt, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn numbered_batch_is_durable_with_one_revision_per_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let store = SledStore::open(&dir).unwrap();
+        assert_eq!(store.put(&record("old", "7")).unwrap(), 1);
+        let ops = [
+            StoreOp::Put(record("a", "0")),
+            StoreOp::Remove("absent".into()),
+            StoreOp::Remove("old".into()),
+            StoreOp::Put(record("b", "1")),
+        ];
+        assert_eq!(
+            store.apply_numbered(&ops).unwrap(),
+            vec![Some(2), None, Some(3), Some(4)]
+        );
+        let refused = [
+            StoreOp::Put(record("z", "1")),
+            StoreOp::Remove(String::new()),
+        ];
+        assert!(matches!(
+            store.apply_numbered(&refused),
+            Err(StoreError::EmptyClaimUid)
+        ));
+        drop(store);
+        let reopened = SledStore::open(&dir).unwrap();
+        assert_eq!(reopened.revision().unwrap(), 4);
+        assert_eq!(
+            reopened.list().unwrap(),
+            vec![record("a", "0"), record("b", "1")]
+        );
     }
 
     #[test]
