@@ -72,6 +72,32 @@ pub enum DriverError {
     Store(#[from] StoreError),
 }
 
+/// The last failed store write, until a later write succeeds. A store that
+/// has failed a write (sled after a full disk) may keep failing even once
+/// space returns; `/healthz` reports this so that the liveness probe
+/// restarts the process, which reopens the store.
+#[derive(Debug, Default)]
+pub struct StoreFault {
+    error: Mutex<Option<String>>,
+}
+
+impl StoreFault {
+    /// The error of the last store write, if no write has succeeded since.
+    pub fn error(&self) -> Option<String> {
+        self.slot().clone()
+    }
+
+    /// Note the outcome of one store write.
+    pub fn record<T>(&self, result: &Result<T, StoreError>) {
+        *self.slot() = result.as_ref().err().map(ToString::to_string);
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<String>> {
+        // A plain value: a poisoned lock still holds a valid one.
+        self.error.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A prepared claim, as answered to kubelet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
@@ -89,6 +115,7 @@ pub struct Driver {
     state: Mutex<State>,
     events: broadcast::Sender<StateEvent>,
     metrics: Arc<Metrics>,
+    store_fault: Arc<StoreFault>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -159,6 +186,7 @@ impl Driver {
             state: Mutex::new(State { claims, revision }),
             events,
             metrics,
+            store_fault: Arc::default(),
         };
         driver.update_gauges(&driver.lock());
         Ok(driver)
@@ -201,6 +229,11 @@ impl Driver {
 
     pub fn cdi(&self) -> &CdiDir {
         &self.cdi
+    }
+
+    /// The last store write failure not yet followed by a successful write.
+    pub fn store_fault(&self) -> &Arc<StoreFault> {
+        &self.store_fault
     }
 
     /// The record of a prepared claim.
@@ -320,20 +353,21 @@ impl Driver {
             cpus,
             prepared_at_unix_ms: now_unix_ms(),
         };
-        let revision = self
-            .store
-            .put(&assignment)
-            .map_err(|e| PrepareError::Store {
-                claim: claim.to_string(),
-                reason: e.to_string(),
-            })?;
+        let put = self.store.put(&assignment);
+        self.store_fault.record(&put);
+        let revision = put.map_err(|e| PrepareError::Store {
+            claim: claim.to_string(),
+            reason: e.to_string(),
+        })?;
         crash_point("after-store-commit");
         if let Err(e) = self.cdi.write(&claim.uid, &assignment.cpus) {
             // Undo the commit so a failed claim leaves nothing behind; if even
             // that fails the record stays, and CDI reconciliation at the next
             // start rewrites the spec, so the CPUs are never given twice.
             let reason = e.to_string();
-            match self.store.remove(&claim.uid) {
+            let undo = self.store.remove(&claim.uid);
+            self.store_fault.record(&undo);
+            match undo {
                 Ok(Some(undone)) => state.revision = undone,
                 Ok(None) => state.revision = revision,
                 Err(undo) => {
@@ -397,13 +431,12 @@ impl Driver {
             };
         }
         self.cdi.remove(&claim.uid).map_err(cdi_error)?;
-        let removed = self
-            .store
-            .remove(&claim.uid)
-            .map_err(|e| PrepareError::Store {
-                claim: claim.to_string(),
-                reason: e.to_string(),
-            })?;
+        let removed = self.store.remove(&claim.uid);
+        self.store_fault.record(&removed);
+        let removed = removed.map_err(|e| PrepareError::Store {
+            claim: claim.to_string(),
+            reason: e.to_string(),
+        })?;
         let revision = removed.unwrap_or(state.revision);
         state.revision = revision;
         let released = state.claims.remove(&claim.uid);

@@ -27,6 +27,15 @@ pub fn respond(
             "only GET and HEAD\n".into(),
         );
     }
+    // A store that failed a write may stay broken until the process
+    // restarts: unhealthy, so that the liveness probe restarts it.
+    if let (Some(error), "/healthz" | "/readyz") = (health.store.error(), path) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            format!("store write failed: {error}\n"),
+        );
+    }
     match path {
         "/metrics" => (
             StatusCode::OK,

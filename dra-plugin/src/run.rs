@@ -13,7 +13,7 @@ use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
-use crate::driver::{Driver, DriverOptions};
+use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::metrics::Metrics;
 use crate::prepare::DeviceCatalog;
 use crate::publisher::Publisher;
@@ -40,11 +40,13 @@ pub struct Health {
     /// Every socket is served.
     pub serving: AtomicBool,
     pub registration: Arc<RegistrationState>,
+    /// The driver's last failed store write; set, the process is unhealthy.
+    pub store: Arc<StoreFault>,
 }
 
 impl Health {
     pub fn ready(&self) -> bool {
-        self.serving.load(Ordering::Relaxed)
+        self.serving.load(Ordering::Relaxed) && self.store.error().is_none()
     }
 }
 
@@ -138,7 +140,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         "state loaded"
     );
 
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health {
+        store: driver.store_fault().clone(),
+        ..Health::default()
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         // An Err means the sender is gone, which also means stop.

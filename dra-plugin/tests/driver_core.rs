@@ -7,9 +7,12 @@ use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::coordination_server::CoordinationService;
 use dra_plugin::driver::{Driver, DriverOptions, EVENT_BUFFER};
+use dra_plugin::http::respond;
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
+use dra_plugin::run::Health;
 use futures::StreamExt;
+use hyper::{Method, StatusCode};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
     ResourceClaimConsumerReference, ResourceClaimStatus,
@@ -177,6 +180,47 @@ fn a_store_failure_is_a_claim_error_and_leaves_nothing_behind() {
         cdi.read_cpus(&reference.uid),
         Some(prepared.assignment.cpus)
     );
+}
+
+#[test]
+fn a_store_write_failure_makes_the_process_unhealthy_until_a_write_succeeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(FaultyStore::default());
+    let driver = driver(store.clone(), CdiDir::new(dir.path()));
+    let health = Health {
+        serving: AtomicBool::new(true),
+        store: driver.store_fault().clone(),
+        ..Health::default()
+    };
+    let get = |path: &str| respond(&Method::GET, path, driver.metrics(), &health);
+    assert_eq!(get("/healthz").0, StatusCode::OK);
+    assert_eq!(get("/readyz").0, StatusCode::OK);
+
+    let (first, first_object) = claim(1, 2);
+    driver.prepare(&first, &first_object).expect("prepare");
+    // The disk fills: an unprepare cannot commit.
+    store.failing.store(true, Ordering::SeqCst);
+    assert!(driver.unprepare(&first).is_err());
+    for path in ["/healthz", "/readyz"] {
+        let (status, _, body) = get(path);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert!(body.contains("/var/lib/dra-cpu/store/db"), "{path}: {body}");
+        assert!(body.contains("No space left"), "{path}: {body}");
+    }
+    assert!(!health.ready());
+    // Reads do not clear it; only a write that succeeds does.
+    assert!(driver.prepared(&first.uid).is_some());
+    assert_eq!(get("/healthz").0, StatusCode::SERVICE_UNAVAILABLE);
+
+    store.failing.store(false, Ordering::SeqCst);
+    let (second, second_object) = claim(2, 2);
+    driver.prepare(&second, &second_object).expect("prepare");
+    assert_eq!(driver.store_fault().error(), None);
+    assert_eq!(
+        get("/healthz"),
+        (StatusCode::OK, "text/plain; charset=utf-8", "ok\n".into())
+    );
+    assert_eq!(get("/readyz").0, StatusCode::OK);
 }
 
 #[test]
