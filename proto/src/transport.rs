@@ -54,6 +54,12 @@ pub enum TransportError {
     RemoveStale { path: PathBuf, source: io::Error },
     #[error("binding unix socket {}: {source}", path.display())]
     Bind { path: PathBuf, source: io::Error },
+    #[error("moving listening socket {} onto {}: {source}", from.display(), path.display())]
+    Rename {
+        from: PathBuf,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("setting mode {mode:04o} on socket {}: {source}", path.display())]
     SetMode {
         path: PathBuf,
@@ -89,10 +95,12 @@ pub fn check_socket_path(path: &Path) -> Result<(), TransportError> {
 /// an earlier run; any other kind of file at `path` is an error, never deleted.
 /// Must be called inside a Tokio runtime (an error otherwise).
 ///
-/// The mode is set right after `bind`. Until then the socket has the mode the
-/// process umask gives; connecting needs write permission, which the usual
-/// umask 022 withholds from others, and servers that care also check the peer
-/// uid ([`incoming_with_peer_check`]).
+/// Clients (kubelet's plugin watcher, nri-plugin) poll for the socket file and
+/// connect as soon as it appears, so the file must not appear before it
+/// listens with its final mode: the socket is bound, listening and given its
+/// mode under a temporary name in the same directory, then renamed onto
+/// `path`, which atomically replaces a stale socket. Only when no temporary
+/// name fits the address limit is `path` bound directly.
 pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, TransportError> {
     check_socket_path(path)?;
     if tokio::runtime::Handle::try_current().is_err() {
@@ -106,22 +114,61 @@ pub fn bind_unix(path: &Path, mode: u32) -> Result<UnixListener, TransportError>
             source,
         })?;
     }
-    remove_stale_socket(path)?;
+    let Some(temporary) = temporary_socket_path(path) else {
+        remove_stale_socket(path)?;
+        return listen_with_mode(path, mode);
+    };
+    refuse_non_socket(path)?;
+    // Left by an earlier run with the same pid (pid 1 in a container).
+    remove_stale_socket(&temporary)?;
+    let listener = listen_with_mode(&temporary, mode)?;
+    if let Err(source) = std::fs::rename(&temporary, path) {
+        // Nobody can have connected by a name nobody knows: drop it.
+        let _ = std::fs::remove_file(&temporary);
+        return Err(TransportError::Rename {
+            from: temporary,
+            path: path.to_path_buf(),
+            source,
+        });
+    }
+    Ok(listener)
+}
+
+/// `.<name>.<pid>.tmp` beside `path`, or `.<pid>.tmp` if that is too long for
+/// a socket address; `None` if neither fits.
+fn temporary_socket_path(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let pid = std::process::id();
+    let mut long = std::ffi::OsString::from(".");
+    long.push(name);
+    long.push(format!(".{pid}.tmp"));
+    [long, format!(".{pid}.tmp").into()]
+        .into_iter()
+        .map(|candidate| path.with_file_name(candidate))
+        .find(|candidate| check_socket_path(candidate).is_ok())
+}
+
+/// `bind(2)` and `listen(2)` at `path`, then `chmod` to `mode`; on a failed
+/// `chmod` the socket file is removed again.
+fn listen_with_mode(path: &Path, mode: u32) -> Result<UnixListener, TransportError> {
     let listener = UnixListener::bind(path).map_err(|source| TransportError::Bind {
         path: path.to_path_buf(),
         source,
     })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
-        TransportError::SetMode {
+    if let Err(source) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)) {
+        drop(listener);
+        let _ = std::fs::remove_file(path);
+        return Err(TransportError::SetMode {
             path: path.to_path_buf(),
             mode,
             source,
-        }
-    })?;
+        });
+    }
     Ok(listener)
 }
 
-fn remove_stale_socket(path: &Path) -> Result<(), TransportError> {
+/// An error if something other than a socket is at `path`.
+fn refuse_non_socket(path: &Path) -> Result<(), TransportError> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(TransportError::Inspect {
@@ -131,13 +178,18 @@ fn remove_stale_socket(path: &Path) -> Result<(), TransportError> {
         Ok(meta) if !meta.file_type().is_socket() => Err(TransportError::NotASocket {
             path: path.to_path_buf(),
         }),
-        Ok(_) => match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(TransportError::RemoveStale {
-                path: path.to_path_buf(),
-                source: e,
-            }),
-            _ => Ok(()),
-        },
+        Ok(_) => Ok(()),
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> Result<(), TransportError> {
+    refuse_non_socket(path)?;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(TransportError::RemoveStale {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -314,6 +366,35 @@ pub fn connect_unix_lazy(path: &Path) -> Result<Channel, TransportError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn temporary_socket_names_sit_beside_the_socket_and_fit_the_address_limit() {
+        let pid = std::process::id();
+        let dir = "/run/dra";
+        let short = format!("{dir}/plugin.sock");
+        // Leaves room for `.<pid>.tmp` but not for `.<name>.<pid>.tmp`.
+        let long = format!(
+            "{dir}/{}",
+            "n".repeat(MAX_UNIX_SOCKET_PATH_BYTES - dir.len() - 10)
+        );
+        // A one-byte name in a directory that uses up the rest of the limit.
+        let full = format!("/{}/x", "d".repeat(MAX_UNIX_SOCKET_PATH_BYTES - 3));
+        let cases = [
+            (
+                short.as_str(),
+                Some(format!("{dir}/.plugin.sock.{pid}.tmp")),
+            ),
+            (long.as_str(), Some(format!("{dir}/.{pid}.tmp"))),
+            (full.as_str(), None),
+        ];
+        for (path, want) in cases {
+            let got = temporary_socket_path(Path::new(path));
+            assert_eq!(got, want.map(PathBuf::from), "{path}");
+            if let Some(got) = got {
+                assert!(check_socket_path(&got).is_ok(), "{}", got.display());
+            }
+        }
+    }
 
     fn peer(uid: u32) -> Result<PeerIdentity, String> {
         Ok(PeerIdentity {

@@ -198,6 +198,31 @@ async fn stale_socket_file_is_replaced_and_served() {
 }
 
 #[tokio::test]
+async fn the_socket_accepts_as_soon_as_it_appears_and_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ready.sock");
+    // A stale socket is replaced in place, never left missing.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let listener = bind_unix(&path, OWNER_ONLY_SOCKET_MODE).unwrap();
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["ready.sock"]);
+    let meta = std::fs::symlink_metadata(&path).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+    assert_eq!(meta.permissions().mode() & 0o7777, OWNER_ONLY_SOCKET_MODE);
+    // Already listening: the connection is queued before any accept.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut client = tokio::net::UnixStream::connect(&path).await.unwrap();
+    let (mut server_side, _) = listener.accept().await.unwrap();
+    client.write_all(b"ping").await.unwrap();
+    let mut received = [0u8; 4];
+    server_side.read_exact(&mut received).await.unwrap();
+    assert_eq!(&received, b"ping");
+}
+
+#[tokio::test]
 async fn a_regular_file_in_the_way_is_not_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("important.sock");
