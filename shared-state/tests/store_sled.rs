@@ -31,8 +31,28 @@ fn uids(records: &[ClaimAssignment]) -> Vec<&str> {
 }
 
 /// Write raw keys with sled itself, as a damaged or future store would hold.
+/// Open the database underneath the store, as an attacker or a damaged disk
+/// would see it. The lock of a just-dropped handle is released a few
+/// milliseconds late (its background threads still hold the file), so wait.
+fn raw_open(dir: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match sled::open(dir) {
+            Ok(db) => return db,
+            Err(err) if err.to_string().contains("could not acquire lock") => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "lock never released: {err}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(err) => panic!("raw open of {}: {err}", dir.display()),
+        }
+    }
+}
+
 fn write_raw(dir: &Path, entries: &[(&str, &[u8])]) {
-    let db = sled::open(dir).unwrap();
+    let db = raw_open(dir);
     for (key, value) in entries {
         db.insert(key.as_bytes(), *value).unwrap();
     }
@@ -189,7 +209,7 @@ fn schema_is_written_on_first_open() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     drop(SledStore::open(&dir).unwrap());
-    let db = sled::open(&dir).unwrap();
+    let db = raw_open(&dir);
     assert_eq!(
         db.get("meta/schema").unwrap().as_deref(),
         Some(SCHEMA_VERSION.to_string().as_bytes())
@@ -212,10 +232,14 @@ fn garbled_revision_is_refused_at_open() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("store");
     write_raw(&dir, &[("meta/schema", b"1"), ("meta/revision", b"twelve")]);
-    assert!(matches!(
-        SledStore::open(&dir),
-        Err(StoreError::Corrupt { detail, .. }) if detail.contains("twelve")
-    ));
+    let opened = SledStore::open(&dir);
+    assert!(
+        matches!(
+            &opened,
+            Err(StoreError::Corrupt { detail, .. }) if detail.contains("twelve")
+        ),
+        "{opened:?}"
+    );
 }
 
 #[test]
@@ -379,4 +403,27 @@ proptest! {
             prop_assert_eq!(reopened.get(uid).unwrap(), memory.get(uid).unwrap());
         }
     }
+}
+
+#[test]
+fn reopen_right_after_drop_waits_for_the_lock_release() {
+    // The lock outlives the handle by a few milliseconds; a store reopened
+    // after a fault must not fail on it. Several stores cycling at once keep
+    // sled's background threads busy, which widens that window.
+    let tmp = tempfile::tempdir().unwrap();
+    let cycles = 50u32;
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let dir = tmp.path().join(format!("store-{t}"));
+            scope.spawn(move || {
+                for i in 0..cycles {
+                    let store = SledStore::open(&dir)
+                        .unwrap_or_else(|e| panic!("store {t}, cycle {i}: {e}"));
+                    store.put(&record(&format!("c{i}"), "0")).unwrap();
+                }
+                let store = SledStore::open(&dir).unwrap();
+                assert_eq!(store.list().unwrap().len(), cycles as usize);
+            });
+        }
+    });
 }

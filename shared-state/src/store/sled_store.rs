@@ -22,6 +22,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// sled's wording when another open file description holds its lock
 /// (0.34.7, `Config::try_lock`).
@@ -63,12 +64,7 @@ impl SledStore {
                 path: dir.to_path_buf(),
                 source,
             })?;
-        let db = shielded(dir, "open", || {
-            sled::Config::new()
-                .path(dir)
-                .open()
-                .map_err(|source| open_error(dir, source))
-        })?;
+        let db = open_waiting_for_release(dir)?;
         let data_path = dir.join(SLED_DATA_FILE);
         let data_file = std::fs::File::open(&data_path).map_err(|source| StoreError::DataFile {
             path: data_path,
@@ -413,6 +409,40 @@ impl AssignmentStore for SledStore {
             self.flush()?;
             Ok(numbered)
         })
+    }
+}
+
+/// How long `open` waits for a lock that no other live process holds.
+const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(3);
+
+/// Open the sled database, waiting a bounded time for a lock that is
+/// being released.
+///
+/// sled drops its file lock only when its background threads let go of the
+/// data file, a few milliseconds after the last handle is dropped, so a
+/// reopen in the same process (a store reopened after a fault, every test)
+/// can find the lock still held by nobody. A lock held by another live
+/// process is refused at once, naming it: that is a second dra-plugin.
+fn open_waiting_for_release(dir: &Path) -> Result<sled::Db, StoreError> {
+    let deadline = Instant::now() + LOCK_RELEASE_WAIT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let attempt = shielded(dir, "open", || {
+            sled::Config::new()
+                .path(dir)
+                .open()
+                .map_err(|source| open_error(dir, source))
+        });
+        match attempt {
+            Err(StoreError::Locked { holder, .. })
+                if holder.is_none_or(|pid| pid == std::process::id())
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
     }
 }
 
