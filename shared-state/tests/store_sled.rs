@@ -30,7 +30,6 @@ fn uids(records: &[ClaimAssignment]) -> Vec<&str> {
     records.iter().map(|r| r.claim_uid.as_str()).collect()
 }
 
-/// Write raw keys with sled itself, as a damaged or future store would hold.
 /// Open the database underneath the store, as an attacker or a damaged disk
 /// would see it. The lock of a just-dropped handle is released a few
 /// milliseconds late (its background threads still hold the file), so wait.
@@ -51,6 +50,7 @@ fn raw_open(dir: &Path) -> sled::Db {
     }
 }
 
+/// Write raw keys with sled itself, as a damaged or future store would hold.
 fn write_raw(dir: &Path, entries: &[(&str, &[u8])]) {
     let db = raw_open(dir);
     for (key, value) in entries {

@@ -421,8 +421,9 @@ const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(3);
 /// sled drops its file lock only when its background threads let go of the
 /// data file, a few milliseconds after the last handle is dropped, so a
 /// reopen in the same process (a store reopened after a fault, every test)
-/// can find the lock still held by nobody. A lock held by another live
-/// process is refused at once, naming it: that is a second dra-plugin.
+/// can find the lock still held by nobody. A lock whose recorded holder is
+/// another live process is refused at once, naming it (a second
+/// dra-plugin); a holder that cannot be named is waited for, then refused.
 fn open_waiting_for_release(dir: &Path) -> Result<sled::Db, StoreError> {
     let deadline = Instant::now() + LOCK_RELEASE_WAIT;
     let mut pause = Duration::from_millis(2);
