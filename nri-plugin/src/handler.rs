@@ -280,6 +280,11 @@ impl NodeView {
         self.pool.plan_updates()
     }
 
+    /// Whether any update is waiting to be sent, without building them.
+    pub fn has_pending(&self) -> bool {
+        self.pool.has_pending()
+    }
+
     /// Containers left on a stale cpuset because the shared pool is empty.
     pub fn stranded(&self) -> Vec<String> {
         self.pool.stranded()
@@ -464,7 +469,7 @@ impl NodeView {
             let shares = info.cpu_shares.or(entry.cpu_shares);
             if let Err(err) = self
                 .pool
-                .admit(&info.id, &entry.pod_uid, &entry.name, &refs, shares)
+                .place(&info.id, &entry.pod_uid, &entry.name, &refs, shares)
             {
                 tracing::warn!(container = %info.id, error = %err, "keeping the container's placement");
             }
@@ -483,6 +488,8 @@ impl NodeView {
     /// updates that put every running container on its correct cpuset.
     /// Claims must already be resolved (see [`synchronize_containers`]);
     /// a container whose claims do not validate is placed as shared.
+    /// Every container is placed first and the updates are planned once at
+    /// the end, so the work grows linearly with the number of containers.
     pub fn synchronize(&mut self, containers: &[ContainerInfo]) -> SyncOutcome {
         let running: Vec<&ContainerInfo> = containers.iter().filter(|c| !c.stopped).collect();
         let keep: BTreeSet<&str> = running.iter().map(|c| c.id.as_str()).collect();
@@ -508,7 +515,8 @@ impl NodeView {
             let admitted = match refs {
                 Ok(refs) => self
                     .pool
-                    .admit(&info.id, &info.pod_uid, &info.name, &refs, info.cpu_shares)
+                    .place(&info.id, &info.pod_uid, &info.name, &refs, info.cpu_shares)
+                    .map(|_| ())
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
@@ -516,7 +524,7 @@ impl NodeView {
                 demoted.push((info.id.clone(), reason));
                 if let Err(err) =
                     self.pool
-                        .admit(&info.id, &info.pod_uid, &info.name, &[], info.cpu_shares)
+                        .place(&info.id, &info.pod_uid, &info.name, &[], info.cpu_shares)
                 {
                     // Shared pool empty: the container keeps what it has.
                     tracing::warn!(container = %info.id, error = %err, "cannot place container");

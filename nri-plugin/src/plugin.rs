@@ -88,7 +88,7 @@ impl Enforcer {
         m.containers
             .store(pool.containers().len() as u64, Ordering::Relaxed);
         m.view_revision.store(view.revision(), Ordering::Relaxed);
-        if view.pending_updates().is_empty() {
+        if !view.has_pending() {
             let before = m.applied_revision.swap(view.revision(), Ordering::Relaxed);
             if before != view.revision() {
                 self.applied_changed.notify_one();

@@ -14,8 +14,10 @@
 //! disappears.
 
 use std::borrow::Cow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Bound;
 
 use crate::assignment::ClaimAssignment;
 use crate::claim_env::{validate_claims, ClaimEnvError, ClaimRef};
@@ -178,6 +180,17 @@ pub struct Admission {
     pub superseded: Vec<String>,
 }
 
+/// A container placed without planning the other containers' updates (see
+/// [`PoolState::place`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The cpuset to give the container being placed.
+    pub cpuset: CpuSet,
+    pub kind: ContainerKind,
+    /// Earlier instances of the same container whose claims passed to it.
+    pub superseded: Vec<String>,
+}
+
 /// The node as nri-plugin sees it: CPUs, prepared claims and containers.
 /// Claims never overlap and lie inside the allocatable CPUs.
 #[derive(Debug, Clone, Default)]
@@ -261,6 +274,27 @@ impl PoolState {
         refs: &[ClaimRef],
         cpu_shares: Option<u64>,
     ) -> Result<Admission, PoolError> {
+        let placed = self.place(container_id, pod_uid, name, refs, cpu_shares)?;
+        Ok(Admission {
+            cpuset: placed.cpuset,
+            kind: placed.kind,
+            updates: self.plan_updates(),
+            superseded: placed.superseded,
+        })
+    }
+
+    /// [`PoolState::admit`] without planning the other containers' updates:
+    /// for callers that place many containers and then plan once (a
+    /// Synchronize), or plan by other means. The state afterwards is the same
+    /// as after `admit`; on error nothing changes.
+    pub fn place(
+        &mut self,
+        container_id: &str,
+        pod_uid: &str,
+        name: &str,
+        refs: &[ClaimRef],
+        cpu_shares: Option<u64>,
+    ) -> Result<Placement, PoolError> {
         let claim_cpus =
             validate_claims(refs, pod_uid, |uid| self.claims.get(uid)).map_err(|source| {
                 PoolError::Claim {
@@ -331,10 +365,9 @@ impl PoolState {
                 cpuset: cpuset.clone(),
             },
         );
-        Ok(Admission {
+        Ok(Placement {
             cpuset,
             kind,
-            updates: self.plan_updates(),
             superseded,
         })
     }
@@ -424,6 +457,16 @@ impl PoolState {
             .collect()
     }
 
+    /// Whether [`PoolState::plan_updates`] would return anything, without
+    /// building the updates.
+    pub fn has_pending(&self) -> bool {
+        let shared = self.shared();
+        self.containers.values().any(|entry| {
+            !Self::is_current(entry, &shared)
+                && Self::target(entry, &shared).is_some_and(|target| *target != entry.cpuset)
+        })
+    }
+
     /// Whether a container already has its correct cpuset, without building
     /// it: planning runs on every NRI event over every container, and the
     /// mixed union would otherwise be allocated for each mixed container.
@@ -462,9 +505,39 @@ impl PoolState {
     /// Record cpusets as applied to their containers (after they were sent to
     /// the runtime). Unknown container ids are ignored.
     pub fn mark_applied(&mut self, updates: &[Update]) {
+        let Some(((first, _), _)) = updates.split_first() else {
+            return;
+        };
+        let sorted = updates.windows(2).all(|w| w[0].0 < w[1].0);
+        // A plan's updates are sorted like the containers: one merge walk
+        // instead of a tree lookup per update, once there are enough of them.
+        if !sorted || updates.len() < MERGE_THRESHOLD {
+            for (id, cpus) in updates {
+                if let Some(entry) = self.containers.get_mut(id) {
+                    set_cpuset(entry, cpus);
+                }
+            }
+            return;
+        }
+        let mut entries = self
+            .containers
+            .range_mut::<str, _>((Bound::Included(first.as_str()), Bound::Unbounded));
+        let mut next = entries.next();
         for (id, cpus) in updates {
-            if let Some(entry) = self.containers.get_mut(id) {
-                entry.cpuset = cpus.clone();
+            while let Some((key, entry)) = next.as_mut() {
+                match key.as_str().cmp(id.as_str()) {
+                    Ordering::Less => next = entries.next(),
+                    Ordering::Equal => {
+                        set_cpuset(entry, cpus);
+                        next = entries.next();
+                        break;
+                    }
+                    // Unknown id: ignored.
+                    Ordering::Greater => break,
+                }
+            }
+            if next.is_none() {
+                return;
             }
         }
     }
@@ -524,6 +597,16 @@ impl PoolState {
                 overlap: self.exclusive.intersection(&assignment.cpus),
             },
         }
+    }
+}
+
+/// From this many updates on, [`PoolState::mark_applied`] walks the
+/// containers once instead of looking each update up.
+const MERGE_THRESHOLD: usize = 16;
+
+fn set_cpuset(entry: &mut ContainerEntry, cpus: &CpuSet) {
+    if entry.cpuset != *cpus {
+        entry.cpuset = cpus.clone();
     }
 }
 
@@ -1001,8 +1084,10 @@ mod tests {
                     prop_assert_ne!(&entry.cpuset, cpus, "only changed containers");
                     prop_assert!(!cpus.is_empty());
                 }
+                prop_assert_eq!(s.has_pending(), !applied.is_empty());
                 s.mark_applied(&applied);
                 prop_assert!(s.plan_updates().is_empty());
+                prop_assert!(!s.has_pending());
 
                 let mut exclusive_seen = CpuSet::new();
                 for (id, entry) in s.containers() {
@@ -1031,6 +1116,101 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    // ---- property tests: the fast paths equal straightforward references.
+
+    /// Marking by one lookup per update, as the reference for the merge walk.
+    fn mark_by_lookup(s: &mut PoolState, updates: &[Update]) {
+        for (id, cpus) in updates {
+            if let Some(entry) = s.containers.get_mut(id) {
+                entry.cpuset = cpus.clone();
+            }
+        }
+    }
+
+    fn cpusets(s: &PoolState) -> Vec<(String, CpuSet)> {
+        s.containers()
+            .iter()
+            .map(|(id, e)| (id.clone(), e.cpuset.clone()))
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn mark_applied_equals_one_lookup_per_update(
+            known in proptest::collection::btree_set(0u32..200, 0..60),
+            marks in proptest::collection::vec((0u32..220, 0u32..16), 0..80),
+            sort in any::<bool>(),
+        ) {
+            let mut s = PoolState::new((0..16).collect(), CpuSet::new(), false);
+            for k in &known {
+                s.place(&format!("k{k:03}"), "p", &format!("n{k}"), &[], None).expect("shared");
+            }
+            // Ids known and unknown, sorted or not, repeated when unsorted.
+            let mut updates: Vec<Update> = marks
+                .iter()
+                .map(|(k, cpu)| (format!("k{k:03}"), [*cpu].into_iter().collect()))
+                .collect();
+            if sort {
+                updates.sort_by(|a, b| a.0.cmp(&b.0));
+                updates.dedup_by(|a, b| a.0 == b.0);
+            }
+            let mut reference = s.clone();
+            mark_by_lookup(&mut reference, &updates);
+            s.mark_applied(&updates);
+            prop_assert_eq!(cpusets(&s), cpusets(&reference));
+        }
+
+        /// Placing containers one by one and planning once at the end gives
+        /// the state and the plan of admitting them one by one.
+        #[test]
+        fn placing_then_planning_once_equals_admitting_each(
+            mixed in any::<bool>(),
+            claims in proptest::collection::vec(proptest::collection::vec(1u32..CPUS, 1..4), 0..6),
+            containers in proptest::collection::vec(
+                (0usize..12, 0usize..3, proptest::collection::vec(0usize..6, 0..3),
+                 proptest::option::of(prop_oneof![Just(2u64), Just(3u64), Just(1024u64)]),
+                 proptest::collection::vec(0u32..CPUS, 0..4)),
+                0..30),
+        ) {
+            let pods = ["pod-0", "pod-1", "pod-2"];
+            let mut base = PoolState::new((0..CPUS).collect(), set("0"), mixed);
+            for (i, cpus) in claims.into_iter().enumerate() {
+                let mut a = claim(&claim_uid(i), "", pods[i % 3]);
+                a.cpus = cpus.into_iter().collect();
+                let _ = base.add_claim(a);
+            }
+            let mut admitted = base.clone();
+            let mut placed = base;
+            for (c, pod, claims, shares, reported) in containers {
+                let mut refs: Vec<ClaimRef> = Vec::new();
+                for i in claims {
+                    if let Some(cl) = admitted.claim(&claim_uid(i)) {
+                        let r = ClaimRef { claim_uid: cl.claim_uid.clone(), cpus: cl.cpus.clone() };
+                        if !refs.contains(&r) { refs.push(r); }
+                    }
+                }
+                let id = format!("k{c:02}");
+                let name = format!("n{c}");
+                let a = admitted.admit(&id, pods[pod], &name, &refs, shares);
+                let p = placed.place(&id, pods[pod], &name, &refs, shares);
+                match (a, p) {
+                    (Ok(a), Ok(p)) => {
+                        prop_assert_eq!((&a.cpuset, a.kind, &a.superseded), (&p.cpuset, p.kind, &p.superseded));
+                        // What a runtime reports for the container.
+                        let now: Update = (id.clone(), reported.into_iter().collect());
+                        admitted.mark_applied(std::slice::from_ref(&now));
+                        placed.mark_applied(std::slice::from_ref(&now));
+                    }
+                    (Err(a), Err(p)) => prop_assert_eq!(a, p),
+                    (a, p) => prop_assert!(false, "admit {:?} but place {:?}", a, p),
+                }
+            }
+            prop_assert_eq!(cpusets(&placed), cpusets(&admitted));
+            prop_assert_eq!(placed.plan_updates(), admitted.plan_updates());
+            prop_assert_eq!(placed.has_pending(), !admitted.plan_updates().is_empty());
         }
     }
 }
