@@ -1,7 +1,10 @@
 //! Prints the medians of a prepare and an unprepare on this machine, each
 //! with its real store commit (sled flush + fdatasync) and, for prepare, its
 //! CDI spec write (fsync of file and directory), next to the cost of one
-//! bare write+fsync of a small file in the same run and directory.
+//! bare write+fsync of a small file in the same run and directory. Then,
+//! over ROUNDS/10 rounds (at least 3), the median time of 32 prepares of
+//! different claims one after another and of 32 at once from 32 threads,
+//! whose changes share group commits, and their throughput ratio.
 //!
 //! `cargo run --release -p dra-plugin --example prepare_latency [ROUNDS] [DIR]`
 //! DIR defaults to a temporary directory; pass one on the disk of interest.
@@ -31,6 +34,10 @@ fn median(samples: &mut [Duration]) -> Duration {
 }
 
 fn claim(uid: &str) -> ResourceClaim {
+    claim_on(uid, "cpudevnuma000", 4)
+}
+
+fn claim_on(uid: &str, device: &str, cpus: u32) -> ResourceClaim {
     ResourceClaim {
         metadata: ObjectMeta {
             name: Some("bench".into()),
@@ -46,9 +53,9 @@ fn claim(uid: &str) -> ResourceClaim {
                         request: "cpus".into(),
                         driver: "dra.cpu".into(),
                         pool: "node-a".into(),
-                        device: "cpudevnuma000".into(),
+                        device: device.into(),
                         consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity("4".into()))].into(),
+                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
                         ),
                         ..Default::default()
                     }]),
@@ -131,5 +138,79 @@ fn main() -> anyhow::Result<()> {
     println!("prepare   median: {:?}", median(&mut prepares));
     println!("unprepare median: {:?}", median(&mut unprepares));
     println!("bare write+fsync median: {:?}", median(&mut fsyncs));
+
+    let burst_rounds = (rounds / 10).max(3);
+    let (mut sequential, mut concurrent) = (vec![], vec![]);
+    for round in 0..burst_rounds {
+        let burst: Vec<(ClaimRef, ResourceClaim)> = (0..BURST)
+            .map(|k| {
+                let uid = format!("{:08x}-{k:04x}-4000-8000-000000000000", rounds + round);
+                let reference = ClaimRef {
+                    namespace: "default".into(),
+                    name: format!("burst-{k}"),
+                    uid: uid.clone(),
+                };
+                // Spread over the four NUMA groups, one CPU each.
+                (
+                    reference,
+                    claim_on(&uid, &format!("cpudevnuma{:03}", k % 4), 1),
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        for (reference, object) in &burst {
+            driver.prepare(reference, object)?;
+        }
+        sequential.push(started.elapsed());
+        for (reference, _) in &burst {
+            driver.unprepare(reference)?;
+        }
+        let gate = std::sync::Barrier::new(BURST + 1);
+        let started = std::thread::scope(|scope| -> anyhow::Result<Instant> {
+            let workers: Vec<_> = burst
+                .iter()
+                .map(|(reference, object)| {
+                    let (driver, gate) = (&driver, &gate);
+                    scope.spawn(move || {
+                        gate.wait();
+                        driver.prepare(reference, object)
+                    })
+                })
+                .collect();
+            gate.wait();
+            let started = Instant::now();
+            for worker in workers {
+                worker
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a prepare thread panicked"))??;
+            }
+            Ok(started)
+        })?;
+        concurrent.push(started.elapsed());
+        let held: Vec<CpuSet> = burst
+            .iter()
+            .filter_map(|(reference, _)| driver.prepared(&reference.uid).map(|a| a.cpus))
+            .collect();
+        let union = held.iter().fold(CpuSet::new(), |acc, c| acc.union(c));
+        anyhow::ensure!(
+            held.len() == BURST && union.len() == BURST,
+            "concurrent prepares must hold {BURST} distinct CPUs, got {} claims on {union}",
+            held.len()
+        );
+        for (reference, _) in &burst {
+            driver.unprepare(reference)?;
+        }
+    }
+    let sequential = median(&mut sequential);
+    let concurrent = median(&mut concurrent);
+    println!("{BURST} sequential prepares median: {sequential:?} ({burst_rounds} rounds)");
+    println!("{BURST} concurrent prepares median: {concurrent:?} ({burst_rounds} rounds)");
+    println!(
+        "concurrent/sequential throughput: {:.1}x",
+        sequential.as_secs_f64() / concurrent.as_secs_f64().max(f64::MIN_POSITIVE)
+    );
     Ok(())
 }
+
+/// Prepares in one burst, as kubelet sends them for a node full of pods.
+const BURST: usize = 32;
