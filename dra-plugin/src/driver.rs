@@ -1,24 +1,30 @@
 //! The state of prepared claims on this node and the two operations that
 //! change it, prepare and unprepare.
 //!
-//! One mutex covers the whole decision: pick CPUs, commit to the store
-//! (fsynced), write the CDI spec, tell subscribers. Two prepares can
-//! therefore never pick the same CPU, and subscribers receive changes in
-//! exactly the order of their store revisions. The store is the source of
-//! truth; the in-memory map mirrors it so that a decision does not read the
-//! disk.
+//! Concurrent changes are group-committed. A prepare picks its CPUs under
+//! the state mutex against every committed claim and every claim still being
+//! committed, so two prepares never pick the same CPU; it then queues its
+//! store op and waits. Whichever waiter finds no commit running takes the
+//! whole queue and commits it in one store transaction and one fsync, each op
+//! with its own revision; then writes the CDI specs (each fsynced); then,
+//! under the mutex, applies the changes and tells subscribers in revision
+//! order; then wakes the waiters. Nobody is answered before their change is
+//! on disk, and a batch that fails fails each of its changes and leaves
+//! nothing behind. The store is the source of truth; the in-memory map
+//! mirrors it so that a decision does not read the disk.
 
 use crate::cdi::{device_id, CdiDir};
 use crate::metrics::Metrics;
 use crate::prepare::{parse_claim, resolve_cpus, ClaimRef, DeviceCatalog, PrepareError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
-use shared_state::store::{AssignmentStore, StoreError};
+use shared_state::store::{AssignmentStore, StoreError, StoreOp};
 use shared_state::topology::Topology;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
 
@@ -59,10 +65,55 @@ pub struct DriverOptions {
     pub mixed_allocation_mode: bool,
 }
 
+/// Most threads writing or removing the CDI specs of one batch at once:
+/// their fsyncs overlap instead of queueing one behind another.
+const CDI_WORKERS: usize = 16;
+
 #[derive(Debug)]
 struct State {
     claims: BTreeMap<String, ClaimAssignment>,
     revision: u64,
+    /// Claims with a change queued or being committed, with the CPUs a
+    /// queued prepare holds (empty for an unprepare, whose CPUs are still in
+    /// `claims`). A second change of such a claim waits for the first.
+    in_flight: BTreeMap<String, CpuSet>,
+    /// Changes waiting for the next group commit, in arrival order.
+    queue: Vec<Pending>,
+    /// A group commit is running outside the mutex.
+    committing: bool,
+    /// Answers of committed changes not yet collected by their caller.
+    outcomes: BTreeMap<u64, Result<(), PrepareError>>,
+    next_ticket: u64,
+}
+
+/// A change waiting for the group commit.
+#[derive(Debug)]
+struct Pending {
+    ticket: u64,
+    claim: ClaimRef,
+    change: Change,
+}
+
+#[derive(Debug)]
+enum Change {
+    Prepare(ClaimAssignment),
+    Unprepare,
+}
+
+/// What a group commit did to one change.
+#[derive(Debug)]
+enum Settled {
+    /// Committed at this revision, CDI spec written.
+    Prepared(u64),
+    /// Spec removed and record removed at this revision (`None`: the store
+    /// did not hold it).
+    Unprepared(Option<u64>),
+    /// Nothing of this change is left.
+    Failed(PrepareError),
+    /// The CDI spec failed and undoing the commit failed too: the record
+    /// stays (at this revision), so its CPUs are never given twice, and CDI
+    /// reconciliation at the next start rewrites the spec.
+    FailedButCommitted(u64, PrepareError),
 }
 
 /// Why the driver could not start.
@@ -113,6 +164,8 @@ pub struct Driver {
     store: Arc<dyn AssignmentStore>,
     cdi: CdiDir,
     state: Mutex<State>,
+    /// Signalled whenever a group commit ends.
+    settled: Condvar,
     events: broadcast::Sender<StateEvent>,
     metrics: Arc<Metrics>,
     store_fault: Arc<StoreFault>,
@@ -183,7 +236,16 @@ impl Driver {
             allocator: Allocator::new(topology),
             store,
             cdi,
-            state: Mutex::new(State { claims, revision }),
+            state: Mutex::new(State {
+                claims,
+                revision,
+                in_flight: BTreeMap::new(),
+                queue: Vec::new(),
+                committing: false,
+                outcomes: BTreeMap::new(),
+                next_ticket: 0,
+            }),
+            settled: Condvar::new(),
             events,
             metrics,
             store_fault: Arc::default(),
@@ -196,6 +258,19 @@ impl Driver {
         // Every mutation leaves `State` consistent before any call that could
         // panic, so a poisoned lock still guards valid data.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.settled.wait(state).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until no change of `claim_uid` is queued or being committed.
+    fn lock_idle(&self, claim_uid: &str) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        while state.in_flight.contains_key(claim_uid) {
+            state = self.wait(state);
+        }
+        state
     }
 
     fn update_gauges(&self, state: &State) {
@@ -245,6 +320,12 @@ impl Driver {
         self.lock().revision
     }
 
+    /// Changes waiting for the next group commit (not counting the one
+    /// running): how much a commit is lagging behind its callers.
+    pub fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
     /// The current state and a receiver of every change after it.
     pub fn subscribe(&self) -> (StateSnapshot, broadcast::Receiver<StateEvent>) {
         let state = self.lock();
@@ -272,6 +353,10 @@ impl Driver {
         // Held across the spec check so that a concurrent unprepare cannot
         // remove the claim between the check and a rewrite of its spec.
         let state = self.lock();
+        if state.in_flight.contains_key(&claim.uid) {
+            // Being unprepared (or prepared) right now: the full path waits.
+            return None;
+        }
         let assignment = state.claims.get(&claim.uid).cloned()?;
         let answer = self.ensure_cdi(claim, assignment);
         drop(state);
@@ -321,7 +406,7 @@ impl Driver {
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Prepared, PrepareError> {
-        let mut state = self.lock();
+        let mut state = self.lock_idle(&claim.uid);
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
             return self.ensure_cdi(claim, assignment);
         }
@@ -331,10 +416,12 @@ impl Driver {
             &self.options.driver_name,
             &self.options.node_name,
         )?;
+        // CPUs of claims still being committed are as taken as committed ones.
         let held: BTreeMap<String, CpuSet> = state
             .claims
             .iter()
             .map(|(uid, a)| (uid.clone(), a.cpus.clone()))
+            .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
             .collect();
         let cpus = resolve_cpus(
             claim,
@@ -353,53 +440,270 @@ impl Driver {
             cpus,
             prepared_at_unix_ms: now_unix_ms(),
         };
-        let put = self.store.put(&assignment);
-        self.store_fault.record(&put);
-        let revision = put.map_err(|e| PrepareError::Store {
-            claim: claim.to_string(),
-            reason: e.to_string(),
-        })?;
-        crash_point("after-store-commit");
-        if let Err(e) = self.cdi.write(&claim.uid, &assignment.cpus) {
-            // Undo the commit so a failed claim leaves nothing behind; if even
-            // that fails the record stays, and CDI reconciliation at the next
-            // start rewrites the spec, so the CPUs are never given twice.
-            let reason = e.to_string();
-            let undo = self.store.remove(&claim.uid);
-            self.store_fault.record(&undo);
-            match undo {
-                Ok(Some(undone)) => state.revision = undone,
-                Ok(None) => state.revision = revision,
-                Err(undo) => {
-                    tracing::error!(claim = %claim, error = %undo, "cannot undo the store commit of a claim whose CDI spec failed");
-                    state.revision = revision;
-                    state.claims.insert(claim.uid.clone(), assignment);
-                }
-            }
-            self.update_gauges(&state);
-            return Err(PrepareError::Cdi {
-                claim: claim.to_string(),
-                reason,
-            });
-        }
-        crash_point("after-cdi-write");
-        state.revision = revision;
-        state.claims.insert(claim.uid.clone(), assignment.clone());
-        self.update_gauges(&state);
-        // No receiver is not an error: nri-plugin may not be connected.
-        let _ = self.events.send(StateEvent::Prepared {
-            revision,
-            assignment: assignment.clone(),
-        });
-        drop(state);
+        state
+            .in_flight
+            .insert(claim.uid.clone(), assignment.cpus.clone());
+        self.submit(state, claim, Change::Prepare(assignment.clone()))?;
         tracing::info!(
-            claim = %claim, cpus = %assignment.cpus, pods = ?assignment.consumer_pods, revision,
+            claim = %claim, cpus = %assignment.cpus, pods = ?assignment.consumer_pods,
             "claim prepared"
         );
         Ok(Prepared {
             cdi_device_id: device_id(&claim.uid),
             assignment,
         })
+    }
+
+    /// Queue a change and return its answer once it is committed. The
+    /// caller has marked the claim in flight. Whoever finds the queue
+    /// non-empty and no commit running commits the whole queue.
+    fn submit<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        claim: &ClaimRef,
+        change: Change,
+    ) -> Result<(), PrepareError> {
+        let ticket = state.next_ticket;
+        state.next_ticket = state.next_ticket.wrapping_add(1);
+        state.queue.push(Pending {
+            ticket,
+            claim: claim.clone(),
+            change,
+        });
+        loop {
+            if let Some(outcome) = state.outcomes.remove(&ticket) {
+                return outcome;
+            }
+            if !state.committing && !state.queue.is_empty() {
+                state.committing = true;
+                let batch = std::mem::take(&mut state.queue);
+                drop(state);
+                let committed = catch_unwind(AssertUnwindSafe(|| self.commit_batch(&batch)));
+                state = self.lock();
+                match committed {
+                    Ok((settled, undone)) => self.apply_settled(&mut state, batch, settled, undone),
+                    Err(_) => self.recover_from_panic(&mut state, batch),
+                }
+                state.committing = false;
+                self.update_gauges(&state);
+                self.settled.notify_all();
+                continue;
+            }
+            state = self.wait(state);
+        }
+    }
+
+    /// The I/O of one group commit, without the state mutex. Returns what
+    /// happened to each change, in batch order, and the last revision of
+    /// undoing commits whose CDI spec failed.
+    fn commit_batch(&self, batch: &[Pending]) -> (Vec<Settled>, Option<u64>) {
+        let mut settled: Vec<Option<Settled>> = batch.iter().map(|_| None).collect();
+        // Unprepare removes the spec first: a claim whose record is gone
+        // must have no spec the runtime could still hand to a container.
+        let removals: Vec<usize> = (0..batch.len())
+            .filter(|&i| matches!(batch[i].change, Change::Unprepare))
+            .collect();
+        let removed = in_parallel(&removals, |&i| self.cdi.remove(&batch[i].claim.uid));
+        for (&i, result) in removals.iter().zip(removed) {
+            if let Err(e) = result {
+                settled[i] = Some(Settled::Failed(PrepareError::Cdi {
+                    claim: batch[i].claim.to_string(),
+                    reason: e.to_string(),
+                }));
+            }
+        }
+        let to_commit: Vec<usize> = (0..batch.len()).filter(|&i| settled[i].is_none()).collect();
+        let ops: Vec<StoreOp> = to_commit
+            .iter()
+            .map(|&i| match &batch[i].change {
+                Change::Prepare(assignment) => StoreOp::Put(assignment.clone()),
+                Change::Unprepare => StoreOp::Remove(batch[i].claim.uid.clone()),
+            })
+            .collect();
+        let applied = self.store.apply_numbered(&ops);
+        self.store_fault.record(&applied);
+        let revisions = match applied {
+            Ok(revisions) if revisions.len() == ops.len() => revisions,
+            Ok(revisions) => {
+                let reason = format!(
+                    "the store numbered {} of {} changes",
+                    revisions.len(),
+                    ops.len()
+                );
+                return (fail_rest(batch, settled, &reason), None);
+            }
+            Err(e) => return (fail_rest(batch, settled, &e.to_string()), None),
+        };
+        let has_prepares = ops.iter().any(|op| matches!(op, StoreOp::Put(_)));
+        if has_prepares {
+            crash_point("after-store-commit");
+        }
+        let writes: Vec<(usize, &ClaimAssignment, Option<u64>)> = to_commit
+            .iter()
+            .zip(&revisions)
+            .filter_map(|(&i, &revision)| match &batch[i].change {
+                Change::Prepare(assignment) => Some((i, assignment, revision)),
+                Change::Unprepare => {
+                    settled[i] = Some(Settled::Unprepared(revision));
+                    None
+                }
+            })
+            .collect();
+        let written = in_parallel(&writes, |(_, a, _)| self.cdi.write(&a.claim_uid, &a.cpus));
+        let mut failed_writes = Vec::new();
+        for ((i, _, revision), result) in writes.iter().zip(written) {
+            // A put always changes the store, so it always has a revision.
+            let revision = revision.unwrap_or_default();
+            match result {
+                Ok(()) => settled[*i] = Some(Settled::Prepared(revision)),
+                Err(e) => failed_writes.push((*i, revision, e.to_string())),
+            }
+        }
+        if has_prepares && failed_writes.len() < writes.len() {
+            crash_point("after-cdi-write");
+        }
+        let mut undone = None;
+        if !failed_writes.is_empty() {
+            // Undo the commits so a failed claim leaves nothing behind.
+            let undo: Vec<StoreOp> = failed_writes
+                .iter()
+                .map(|(i, _, _)| StoreOp::Remove(batch[*i].claim.uid.clone()))
+                .collect();
+            let undo_result = self.store.apply_numbered(&undo);
+            self.store_fault.record(&undo_result);
+            if let Ok(revisions) = &undo_result {
+                undone = revisions.iter().flatten().max().copied();
+            }
+            for (i, revision, reason) in failed_writes {
+                let error = PrepareError::Cdi {
+                    claim: batch[i].claim.to_string(),
+                    reason,
+                };
+                settled[i] = Some(match &undo_result {
+                    Ok(_) => Settled::Failed(error),
+                    Err(undo) => {
+                        tracing::error!(claim = %batch[i].claim, error = %undo, "cannot undo the store commit of a claim whose CDI spec failed");
+                        Settled::FailedButCommitted(revision, error)
+                    }
+                });
+            }
+        }
+        let settled = settled
+            .into_iter()
+            .map(|s| {
+                s.unwrap_or_else(|| {
+                    Settled::Failed(PrepareError::Store {
+                        claim: String::new(),
+                        reason: "change left unsettled by its group commit".into(),
+                    })
+                })
+            })
+            .collect();
+        (settled, undone)
+    }
+
+    /// Apply a group commit's results to the state, telling subscribers in
+    /// revision order, and leave each caller its answer.
+    fn apply_settled(
+        &self,
+        state: &mut State,
+        batch: Vec<Pending>,
+        settled: Vec<Settled>,
+        undone: Option<u64>,
+    ) {
+        for (pending, settled) in batch.into_iter().zip(settled) {
+            let Pending {
+                ticket,
+                claim,
+                change,
+            } = pending;
+            state.in_flight.remove(&claim.uid);
+            let committed = |state: &mut State, revision: u64, change: Change| {
+                state.revision = state.revision.max(revision);
+                if let Change::Prepare(assignment) = change {
+                    state
+                        .claims
+                        .insert(assignment.claim_uid.clone(), assignment.clone());
+                    // No receiver is not an error: nri-plugin may not be connected.
+                    let _ = self.events.send(StateEvent::Prepared {
+                        revision,
+                        assignment,
+                    });
+                }
+            };
+            let outcome = match settled {
+                Settled::Prepared(revision) => {
+                    committed(state, revision, change);
+                    Ok(())
+                }
+                Settled::FailedButCommitted(revision, error) => {
+                    committed(state, revision, change);
+                    Err(error)
+                }
+                Settled::Unprepared(revision) => {
+                    let released = state.claims.remove(&claim.uid);
+                    if let Some(revision) = revision {
+                        state.revision = state.revision.max(revision);
+                        let _ = self.events.send(StateEvent::Unprepared {
+                            revision,
+                            claim_uid: claim.uid.clone(),
+                        });
+                    }
+                    tracing::info!(
+                        claim = %claim,
+                        cpus = %released.map(|a| a.cpus).unwrap_or_default(),
+                        revision = revision.unwrap_or(state.revision),
+                        "claim unprepared"
+                    );
+                    Ok(())
+                }
+                Settled::Failed(error) => Err(match error {
+                    PrepareError::Store { claim: c, reason } if c.is_empty() => {
+                        PrepareError::Store {
+                            claim: claim.to_string(),
+                            reason,
+                        }
+                    }
+                    other => other,
+                }),
+            };
+            state.outcomes.insert(ticket, outcome);
+        }
+        if let Some(undone) = undone {
+            state.revision = state.revision.max(undone);
+        }
+    }
+
+    /// A group commit panicked part way: its changes may or may not have
+    /// landed. Fail them all and re-read the store, the source of truth, so
+    /// that no CPU it holds can be picked again.
+    fn recover_from_panic(&self, state: &mut State, batch: Vec<Pending>) {
+        tracing::error!(
+            changes = batch.len(),
+            "a group commit panicked; re-reading the store"
+        );
+        match (self.store.list(), self.store.revision()) {
+            (Ok(claims), Ok(revision)) => {
+                state.claims = claims
+                    .into_iter()
+                    .map(|a| (a.claim_uid.clone(), a))
+                    .collect();
+                state.revision = state.revision.max(revision);
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot re-read the store after a failed group commit");
+            }
+        }
+        for pending in batch {
+            state.in_flight.remove(&pending.claim.uid);
+            state.outcomes.insert(
+                pending.ticket,
+                Err(PrepareError::Store {
+                    claim: pending.claim.to_string(),
+                    reason: "the commit of this change failed unexpectedly; retry".into(),
+                }),
+            );
+        }
     }
 
     /// Unprepare a claim: remove its CDI spec, release its CPUs, notify.
@@ -416,49 +720,32 @@ impl Driver {
     }
 
     fn unprepare_inner(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
-        let mut state = self.lock();
-        let cdi_error = |e: crate::cdi::CdiError| PrepareError::Cdi {
-            claim: claim.to_string(),
-            reason: e.to_string(),
-        };
+        let mut state = self.lock_idle(&claim.uid);
         if !state.claims.contains_key(&claim.uid) {
             // Also clears a spec left by a crash between its removal steps.
             return match self.cdi.remove(&claim.uid) {
                 Ok(()) => Ok(()),
                 // A UID we could never have written a spec for: nothing to do.
                 Err(crate::cdi::CdiError::BadClaimUid(_)) => Ok(()),
-                Err(e) => Err(cdi_error(e)),
+                Err(e) => Err(PrepareError::Cdi {
+                    claim: claim.to_string(),
+                    reason: e.to_string(),
+                }),
             };
         }
-        self.cdi.remove(&claim.uid).map_err(cdi_error)?;
-        let removed = self.store.remove(&claim.uid);
-        self.store_fault.record(&removed);
-        let removed = removed.map_err(|e| PrepareError::Store {
-            claim: claim.to_string(),
-            reason: e.to_string(),
-        })?;
-        let revision = removed.unwrap_or(state.revision);
-        state.revision = revision;
-        let released = state.claims.remove(&claim.uid);
-        self.update_gauges(&state);
-        let _ = self.events.send(StateEvent::Unprepared {
-            revision,
-            claim_uid: claim.uid.clone(),
-        });
-        drop(state);
-        tracing::info!(
-            claim = %claim,
-            cpus = %released.map(|a| a.cpus).unwrap_or_default(),
-            revision,
-            "claim unprepared"
-        );
-        Ok(())
+        state.in_flight.insert(claim.uid.clone(), CpuSet::new());
+        self.submit(state, claim, Change::Unprepare)
     }
 
     /// Rewrite missing or stale CDI specs of stored claims and remove specs
     /// of ours whose claim is not stored.
     pub fn reconcile_cdi(&self) -> Result<crate::cdi::CdiPlan, crate::cdi::CdiError> {
-        let state = self.lock();
+        // No change in flight, so the specs being written or removed by a
+        // group commit are not mistaken for stale or orphaned ones.
+        let mut state = self.lock();
+        while !state.in_flight.is_empty() {
+            state = self.wait(state);
+        }
         let stored: Vec<(String, CpuSet)> = state
             .claims
             .values()
@@ -466,4 +753,45 @@ impl Driver {
             .collect();
         self.cdi.reconcile(&stored)
     }
+}
+
+/// The batch failed in the store: every change not already settled fails
+/// with `reason`, and nothing of it was committed.
+fn fail_rest(batch: &[Pending], settled: Vec<Option<Settled>>, reason: &str) -> Vec<Settled> {
+    batch
+        .iter()
+        .zip(settled)
+        .map(|(pending, s)| {
+            s.unwrap_or_else(|| {
+                Settled::Failed(PrepareError::Store {
+                    claim: pending.claim.to_string(),
+                    reason: reason.to_string(),
+                })
+            })
+        })
+        .collect()
+}
+
+/// `f` over `items` on up to [`CDI_WORKERS`] threads, results in order. A
+/// panic in a worker is re-raised here.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(items.len().min(CDI_WORKERS));
+    let f = &f;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| {
+                worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
