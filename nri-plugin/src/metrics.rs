@@ -12,12 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use dra_cpu_proto::http::{self, Method, Reply, StatusCode, PROMETHEUS_TEXT, TEXT};
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
 /// in microseconds; a claim lookup may take up to half a second.
@@ -213,25 +208,12 @@ impl Metrics {
 }
 
 /// The answer to one request: status, content type, body.
-pub fn respond(
-    method: &Method,
-    path: &str,
-    metrics: &Metrics,
-) -> (StatusCode, &'static str, String) {
-    const TEXT: &str = "text/plain; charset=utf-8";
-    if method != Method::GET && method != Method::HEAD {
-        return (
-            StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            "only GET and HEAD\n".into(),
-        );
+pub fn respond(method: &Method, path: &str, metrics: &Metrics) -> Reply {
+    if let Some(refused) = http::refuse_method(method) {
+        return refused;
     }
     match path {
-        "/metrics" => (
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
-        ),
+        "/metrics" => (StatusCode::OK, PROMETHEUS_TEXT, metrics.render()),
         "/healthz" => (StatusCode::OK, TEXT, "ok\n".into()),
         "/readyz" if metrics.nri_registered.load(Ordering::Relaxed) => (
             StatusCode::OK,
@@ -243,7 +225,7 @@ pub fn respond(
             TEXT,
             "not registered with the NRI runtime\n".into(),
         ),
-        _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+        _ => http::not_found(),
     }
 }
 
@@ -253,36 +235,12 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(address = %listener.local_addr().unwrap_or(addr), "metrics and health endpoints listening");
-    Ok(tokio::spawn(async move {
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                () = &mut shutdown => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else { continue };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let (status, content_type, body) =
-                        respond(request.method(), request.uri().path(), &metrics);
-                    let mut response = Response::new(Full::new(Bytes::from(body)));
-                    *response.status_mut() = status;
-                    response.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static(content_type),
-                    );
-                    async move { Ok::<_, std::convert::Infallible>(response) }
-                });
-                // A client hanging up early is its business.
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    }))
+    http::serve(
+        addr,
+        move |method, path| respond(method, path, &metrics),
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]
