@@ -9,7 +9,11 @@
 //! (4, 5)).
 
 use anyhow::Context;
-use dra_cpu_tests::perf::{self, dra::DraBench, Goal, Row};
+use dra_cpu_tests::perf::{
+    self,
+    dra::{CdiPlacement, DraBench},
+    Goal, Row,
+};
 use std::time::Instant;
 
 struct Counts {
@@ -52,6 +56,15 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
         eprintln!("nri-plugin did not start: {e:#}");
     }
     rows.extend(perf::dra::footprint_rows(&mut bench, c.restarts).await?);
+    drop(bench);
+    // The same prepare with the CDI specs on the store's disk: what a node
+    // whose --cdi-dir is not on a tmpfs pays.
+    let mut on_disk = DraBench::with_cdi(CdiPlacement::Disk)?;
+    on_disk
+        .start()
+        .await
+        .context("starting dra-plugin (CDI on disk)")?;
+    rows.insert(1, perf::dra::prepare_floor_row(&mut on_disk, c.fast).await?);
     Ok(rows)
 }
 
