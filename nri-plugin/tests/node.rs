@@ -11,10 +11,12 @@ use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{
     metric_value, Node, NodeError, NodeOptions, PodIdentity, PreparedClaim, NAMESPACE,
 };
+use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use shared_state::CpuSet;
 use std::time::Duration;
 
-/// Starts a node, or `None` (test skipped) where containerd is missing.
+/// Starts a node, or `None` (test skipped) where containerd is missing;
+/// in CI a missing containerd fails the test.
 async fn node(mixed: bool) -> Option<Node> {
     // The binary under test, whatever target directory cargo uses.
     std::env::set_var("NRI_PLUGIN_BIN", env!("CARGO_BIN_EXE_nri-plugin"));
@@ -24,8 +26,8 @@ async fn node(mixed: bool) -> Option<Node> {
     };
     match Node::start(options).await {
         Ok(node) => Some(node),
-        Err(NodeError::Containerd(ContainerdError::NotInstalled { path })) => {
-            eprintln!("skipping: {} is not installed", path.display());
+        Err(NodeError::Containerd(e @ ContainerdError::NotInstalled { .. })) => {
+            skip_or_fail_in_ci(e);
             None
         }
         Err(e) => panic!("starting the node: {e}"),

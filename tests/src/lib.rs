@@ -9,3 +9,4 @@ pub mod image;
 pub mod kubelet_dra;
 pub mod node;
 pub mod perf;
+pub mod skip;

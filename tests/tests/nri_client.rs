@@ -16,6 +16,7 @@ use dra_cpu_proto::nri::{ContainerCreation, EventMask, NriPlugin, PluginError};
 use dra_cpu_tests::cgroup::{container_cpus, container_env};
 use dra_cpu_tests::containerd::{Containerd, ContainerdError, ContainerdOptions};
 use dra_cpu_tests::cri::{ContainerSpec, CriClient};
+use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use pin_plugin::{
     PinByAnnotation, Seen, ALSO_UPDATE_ANNOTATION, CPUSET_ANNOTATION, FAIL_ANNOTATION,
     PANIC_ANNOTATION,
@@ -120,11 +121,8 @@ fn cpus(list: &str) -> CpuSet {
 async fn example_plugin_against_real_containerd() {
     let mut containerd = match Containerd::start(ContainerdOptions::default()).await {
         Ok(c) => c,
-        Err(ContainerdError::NotInstalled { path }) => {
-            eprintln!(
-                "skipping: {} is not installed (scripts/install-deps.sh)",
-                path.display()
-            );
+        Err(e @ ContainerdError::NotInstalled { .. }) => {
+            skip_or_fail_in_ci(e);
             return;
         }
         Err(e) => panic!("starting containerd: {e}"),
