@@ -1,6 +1,6 @@
 //! Prints the medians of a prepare and an unprepare on this machine, each
 //! with its real store commit (sled flush + fdatasync) and, for prepare, its
-//! CDI spec write (fsync of file and directory), next to the cost of one
+//! CDI spec write (fsync of the file, then rename), next to the cost of one
 //! bare write+fsync of a small file in the same run and directory. Then,
 //! over ROUNDS/10 rounds (at least 3), the median time of 32 prepares of
 //! different claims one after another and of 32 at once from 32 threads,

@@ -4,9 +4,15 @@
 //! here names one device, `dra.k8s.io/cpu=claim-<uid>`, whose only edit is
 //! the `DRA_CPUSET_<uid>=<cpulist>` environment variable nri-plugin pins the
 //! container by. A spec is written to a temporary file in the same
-//! directory, fsynced and renamed over the final name, then the directory is
-//! fsynced, so the runtime never reads half a spec and a crash never leaves a
-//! renamed but empty one.
+//! directory, fsynced and renamed over the final name, so the runtime never
+//! reads half a spec and a crash never leaves a renamed but empty one.
+//!
+//! The directory itself is not fsynced after each rename or removal: the
+//! store is the durable record, and only a power loss or kernel crash can
+//! lose a directory entry. The node then reboots, and dra-plugin reconciles
+//! this directory with the store (rewriting lost specs, removing resurrected
+//! ones, then fsyncing the directory once) before it registers with kubelet,
+//! so no claim container can be created from a lost or stale entry.
 
 use shared_state::claim_env::{cdi_env_var, is_claim_uid};
 use shared_state::CpuSet;
@@ -102,7 +108,8 @@ impl CdiDir {
         }
     }
 
-    /// Write (or replace) a claim's spec atomically and durably.
+    /// Write (or replace) a claim's spec atomically: its content is on disk
+    /// before its name appears (see the module doc for the directory entry).
     pub fn write(&self, claim_uid: &str, cpus: &CpuSet) -> Result<(), CdiError> {
         if !is_claim_uid(claim_uid) {
             return Err(CdiError::BadClaimUid(claim_uid.to_string()));
@@ -123,8 +130,7 @@ impl CdiDir {
             file.write_all(&body)
                 .map_err(self.io(&temp_path, "write"))?;
             file.sync_all().map_err(self.io(&temp_path, "fsync"))?;
-            std::fs::rename(&temp_path, &final_path).map_err(self.io(&final_path, "rename"))?;
-            self.sync_dir()
+            std::fs::rename(&temp_path, &final_path).map_err(self.io(&final_path, "rename"))
         })();
         if result.is_err() {
             // Best effort: a leftover temp file is ignored by the runtime and
@@ -142,7 +148,7 @@ impl CdiDir {
         }
         let path = self.spec_path(claim_uid);
         match std::fs::remove_file(&path) {
-            Ok(()) => self.sync_dir(),
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(self.io(&path, "remove")(e)),
         }
@@ -231,6 +237,10 @@ impl CdiDir {
         }
         for uid in &plan.remove {
             self.remove(uid)?;
+        }
+        if !plan.write.is_empty() || !plan.remove.is_empty() {
+            // Make the reconciled directory entries durable once.
+            self.sync_dir()?;
         }
         Ok(plan)
     }
