@@ -18,6 +18,10 @@ use nri_plugin::plugin::creation_reply;
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::{ClaimAssignment, CpuSet};
 
+// The allocator the nri-plugin binary ships with.
+#[global_allocator]
+static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+
 const CLAIM_CPUS: u32 = 4;
 
 fn uid(i: u32) -> String {

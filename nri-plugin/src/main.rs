@@ -17,6 +17,9 @@ use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
 use nri_plugin::subscription::{self, CoordinationResolver};
 use shared_state::topology::Topology;
 
+#[global_allocator]
+static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "nri-plugin",

@@ -16,6 +16,11 @@ use dra_cpu_tests::perf::{
 };
 use std::time::Instant;
 
+// Rows 3 and 7c run nri-plugin's handler in this process: give it the
+// allocator the nri-plugin binary ships with.
+#[global_allocator]
+static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+
 struct Counts {
     fast: usize,
     slow: usize,
