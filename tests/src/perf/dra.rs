@@ -186,7 +186,10 @@ impl Drop for DraBench {
         stop_child(&mut self.child);
         if let Some(dir) = self.cdi_mount.take() {
             if let Err(e) = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH) {
-                eprintln!("cannot unmount the benchmark's tmpfs {}: {e}", dir.display());
+                eprintln!(
+                    "cannot unmount the benchmark's tmpfs {}: {e}",
+                    dir.display()
+                );
             }
         }
     }
