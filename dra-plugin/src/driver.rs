@@ -180,8 +180,12 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-/// Env var naming a point of the prepare path where the process aborts, for
-/// crash-recovery tests: `after-store-commit` or `after-cdi-write`. Read once.
+/// Env var naming a point where the process aborts, for crash-recovery
+/// tests. On the prepare path: `after-store-commit` (committed, no CDI spec
+/// yet) or `after-cdi-write` (spec written, caller not yet answered). On the
+/// unprepare path: `unprepare-after-cdi-remove` (spec removed, record still
+/// stored) or `unprepare-after-store-commit` (record removed, caller not yet
+/// answered). Read once.
 pub const CRASH_AT_ENV: &str = "DRA_CPU_CRASH_AT";
 
 /// Abort here if [`CRASH_AT_ENV`] names `point`: lets a test stop the daemon
@@ -512,6 +516,9 @@ impl Driver {
                 }));
             }
         }
+        if removals.iter().any(|&i| settled[i].is_none()) {
+            crash_point("unprepare-after-cdi-remove");
+        }
         let to_commit: Vec<usize> = (0..batch.len()).filter(|&i| settled[i].is_none()).collect();
         let ops: Vec<StoreOp> = to_commit
             .iter()
@@ -537,6 +544,9 @@ impl Driver {
         let has_prepares = ops.iter().any(|op| matches!(op, StoreOp::Put(_)));
         if has_prepares {
             crash_point("after-store-commit");
+        }
+        if ops.iter().any(|op| matches!(op, StoreOp::Remove(_))) {
+            crash_point("unprepare-after-store-commit");
         }
         let writes: Vec<(usize, &ClaimAssignment, Option<u64>)> = to_commit
             .iter()

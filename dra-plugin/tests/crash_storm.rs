@@ -531,6 +531,104 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
     assert!(figures.acknowledged_prepares > 0, "{figures:?}");
 }
 
+/// Aborts at the named points of the unprepare path: after the CDI spec is
+/// removed but before the store commit, and after the commit but before
+/// the answer. After each restart the store opens and the CDI directory is
+/// exactly the store; repeating the unprepare converges, and the whole
+/// NUMA node the claim held can be given to a new claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprepare_aborts_at_named_points_recover_and_free_the_cpus() {
+    let node = Node::new(DeviceMode::Grouped);
+    let numa0 = node.topology.cpus_in_numa(node.topology.numa_nodes()[0]);
+    let whole = numa0.len().to_string();
+    // A neighbour that stays prepared throughout, on another NUMA node.
+    let neighbour = node.claim("neighbour", &[("cpudevnuma001", Some("2"))], &pod_uid(100));
+    let mut figures = Figures::default();
+    let mut daemon = spawn(&node, None).await;
+    let neighbour_cpus = prepare_one(&daemon.kubelet, &node, &neighbour)
+        .await
+        .expect("neighbour prepared");
+    for point in ["unprepare-after-cdi-remove", "unprepare-after-store-commit"] {
+        for round in 0..NAMED_ROUNDS {
+            let when = format!("after abort {round} at {point}");
+            // Each round's claim takes the whole of NUMA node 0, so the next
+            // one fits only if the aborted unprepare freed every CPU of it.
+            let victim = node.claim(
+                &format!("whole-{point}-{round}"),
+                &[("cpudevnuma000", Some(whole.as_str()))],
+                &pod_uid(round as u32),
+            );
+            let claims = vec![neighbour.clone(), victim.clone()];
+            let victim_cpus = prepare_one(&daemon.kubelet, &node, &victim)
+                .await
+                .unwrap_or_else(|| panic!("{when}: prepare of the whole NUMA node 0"));
+            assert_eq!(victim_cpus, numa0, "{when}: the victim holds NUMA node 0");
+            let _ = daemon.child.start_kill();
+            let _ = wait_exit(&mut daemon).await;
+
+            daemon = spawn(&node, Some(point)).await;
+            assert_eq!(
+                unprepare_one(&daemon.kubelet, &victim).await,
+                None,
+                "an unprepare through {point} must not be acknowledged"
+            );
+            let status = wait_exit(&mut daemon).await;
+            assert_eq!(status.signal(), Some(libc::SIGABRT), "{point}: {status:?}");
+            figures.named_aborts += 1;
+
+            daemon = spawn(&node, None).await;
+            figures.restarts += 1;
+            let report = snapshot(&node).await;
+            let kept = report.claims.iter().any(|c| c.uid == victim.uid);
+            match point {
+                // The record was still stored: the start rewrote its spec.
+                "unprepare-after-cdi-remove" => assert!(kept, "{when}: record lost"),
+                // The removal was committed: it stays removed.
+                _ => assert!(!kept, "{when}: a committed removal came back"),
+            }
+            let mut known = vec![
+                Known::Prepared(neighbour_cpus.clone()),
+                Known::UnprepareInFlight,
+            ];
+            check_state(&node, &claims, &known, &report, &when);
+            converge(&daemon, &node, &claims, &mut known, &report, &mut figures).await;
+            let report = snapshot(&node).await;
+            check_state(
+                &node,
+                &claims,
+                &known,
+                &report,
+                &format!("{when}, converged"),
+            );
+            assert!(
+                !report.claims.iter().any(|c| c.uid == victim.uid),
+                "{when}: the claim is still stored after the repeated unprepare"
+            );
+            let shared = CpuSet::parse_cpulist(&report.shared).expect("shared cpulist");
+            assert!(
+                numa0.is_subset(&shared),
+                "{when}: NUMA node 0 {numa0} not back in the shared pool {shared}"
+            );
+        }
+    }
+    // The last victim's CPUs go to a new claim.
+    let next = node.claim(
+        "next",
+        &[("cpudevnuma000", Some(whole.as_str()))],
+        &pod_uid(200),
+    );
+    assert_eq!(
+        prepare_one(&daemon.kubelet, &node, &next).await,
+        Some(numa0.clone()),
+        "a new claim gets the freed NUMA node"
+    );
+    let _ = daemon.child.start_kill();
+    let _ = wait_exit(&mut daemon).await;
+    eprintln!("unprepare aborts: {figures:?}");
+    assert_eq!(figures.named_aborts, 2 * NAMED_ROUNDS);
+    assert_eq!(figures.interrupted_calls, 2 * NAMED_ROUNDS);
+}
+
 /// A small tmpfs mounted for one test, unmounted when dropped.
 struct SmallFs {
     path: std::path::PathBuf,

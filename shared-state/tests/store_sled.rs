@@ -294,11 +294,19 @@ fn undecodable_record_is_named_not_skipped() {
 #[test]
 fn damaged_files_give_errors_not_panics() {
     type Damage = fn(&Path);
-    let damages: [(&str, Damage); 5] = [
+    let damages: [(&str, Damage); 7] = [
         ("db truncated to zero", |d| truncate(&d.join("db"), 0)),
         ("db truncated mid-file", |d| {
             let len = std::fs::metadata(d.join("db")).unwrap().len();
             truncate(&d.join("db"), len / 2)
+        }),
+        ("db truncated at a quarter", |d| {
+            let len = std::fs::metadata(d.join("db")).unwrap().len();
+            truncate(&d.join("db"), len / 4)
+        }),
+        ("db torn in its last write", |d| {
+            let len = std::fs::metadata(d.join("db")).unwrap().len();
+            truncate(&d.join("db"), len - 40)
         }),
         ("db overwritten with garbage", |d| {
             let len = std::fs::metadata(d.join("db")).unwrap().len() as usize;
@@ -322,33 +330,52 @@ fn damaged_files_give_errors_not_panics() {
         let must_refuse = name.starts_with("db truncated to zero") || name.contains("garbage");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
+        let written: Vec<ClaimAssignment> = (0..50)
+            .map(|i| record(&format!("claim-{i:03}"), "0-1"))
+            .collect();
         {
             let store = SledStore::open(&dir).unwrap();
-            for i in 0..50 {
-                store.put(&record(&format!("claim-{i:03}"), "0-1")).unwrap();
+            for assignment in &written {
+                store.put(assignment).unwrap();
             }
         }
         damage(&dir);
-        match SledStore::open(&dir) {
+        let as_found = store_files(&dir);
+        // Opening and listing is what a restarting dra-plugin does; either
+        // step may refuse, but neither may hand back fewer claims than were
+        // written: a forgotten claim's CPUs would be given out twice.
+        let outcome = SledStore::open(&dir).and_then(|store| {
+            let records = store.list()?;
+            let revision = store.revision()?;
+            Ok((store, records, revision))
+        });
+        match outcome {
             Err(err) => {
                 let text = err.to_string();
                 assert!(
                     text.contains(&dir.display().to_string()),
                     "{name}: error names the store: {text}"
                 );
-                eprintln!("{name}: {text}");
+                eprintln!("{name}: refused: {text}");
+                assert_eq!(
+                    store_files(&dir),
+                    as_found,
+                    "{name}: a refused store is left as found"
+                );
             }
             Ok(_) if must_refuse => panic!("{name}: a wiped data file opened as an empty store"),
-            Ok(store) => {
-                // sled recovered what it could; the store must still be
-                // consistent and usable.
-                let listing = store.list_lenient().unwrap();
-                let revision = store.revision().unwrap();
+            Ok((store, records, revision)) => {
                 eprintln!(
-                    "{name}: recovered {} records at revision {revision}",
-                    listing.records.len()
+                    "{name}: opened with {} records at revision {revision}",
+                    records.len()
                 );
-                assert!(listing.records.len() as u64 <= revision, "{name}");
+                assert_eq!(
+                    uids(&records),
+                    uids(&written),
+                    "{name}: opened with records missing and no error"
+                );
+                assert_eq!(records, written, "{name}: records changed");
+                assert_eq!(revision, written.len() as u64, "{name}: revision");
                 assert!(
                     store.put(&record("after", "0")).unwrap() > revision,
                     "{name}"
@@ -356,6 +383,25 @@ fn damaged_files_give_errors_not_panics() {
             }
         }
     }
+}
+
+/// Every file of the store directory and its contents, sorted by path.
+fn store_files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.push((path, bytes));
+            }
+        }
+    }
+    files.sort();
+    files
 }
 
 fn truncate(path: &Path, len: u64) {

@@ -37,6 +37,10 @@ pub const OWNER_PID_FILE: &str = "owner.pid";
 /// lets us tell that apart from a new store instead of silently forgetting
 /// every prepared claim.
 pub const INITIALIZED_FILE: &str = "initialized";
+/// File in the store directory holding the revision of the last commit
+/// known durable, outside the database: a data file cut back to an older
+/// revision is refused instead of opening without the later claims.
+pub const COMMITTED_FILE: &str = "committed-revision";
 
 /// The key under which a claim's record is stored.
 pub fn claim_key(claim_uid: &str) -> String {
@@ -118,6 +122,12 @@ pub enum StoreError {
     },
     #[error("cannot write store marker {path}: {source}")]
     Marker {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write store revision record {path}: {source}")]
+    CommittedRevision {
         path: PathBuf,
         #[source]
         source: std::io::Error,

@@ -9,16 +9,31 @@
 //! kill -9 and power loss. sled holds an exclusive lock on its data
 //! file for as long as the store is open; `owner.pid` next to it lets a
 //! refused opener say who holds it.
+//!
+//! sled recovers a damaged log as its longest valid prefix: a data file
+//! cut short opens as an older, self-consistent store, with no error and
+//! with the claims committed after the cut silently gone. A counter kept
+//! inside sled is cut with it, so the revision of the last durable commit
+//! is also written to `committed-revision` beside the data file; `open`
+//! refuses a store whose data holds an older revision than that file
+//! records, naming the revisions that are missing.
+//!
+//! sled rewrites parts of its files while opening them (it grows the log to
+//! a whole segment, zeroes a torn tail), even when it then turns out to be
+//! damaged. So an existing store is first opened on a copy, under a lock on
+//! its data file; only a copy that opens cleanly lets the store itself be
+//! opened, and a refused store is left byte for byte as found.
 
 use super::{
     claim_key, decode_record, number_ops, parse_counter, validate_ops, AssignmentStore, BadRecord,
-    LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, INITIALIZED_FILE, OWNER_PID_FILE,
-    REVISION_KEY, SCHEMA_KEY, SCHEMA_VERSION,
+    LenientListing, StoreError, StoreOp, CLAIM_KEY_PREFIX, COMMITTED_FILE, INITIALIZED_FILE,
+    OWNER_PID_FILE, REVISION_KEY, SCHEMA_KEY, SCHEMA_VERSION,
 };
 use crate::assignment::ClaimAssignment;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -31,6 +46,10 @@ const SLED_LOCK_MESSAGE: &str = "could not acquire lock";
 /// sled's log file inside the store directory (0.34.7, `Config::db_path`).
 const SLED_DATA_FILE: &str = "db";
 
+/// Digits in [`COMMITTED_FILE`]: every value has the same length, so an
+/// update is one overwrite of one sector, never a size change.
+const COMMITTED_WIDTH: usize = 20;
+
 /// A claim record encoded for writing: key and, for puts, the JSON value.
 type EncodedOp = (String, Option<Vec<u8>>);
 
@@ -42,6 +61,8 @@ pub struct SledStore {
     /// (which sled uses) belongs to sled's own descriptor, so this one
     /// neither takes nor releases the lock.
     data_file: std::fs::File,
+    /// [`COMMITTED_FILE`], overwritten in place after every durable commit.
+    committed: std::fs::File,
     /// Serializes writers: one commit-and-fsync at a time keeps the
     /// revision bump and the "did anything change" answer exact.
     writer: Mutex<()>,
@@ -64,24 +85,42 @@ impl SledStore {
                 path: dir.to_path_buf(),
                 source,
             })?;
+        check_on_copy(dir)?;
+        SledStore::open_in_place(dir)
+    }
+
+    fn open_in_place(dir: &Path) -> Result<SledStore, StoreError> {
         let db = open_waiting_for_release(dir)?;
         let data_path = dir.join(SLED_DATA_FILE);
         let data_file = std::fs::File::open(&data_path).map_err(|source| StoreError::DataFile {
             path: data_path,
             source,
         })?;
+        let revision = read_revision(&db, dir)?;
+        let committed = open_committed(dir, revision)?;
         let store = SledStore {
             db,
             data_file,
+            committed,
             dir: dir.to_path_buf(),
             writer: Mutex::new(()),
         };
         store.check_schema()?;
-        // Refuse to open a store whose counter cannot be read, rather than
-        // fail at the first prepare.
-        store.revision()?;
         store.write_owner_pid()?;
         Ok(store)
+    }
+
+    /// Record that every commit up to `revision` is durable. Written after
+    /// the data file's fdatasync and not synced itself: the value on disk
+    /// may lag the data (a later open then raises it) but never lead it,
+    /// and a fixed-width overwrite inside one sector is never torn.
+    fn record_committed(&self, revision: u64) -> Result<(), StoreError> {
+        self.committed
+            .write_all_at(committed_text(revision).as_bytes(), 0)
+            .map_err(|source| StoreError::CommittedRevision {
+                path: self.dir.join(COMMITTED_FILE),
+                source,
+            })
     }
 
     /// The directory this store lives in.
@@ -366,26 +405,13 @@ impl AssignmentStore for SledStore {
             // attempt committed but failed to flush must not be acknowledged
             // before the removal is durable.
             self.flush()?;
+            self.record_committed(revision)?;
             Ok(changed.then_some(revision))
         })
     }
 
     fn revision(&self) -> Result<u64, StoreError> {
-        self.shielded("read revision", || {
-            match self
-                .db
-                .get(REVISION_KEY)
-                .map_err(|e| self.backend("read revision", e))?
-            {
-                None => Ok(0),
-                Some(raw) => parse_counter(&raw).ok_or_else(|| {
-                    self.corrupt(format!(
-                        "key {REVISION_KEY} holds {:?}, not a revision",
-                        String::from_utf8_lossy(&raw)
-                    ))
-                }),
-            }
-        })
+        read_revision(&self.db, &self.dir)
     }
 
     fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
@@ -394,6 +420,7 @@ impl AssignmentStore for SledStore {
         self.shielded("apply", || {
             let (revision, _changed) = self.commit(&encoded)?;
             self.flush()?;
+            self.record_committed(revision)?;
             Ok(revision)
         })
     }
@@ -407,9 +434,224 @@ impl AssignmentStore for SledStore {
             // a commit that landed but failed to flush must not be
             // acknowledged before it is durable.
             self.flush()?;
+            if let Some(last) = numbered.iter().flatten().last() {
+                self.record_committed(*last)?;
+            }
             Ok(numbered)
         })
     }
+}
+
+/// Subdirectory of the store in which `open` checks a copy of it.
+const CHECK_DIR: &str = "open-check";
+
+/// Open a copy of the store in `dir`, if it holds one, and relay any
+/// refusal naming `dir`. The check is skipped, leaving the open in place
+/// to answer, when the data file is locked by another opener or the copy
+/// cannot be made (a full disk).
+fn check_on_copy(dir: &Path) -> Result<(), StoreError> {
+    let Some(_lock) = lock_data_file(dir) else {
+        return Ok(());
+    };
+    let check = dir.join(CHECK_DIR);
+    let _ = std::fs::remove_dir_all(&check);
+    let result = match copy_store(dir, &check) {
+        Ok(()) => SledStore::open_in_place(&check).map(drop),
+        Err(_) => Ok(()),
+    };
+    let _ = std::fs::remove_dir_all(&check);
+    result.map_err(|e| relocate(e, &check, dir))
+}
+
+/// An exclusive flock on the store's data file (which sled's own lock
+/// conflicts with), or `None` if there is no data file or another live
+/// process holds it; a lock held by nobody is waited for, as in
+/// [`open_waiting_for_release`].
+fn lock_data_file(dir: &Path) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(dir.join(SLED_DATA_FILE)).ok()?;
+    let deadline = Instant::now() + LOCK_RELEASE_WAIT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Some(file);
+        }
+        let holder = read_holder(dir);
+        if holder.is_some_and(|pid| pid != std::process::id()) || Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// Copy the files of the store in `dir` (and its `blobs` directory) into a
+/// new directory `to`.
+fn copy_store(dir: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().mode(0o700).create(to)?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == CHECK_DIR || name == OWNER_PID_FILE {
+            continue;
+        }
+        let kind = entry.file_type()?;
+        if kind.is_file() {
+            std::fs::copy(entry.path(), to.join(&name))?;
+        } else if kind.is_dir() {
+            copy_store(&entry.path(), &to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+/// `err` as raised on the copy in `from`, naming the store in `to`.
+fn relocate(err: StoreError, from: &Path, to: &Path) -> StoreError {
+    let path = |p: PathBuf| match p.strip_prefix(from) {
+        Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
+        Ok(rest) => to.join(rest),
+        Err(_) => p,
+    };
+    let (from_text, to_text) = (from.display().to_string(), to.display().to_string());
+    match err {
+        StoreError::Corrupt { path: p, detail } => StoreError::Corrupt {
+            path: path(p),
+            detail: detail.replace(&from_text, &to_text),
+        },
+        StoreError::NewerSchema {
+            path: p,
+            found,
+            supported,
+        } => StoreError::NewerSchema {
+            path: path(p),
+            found,
+            supported,
+        },
+        StoreError::Backend {
+            path: p,
+            operation,
+            source,
+        } => StoreError::Backend {
+            path: path(p),
+            operation,
+            source,
+        },
+        StoreError::DataFile { path: p, source } => StoreError::DataFile {
+            path: path(p),
+            source,
+        },
+        StoreError::Marker { path: p, source } => StoreError::Marker {
+            path: path(p),
+            source,
+        },
+        StoreError::OwnerPid { path: p, source } => StoreError::OwnerPid {
+            path: path(p),
+            source,
+        },
+        StoreError::CommittedRevision { path: p, source } => StoreError::CommittedRevision {
+            path: path(p),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// The revision counter held in `db`; 0 for a store never written.
+fn read_revision(db: &sled::Db, dir: &Path) -> Result<u64, StoreError> {
+    shielded(dir, "read revision", || {
+        match db.get(REVISION_KEY).map_err(|source| StoreError::Backend {
+            path: dir.to_path_buf(),
+            operation: "read revision",
+            source,
+        })? {
+            None => Ok(0),
+            Some(raw) => parse_counter(&raw).ok_or_else(|| StoreError::Corrupt {
+                path: dir.to_path_buf(),
+                detail: format!(
+                    "key {REVISION_KEY} holds {:?}, not a revision",
+                    String::from_utf8_lossy(&raw)
+                ),
+            }),
+        }
+    })
+}
+
+fn committed_text(revision: u64) -> String {
+    format!("{revision:0width$}\n", width = COMMITTED_WIDTH)
+}
+
+/// Open [`COMMITTED_FILE`] and check it against the data's `revision`.
+///
+/// Refuses, changing nothing, if the file records a later revision than
+/// the data holds (commits were lost) or cannot be read as a revision. A
+/// missing file (a store written before it existed, or a crash before its
+/// first sync) is created; one that lags the data is raised to it.
+fn open_committed(dir: &Path, revision: u64) -> Result<std::fs::File, StoreError> {
+    let path = dir.join(COMMITTED_FILE);
+    let io_error = |source| StoreError::CommittedRevision {
+        path: path.clone(),
+        source,
+    };
+    let recorded = match std::fs::read(&path) {
+        // Created but never synced before a crash: nothing was recorded.
+        Ok(bytes) if bytes.iter().all(|&b| b == 0) => None,
+        Ok(bytes) => Some(parse_committed(&bytes).ok_or_else(|| StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "{} holds {:?}, not a revision; the store is left as found",
+                path.display(),
+                String::from_utf8_lossy(&bytes[..bytes.len().min(64)])
+            ),
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_error(e)),
+    };
+    if let Some(recorded) = recorded {
+        if recorded > revision {
+            return Err(StoreError::Corrupt {
+                path: dir.to_path_buf(),
+                detail: format!(
+                    "its data holds revision {revision} but {} records that revision {recorded} \
+                     was committed: the commits of revisions {} to {recorded} are missing \
+                     (data file truncated, rolled back or replaced), and with them claims \
+                     kubelet believes prepared; the store is left as found",
+                    path.display(),
+                    revision + 1,
+                ),
+            });
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_error)?;
+    if recorded != Some(revision) {
+        file.write_all_at(committed_text(revision).as_bytes(), 0)
+            .map_err(io_error)?;
+        if recorded.is_none() {
+            // Synced once, with its directory entry, so that its size is
+            // durable before any later in-place overwrite relies on it.
+            file.sync_all().map_err(io_error)?;
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_error)?;
+        }
+    }
+    Ok(file)
+}
+
+/// The revision in [`COMMITTED_FILE`]'s contents.
+fn parse_committed(bytes: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let digits = text.strip_suffix('\n')?;
+    if digits.len() != COMMITTED_WIDTH || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// How long `open` waits for a lock that no other live process holds.
@@ -566,6 +808,102 @@ mod tests {
             reopened.list().unwrap(),
             vec![record("a", "0"), record("b", "1")]
         );
+    }
+
+    fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.is_file())
+            .map(|path| {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read(&path).unwrap_or_default())
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn store_rolled_back_to_older_files_is_refused_and_left_as_found() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let old = tmp.path().join("old");
+        let store = SledStore::open(&dir).unwrap();
+        store.put(&record("a", "0")).unwrap();
+        store.put(&record("b", "1")).unwrap();
+        drop(store);
+        // An older copy of the data (a restored backup, a cut log) ...
+        std::fs::create_dir(&old).unwrap();
+        for (name, bytes) in files(&dir) {
+            std::fs::write(old.join(name), bytes).unwrap();
+        }
+        let store = SledStore::open(&dir).unwrap();
+        store.put(&record("c", "2")).unwrap();
+        assert_eq!(store.remove("a").unwrap(), Some(4));
+        drop(store);
+        let committed = std::fs::read_to_string(dir.join(COMMITTED_FILE)).unwrap();
+        assert_eq!(committed, format!("{:020}\n", 4));
+        // ... put back under the newer record of what was committed.
+        for (name, bytes) in files(&old) {
+            if name != COMMITTED_FILE {
+                std::fs::write(dir.join(name), bytes).unwrap();
+            }
+        }
+        let before = files(&dir);
+        let err = SledStore::open(&dir).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{text}");
+        assert!(text.contains(&dir.display().to_string()), "{text}");
+        assert!(
+            text.contains("holds revision 2") && text.contains("revisions 3 to 4 are missing"),
+            "{text}"
+        );
+        assert_eq!(files(&dir), before, "a refused store is left as found");
+    }
+
+    #[test]
+    fn committed_file_created_for_older_stores_and_raised_when_behind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("store");
+        let store = SledStore::open(&dir).unwrap();
+        store.put(&record("a", "0")).unwrap();
+        store.put(&record("b", "1")).unwrap();
+        drop(store);
+        let path = dir.join(COMMITTED_FILE);
+        // A store written before the file existed opens and gains it.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(SledStore::open(&dir).unwrap().revision().unwrap(), 2);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), committed_text(2));
+        // A record that lags the data (not yet written back at a power
+        // loss), or one created but never written, is raised to it.
+        for lagging in [committed_text(1).into_bytes(), vec![0; 21], vec![]] {
+            std::fs::write(&path, lagging).unwrap();
+            let store = SledStore::open(&dir).unwrap();
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), committed_text(2));
+            drop(store);
+        }
+        // One that is not a revision is refused, naming the file.
+        std::fs::write(&path, b"fifty\n").unwrap();
+        let text = SledStore::open(&dir).unwrap_err().to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"fifty\n");
+    }
+
+    #[test]
+    fn parse_committed_takes_only_the_fixed_width_form() {
+        assert_eq!(parse_committed(committed_text(0).as_bytes()), Some(0));
+        assert_eq!(
+            parse_committed(committed_text(u64::MAX).as_bytes()),
+            Some(u64::MAX)
+        );
+        for bad in [
+            &b"7\n"[..],
+            b"00000000000000000007",
+            b"-0000000000000000007\n",
+        ] {
+            assert_eq!(parse_committed(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

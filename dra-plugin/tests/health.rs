@@ -1,0 +1,141 @@
+//! `v1.DRAResourceHealth` on the DRA socket, as kubelet calls it: one
+//! answer listing every device of this node's pool as healthy, a stream
+//! that then stays open (kubelet reads a closed stream as the plugin going
+//! away), and that ends when the daemon stops rather than holding it up.
+
+mod common;
+
+use common::{pod_uid, Node, NODE, WAIT};
+use dra_cpu_proto::kubelet::health_v1;
+use dra_cpu_proto::transport::connect_unix;
+use dra_cpu_tests::kubelet_dra::DraVersion;
+use dra_plugin::config::DeviceMode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}
+
+async fn watch(node: &Node) -> tonic::Streaming<health_v1::NodeWatchResourcesResponse> {
+    let channel = connect_unix(&node.config.dra_socket())
+        .await
+        .expect("connect to the DRA socket");
+    health_v1::dra_resource_health_client::DraResourceHealthClient::new(channel)
+        .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+        .await
+        .expect("NodeWatchResources")
+        .into_inner()
+}
+
+/// The first answer of a fresh watch, within [`WAIT`].
+async fn first_answer(
+    node: &Node,
+) -> (
+    Vec<health_v1::DeviceHealth>,
+    tonic::Streaming<health_v1::NodeWatchResourcesResponse>,
+) {
+    let mut stream = watch(node).await;
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("an answer in time")
+        .expect("a healthy stream")
+        .expect("a first message");
+    (first.devices, stream)
+}
+
+fn assert_all_healthy(devices: &[health_v1::DeviceHealth], since: i64, when: &str) {
+    for d in devices {
+        let id = d.device.as_ref().expect("device identifier");
+        assert_eq!(id.pool_name, NODE, "{when}: pool of {}", id.device_name);
+        assert_eq!(
+            d.health,
+            health_v1::HealthStatus::Healthy as i32,
+            "{when}: {} not healthy",
+            id.device_name
+        );
+        assert!(
+            (since..=unix_now()).contains(&d.last_updated_time),
+            "{when}: {} updated at {}, not during the call",
+            id.device_name,
+            d.last_updated_time
+        );
+        assert_eq!(d.health_check_timeout_seconds, 0, "{when}: default timeout");
+        assert_eq!(d.message, "", "{when}");
+    }
+}
+
+fn names(devices: &[health_v1::DeviceHealth]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|d| d.device.as_ref().expect("id").device_name.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_reports_every_device_healthy_and_ends_at_shutdown() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let since = unix_now();
+    let (devices, mut stream) = first_answer(&node).await;
+    assert_eq!(
+        names(&devices),
+        [
+            "cpudevnuma000",
+            "cpudevnuma001",
+            "cpudevnuma002",
+            "cpudevnuma003"
+        ]
+    );
+    assert_all_healthy(&devices, since, "idle node");
+
+    // A device with a prepared claim is still listed, still healthy.
+    let claim = node.claim("web", &[("cpudevnuma002", Some("4"))], &pod_uid(1));
+    let answers = running
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .expect("prepare");
+    assert_eq!(answers[&claim.uid].error, "");
+    let since = unix_now();
+    let (again, mut second) = first_answer(&node).await;
+    assert_eq!(names(&again), names(&devices));
+    assert_all_healthy(&again, since, "with a prepared claim");
+
+    // Nothing more is sent, and the stream stays open.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stream.message())
+            .await
+            .is_err(),
+        "the watch sent a second message or closed"
+    );
+
+    // Stopping the daemon is not held up by open watches, and ends them.
+    tokio::time::timeout(WAIT, running.stop())
+        .await
+        .expect("the daemon stops with two watches open")
+        .expect("clean stop");
+    for stream in [&mut stream, &mut second] {
+        let end = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .expect("the watch ends with the daemon");
+        assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_lists_each_cpu_in_individual_mode() {
+    let node = Node::new(DeviceMode::Individual);
+    let running = node.start(DraVersion::V1).await;
+    let since = unix_now();
+    let (devices, _stream) = first_answer(&node).await;
+    let listed = names(&devices);
+    let unique: std::collections::BTreeSet<&String> = listed.iter().collect();
+    assert_eq!(unique.len(), listed.len(), "a device listed twice");
+    // No CPUs are reserved in this fixture: one device per online CPU.
+    assert_eq!(listed.len(), node.topology.online().len());
+    assert_all_healthy(&devices, since, "individual mode");
+    running.stop().await.expect("clean stop");
+}
