@@ -105,6 +105,9 @@ impl Drop for GoReference {
     }
 }
 
+/// Container starts of each variant per round of rows 4 and 4b.
+const PER_ROUND: usize = 4;
+
 /// Row 4 (ours against no plugin) and 4b (ours against the Go reference),
 /// all three interleaved round by round.
 async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>> {
@@ -112,13 +115,27 @@ async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>
     create_start(node, 0).await?;
     let go = go_reference_bin();
     let (mut ours, mut none, mut reference) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..samples {
-        ours.push(create_start(node, 3 * i + 1).await?);
+    // Several starts per variant each round: a round restarts the plugins,
+    // which costs far more than a start, and container starts on two shared
+    // cores spread widely, so the medians need many samples to settle.
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        n
+    };
+    for _ in 0..samples {
+        for _ in 0..PER_ROUND {
+            ours.push(create_start(node, next()).await?);
+        }
         node.kill_nri_plugin();
-        none.push(create_start(node, 3 * i + 2).await?);
+        for _ in 0..PER_ROUND {
+            none.push(create_start(node, next()).await?);
+        }
         if let Some(bin) = &go {
             let mut plugin = GoReference::start(bin, node)?;
-            reference.push(create_start(node, 3 * i + 3).await?);
+            for _ in 0..PER_ROUND {
+                reference.push(create_start(node, next()).await?);
+            }
             plugin.stop();
         }
         node.start_nri_plugin().await?;
