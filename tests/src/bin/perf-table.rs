@@ -57,6 +57,7 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
         perf::dra::prepare_floor_row(&mut bench, c.fast).await?,
         perf::dra::concurrency_row(&mut bench, c.rounds).await?,
     ];
+    rows.extend(perf::dra::prepare_parts_rows(&mut bench, c.fast).await?);
     if let Err(e) = &nri {
         eprintln!("nri-plugin did not start: {e:#}");
     }
@@ -69,7 +70,7 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
         .start()
         .await
         .context("starting dra-plugin (CDI on disk)")?;
-    rows.insert(1, perf::dra::prepare_floor_row(&mut on_disk, c.fast).await?);
+    rows.push(perf::dra::prepare_floor_row(&mut on_disk, c.fast).await?);
     Ok(rows)
 }
 

@@ -539,6 +539,52 @@ pub async fn prepare_floor_row(bench: &mut DraBench, samples: usize) -> anyhow::
     ))
 }
 
+/// Rows 1c and 1d: the parts of row 1 that are not the store commit. 1c is
+/// NodePrepareResources of a claim already prepared (the same gRPC call and
+/// store lookup, with no API read and no commit); 1d is the GET of the
+/// ResourceClaim that a first prepare makes, timed from this process with the
+/// same kube client against the same fake API server.
+pub async fn prepare_parts_rows(bench: &mut DraBench, samples: usize) -> anyhow::Result<Vec<Row>> {
+    let client = bench.api.client().await?;
+    let (mut repeats, mut reads) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        let claim = bench.new_claim(2)?;
+        bench.prepare(&claim).await?;
+        let started = Instant::now();
+        bench.prepare(&claim).await?;
+        repeats.push(started.elapsed());
+        let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+            kube::Api::namespaced(client.clone(), &claim.namespace);
+        let started = Instant::now();
+        api.get(&claim.name).await?;
+        reads.push(started.elapsed());
+        bench.unprepare(std::slice::from_ref(&claim)).await?;
+    }
+    let (Some(r), Some(g)) = (summarize(&repeats), summarize(&reads)) else {
+        bail!("no samples");
+    };
+    Ok(vec![
+        Row::timed(
+            "1c",
+            "part of row 1: NodePrepareResources of a prepared claim (gRPC + store lookup; no API read, no commit)",
+            Goal::None,
+            &r,
+            None,
+            r.median,
+            true,
+        ),
+        Row::timed(
+            "1d",
+            "part of row 1: GET of the ResourceClaim (kube client, fake API server on loopback)",
+            Goal::None,
+            &g,
+            None,
+            g.median,
+            true,
+        ),
+    ])
+}
+
 /// Row 2: 32 prepares of different claims at once against 32 one after
 /// another; the ratio is sequential time / concurrent time (throughput).
 pub async fn concurrency_row(bench: &mut DraBench, rounds: usize) -> anyhow::Result<Row> {
