@@ -10,7 +10,7 @@
 
 use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
-use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1};
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -286,7 +286,8 @@ dra_plugin_service!(
     DraV1beta1, dra_v1beta1 {}
 );
 
-/// `v1.DRAResourceHealth`: CPUs do not fail on their own in a way this
+/// `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` (kubelets of
+/// 1.34 call the alpha one): CPUs do not fail on their own in a way this
 /// driver can observe, so every published device is reported healthy once,
 /// and the stream then stays open (kubelet treats a closed stream as a
 /// plugin going away).
@@ -301,24 +302,10 @@ impl Health {
     pub fn new(driver: Arc<Driver>, stopping: tokio::sync::watch::Receiver<bool>) -> Health {
         Health { driver, stopping }
     }
-}
 
-type HealthStream = Pin<
-    Box<
-        dyn futures::Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>>
-            + Send
-            + 'static,
-    >,
->;
-
-#[tonic::async_trait]
-impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
-    type NodeWatchResourcesStream = HealthStream;
-
-    async fn node_watch_resources(
-        &self,
-        _request: Request<health_v1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+    /// The node's pool, every published device in it, and the time now in
+    /// Unix seconds: the first and only report of a watch.
+    fn report(&self) -> (String, Vec<String>, i64) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
@@ -328,10 +315,38 @@ impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
             .driver
             .catalog()
             .devices()
-            .map(|(name, _)| health_v1::DeviceHealth {
+            .map(|(name, _)| name.to_string())
+            .collect();
+        (pool, devices, now)
+    }
+
+    /// A stream of `first`, then nothing until the daemon stops.
+    fn held_open<T: Send + 'static>(&self, first: T) -> HealthStream<T> {
+        let first = futures::stream::once(async move { Ok(first) });
+        Box::pin(futures::StreamExt::take_until(
+            futures::StreamExt::chain(first, futures::stream::pending()),
+            crate::coordination_server::stopped(self.stopping.clone()),
+        ))
+    }
+}
+
+type HealthStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
+    type NodeWatchResourcesStream = HealthStream<health_v1::NodeWatchResourcesResponse>;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let (pool, names, now) = self.report();
+        let devices = names
+            .into_iter()
+            .map(|device_name| health_v1::DeviceHealth {
                 device: Some(health_v1::DeviceIdentifier {
                     pool_name: pool.clone(),
-                    device_name: name.to_string(),
+                    device_name,
                 }),
                 health: health_v1::HealthStatus::Healthy as i32,
                 last_updated_time: now,
@@ -339,14 +354,34 @@ impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
                 message: String::new(),
             })
             .collect();
-        let first =
-            futures::stream::once(
-                async move { Ok(health_v1::NodeWatchResourcesResponse { devices }) },
-            );
-        let stream = futures::StreamExt::take_until(
-            futures::StreamExt::chain(first, futures::stream::pending()),
-            crate::coordination_server::stopped(self.stopping.clone()),
-        );
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(self.held_open(
+            health_v1::NodeWatchResourcesResponse { devices },
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl health_v1alpha1::dra_resource_health_server::DraResourceHealth for Health {
+    type NodeWatchResourcesStream = HealthStream<health_v1alpha1::NodeWatchResourcesResponse>;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health_v1alpha1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let (pool, names, now) = self.report();
+        let devices = names
+            .into_iter()
+            .map(|device_name| health_v1alpha1::DeviceHealth {
+                device: Some(health_v1alpha1::DeviceIdentifier {
+                    pool_name: pool.clone(),
+                    device_name,
+                }),
+                health: health_v1alpha1::HealthStatus::Healthy as i32,
+                last_updated_time: now,
+            })
+            .collect();
+        Ok(Response::new(self.held_open(
+            health_v1alpha1::NodeWatchResourcesResponse { devices },
+        )))
     }
 }

@@ -21,7 +21,7 @@ use crate::registration::{Registrar, RegistrationState};
 use crate::slices::{devices_for, DeviceOptions};
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
-use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, registration};
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use dra_cpu_proto::transport::{
     bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
@@ -186,6 +186,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     // Kubelet runs as root; nobody else has business on this socket.
     let listener =
         bind_unix(&dra_socket, OWNER_ONLY_SOCKET_MODE).context("binding the DRA socket")?;
+    // Device health, in both versions kubelets call.
+    let device_health = Arc::new(crate::dra_service::Health::new(
+        driver.clone(),
+        stop_rx.clone(),
+    ));
     let dra = tokio::spawn(
         Server::builder()
             .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(
@@ -195,8 +200,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 DraV1beta1(service),
             ))
             .add_service(
-                health_v1::dra_resource_health_server::DraResourceHealthServer::new(
-                    crate::dra_service::Health::new(driver.clone(), stop_rx.clone()),
+                health_v1::dra_resource_health_server::DraResourceHealthServer::from_arc(
+                    device_health.clone(),
+                ),
+            )
+            .add_service(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::from_arc(
+                    device_health,
                 ),
             )
             .serve_with_incoming_shutdown(

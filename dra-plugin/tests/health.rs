@@ -139,3 +139,51 @@ async fn health_watch_lists_each_cpu_in_individual_mode() {
     assert_all_healthy(&devices, since, "individual mode");
     running.stop().await.expect("clean stop");
 }
+
+/// Kubelets of 1.34 watch health through `v1alpha1.DRAResourceHealth`: the
+/// same devices, healthy, on a stream that stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_answers_the_v1alpha1_api_too() {
+    use dra_cpu_proto::kubelet::health_v1alpha1 as alpha;
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let since = unix_now();
+    let (v1_devices, _v1_stream) = first_answer(&node).await;
+    let channel = connect_unix(&node.config.dra_socket())
+        .await
+        .expect("connect to the DRA socket");
+    let mut stream = alpha::dra_resource_health_client::DraResourceHealthClient::new(channel)
+        .node_watch_resources(alpha::NodeWatchResourcesRequest {})
+        .await
+        .expect("v1alpha1 NodeWatchResources is served")
+        .into_inner();
+    let first = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .expect("an answer in time")
+        .expect("a healthy stream")
+        .expect("a first message");
+    let alpha_names: Vec<String> = first
+        .devices
+        .iter()
+        .map(|d| {
+            let id = d.device.as_ref().expect("device identifier");
+            assert_eq!(id.pool_name, NODE);
+            assert_eq!(
+                d.health,
+                alpha::HealthStatus::Healthy as i32,
+                "{}",
+                id.device_name
+            );
+            assert!((since..=unix_now()).contains(&d.last_updated_time));
+            id.device_name.clone()
+        })
+        .collect();
+    assert_eq!(alpha_names, names(&v1_devices));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), stream.message())
+            .await
+            .is_err(),
+        "the v1alpha1 watch sent a second message or closed"
+    );
+    running.stop().await.expect("clean stop");
+}
