@@ -19,8 +19,7 @@ use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::{ClaimAssignment, CpuSet};
 
 // The allocator the nri-plugin binary ships with.
-#[global_allocator]
-static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+nri_plugin::install_process_allocator!();
 
 const CLAIM_CPUS: u32 = 4;
 

@@ -17,8 +17,7 @@ use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
 use nri_plugin::subscription::{self, CoordinationResolver};
 use shared_state::topology::Topology;
 
-#[global_allocator]
-static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+nri_plugin::install_process_allocator!();
 
 #[derive(Debug, Parser)]
 #[command(

@@ -18,8 +18,7 @@ use std::time::Instant;
 
 // Rows 3 and 7c run nri-plugin's handler in this process: give it the
 // allocator the nri-plugin binary ships with.
-#[global_allocator]
-static ALLOCATOR: nri_plugin::ProcessAllocator = nri_plugin::ProcessAllocator {};
+nri_plugin::install_process_allocator!();
 
 struct Counts {
     fast: usize,
