@@ -69,19 +69,23 @@ impl DraService {
         let result = async {
             // A retry is answered from the store, without the API server; the
             // check may rewrite a lost CDI spec (fsync), so it runs off the
-            // async workers like the prepare itself.
-            let driver = self.driver.clone();
-            let task_claim = claim.clone();
-            let known = tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
-                .await
-                .unwrap_or_else(|e| {
-                    Some(Err(PrepareError::Internal {
-                        claim: claim.to_string(),
-                        reason: format!("prepare task failed: {e}"),
-                    }))
-                });
-            if let Some(answer) = known {
-                return answer;
+            // async workers like the prepare itself. A first prepare skips
+            // that hop: the check is a lookup that cannot block.
+            if !self.driver.needs_claim_object(&claim.uid) {
+                let driver = self.driver.clone();
+                let task_claim = claim.clone();
+                let known =
+                    tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
+                        .await
+                        .unwrap_or_else(|e| {
+                            Some(Err(PrepareError::Internal {
+                                claim: claim.to_string(),
+                                reason: format!("prepare task failed: {e}"),
+                            }))
+                        });
+                if let Some(answer) = known {
+                    return answer;
+                }
             }
             let object = match self.claims.get(&claim.namespace, &claim.name).await {
                 Ok(Some(object)) => object,

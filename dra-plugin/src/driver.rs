@@ -351,6 +351,15 @@ impl Driver {
         }
     }
 
+    /// Whether [`Driver::already_prepared`] would answer `None` for this
+    /// claim (it is not prepared, or is being changed right now). Takes the
+    /// state lock only briefly and does no I/O, so a first prepare may ask
+    /// this on an async worker instead of hopping to a blocking thread.
+    pub fn needs_claim_object(&self, claim_uid: &str) -> bool {
+        let state = self.lock();
+        state.in_flight.contains_key(claim_uid) || !state.claims.contains_key(claim_uid)
+    }
+
     /// Answer for a claim that is already prepared, making sure its CDI spec
     /// is on disk (it may have been removed behind our back).
     pub fn already_prepared(&self, claim: &ClaimRef) -> Option<Result<Prepared, PrepareError>> {

@@ -419,3 +419,34 @@ fn acknowledged_concurrent_prepares_survive_a_reopen() {
         );
     }
 }
+
+/// A first prepare skips the store lookup on a blocking thread only when the
+/// claim is unknown or being changed: a prepared claim is answered from the
+/// store, and one whose commit is running takes the full path, which waits.
+#[test]
+fn only_claims_that_are_not_prepared_need_their_api_object() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = GatedStore::new(Arc::new(MemoryStore::new()), true);
+    let cdi = CdiDir::new(dir.path().join("cdi"));
+    let driver = driver(store.clone(), cdi);
+    let (reference, object) = claim(0, 0, 2);
+    assert!(driver.needs_claim_object(&reference.uid), "unknown claim");
+    std::thread::scope(|scope| {
+        let preparing = scope.spawn(|| driver.prepare(&reference, &object));
+        store.wait_held();
+        assert!(
+            driver.needs_claim_object(&reference.uid),
+            "claim whose commit is running"
+        );
+        assert!(driver.already_prepared(&reference).is_none());
+        store.release();
+        preparing.join().expect("prepare").expect("prepared");
+    });
+    assert!(!driver.needs_claim_object(&reference.uid), "prepared claim");
+    assert!(matches!(driver.already_prepared(&reference), Some(Ok(_))));
+    driver.unprepare(&reference).expect("unprepared");
+    assert!(
+        driver.needs_claim_object(&reference.uid),
+        "unprepared claim"
+    );
+}
