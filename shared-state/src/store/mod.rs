@@ -42,6 +42,27 @@ pub const INITIALIZED_FILE: &str = "initialized";
 /// revision is refused instead of opening without the later claims.
 pub const COMMITTED_FILE: &str = "committed-revision";
 
+impl StoreError {
+    /// The store path the error names, if it names one.
+    pub fn path_mut(&mut self) -> Option<&mut PathBuf> {
+        match self {
+            StoreError::CreateDir { path, .. }
+            | StoreError::Locked { path, .. }
+            | StoreError::NewerSchema { path, .. }
+            | StoreError::Corrupt { path, .. }
+            | StoreError::Backend { path, .. }
+            | StoreError::OwnerPid { path, .. }
+            | StoreError::DataFile { path, .. }
+            | StoreError::Marker { path, .. }
+            | StoreError::CommittedRevision { path, .. }
+            | StoreError::RevisionExhausted { path, .. } => Some(path),
+            StoreError::BadRecord { .. }
+            | StoreError::EmptyClaimUid
+            | StoreError::Encode { .. } => None,
+        }
+    }
+}
+
 /// The key under which a claim's record is stored.
 pub fn claim_key(claim_uid: &str) -> String {
     format!("{CLAIM_KEY_PREFIX}{claim_uid}")

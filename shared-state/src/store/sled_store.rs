@@ -465,25 +465,23 @@ fn check_on_copy(dir: &Path) -> Result<(), StoreError> {
 
 /// An exclusive flock on the store's data file (which sled's own lock
 /// conflicts with), or `None` if there is no data file or another live
-/// process holds it; a lock held by nobody is waited for, as in
-/// [`open_waiting_for_release`].
+/// process holds it; a lock held by nobody is waited for, as sled's is.
 fn lock_data_file(dir: &Path) -> Option<std::fs::File> {
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(dir.join(SLED_DATA_FILE)).ok()?;
-    let deadline = Instant::now() + LOCK_RELEASE_WAIT;
-    let mut pause = Duration::from_millis(2);
-    loop {
+    waiting_for_release(|| {
         // SAFETY: flock on a descriptor this function owns.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Some(file);
+            Ok(())
+        } else {
+            Err(StoreError::Locked {
+                path: dir.to_path_buf(),
+                holder: read_holder(dir),
+            })
         }
-        let holder = read_holder(dir);
-        if holder.is_some_and(|pid| pid != std::process::id()) || Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
+    })
+    .ok()?;
+    Some(file)
 }
 
 /// Copy the files of the store in `dir` (and its `blobs` directory) into a
@@ -507,54 +505,21 @@ fn copy_store(dir: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// `err` as raised on the copy in `from`, naming the store in `to`.
-fn relocate(err: StoreError, from: &Path, to: &Path) -> StoreError {
-    let path = |p: PathBuf| match p.strip_prefix(from) {
-        Ok(rest) if rest.as_os_str().is_empty() => to.to_path_buf(),
-        Ok(rest) => to.join(rest),
-        Err(_) => p,
-    };
-    let (from_text, to_text) = (from.display().to_string(), to.display().to_string());
-    match err {
-        StoreError::Corrupt { path: p, detail } => StoreError::Corrupt {
-            path: path(p),
-            detail: detail.replace(&from_text, &to_text),
-        },
-        StoreError::NewerSchema {
-            path: p,
-            found,
-            supported,
-        } => StoreError::NewerSchema {
-            path: path(p),
-            found,
-            supported,
-        },
-        StoreError::Backend {
-            path: p,
-            operation,
-            source,
-        } => StoreError::Backend {
-            path: path(p),
-            operation,
-            source,
-        },
-        StoreError::DataFile { path: p, source } => StoreError::DataFile {
-            path: path(p),
-            source,
-        },
-        StoreError::Marker { path: p, source } => StoreError::Marker {
-            path: path(p),
-            source,
-        },
-        StoreError::OwnerPid { path: p, source } => StoreError::OwnerPid {
-            path: path(p),
-            source,
-        },
-        StoreError::CommittedRevision { path: p, source } => StoreError::CommittedRevision {
-            path: path(p),
-            source,
-        },
-        other => other,
+fn relocate(mut err: StoreError, from: &Path, to: &Path) -> StoreError {
+    if let Some(path) = err.path_mut() {
+        if let Ok(rest) = path.strip_prefix(from) {
+            // `join("")` would add a trailing separator.
+            *path = if rest.as_os_str().is_empty() {
+                to.to_path_buf()
+            } else {
+                to.join(rest)
+            };
+        }
     }
+    if let StoreError::Corrupt { detail, .. } = &mut err {
+        *detail = detail.replace(&from.display().to_string(), &to.display().to_string());
+    }
+    err
 }
 
 /// The revision counter held in `db`; 0 for a store never written.
@@ -667,16 +632,26 @@ const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(3);
 /// another live process is refused at once, naming it (a second
 /// dra-plugin); a holder that cannot be named is waited for, then refused.
 fn open_waiting_for_release(dir: &Path) -> Result<sled::Db, StoreError> {
-    let deadline = Instant::now() + LOCK_RELEASE_WAIT;
-    let mut pause = Duration::from_millis(2);
-    loop {
-        let attempt = shielded(dir, "open", || {
+    waiting_for_release(|| {
+        shielded(dir, "open", || {
             sled::Config::new()
                 .path(dir)
                 .open()
                 .map_err(|source| open_error(dir, source))
-        });
-        match attempt {
+        })
+    })
+}
+
+/// Retry `attempt` while it meets a lock that no other live process holds
+/// (sled releases its lock a few milliseconds after the last handle drops),
+/// for up to [`LOCK_RELEASE_WAIT`].
+fn waiting_for_release<T>(
+    mut attempt: impl FnMut() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let deadline = Instant::now() + LOCK_RELEASE_WAIT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match attempt() {
             Err(StoreError::Locked { holder, .. })
                 if holder.is_none_or(|pid| pid == std::process::id())
                     && Instant::now() < deadline =>
@@ -888,6 +863,44 @@ mod tests {
         let text = SledStore::open(&dir).unwrap_err().to_string();
         assert!(text.contains(&path.display().to_string()), "{text}");
         assert_eq!(std::fs::read(&path).unwrap(), b"fifty\n");
+    }
+
+    #[test]
+    fn relocated_errors_name_the_store_not_its_copy() {
+        let (store, copy) = (Path::new("/var/lib/s"), Path::new("/var/lib/s/open-check"));
+        let corrupt = relocate(
+            StoreError::Corrupt {
+                path: copy.to_path_buf(),
+                detail: "/var/lib/s/open-check/committed-revision holds 9".into(),
+            },
+            copy,
+            store,
+        );
+        assert_eq!(
+            corrupt.to_string(),
+            "store /var/lib/s is corrupt: /var/lib/s/committed-revision holds 9"
+        );
+        let data = relocate(
+            StoreError::DataFile {
+                path: copy.join("db"),
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            },
+            copy,
+            store,
+        );
+        assert!(data.to_string().contains("file /var/lib/s/db:"), "{data}");
+        let locked = relocate(
+            StoreError::Locked {
+                path: copy.to_path_buf(),
+                holder: None,
+            },
+            copy,
+            store,
+        );
+        assert!(
+            locked.to_string().starts_with("store /var/lib/s is locked"),
+            "{locked}"
+        );
     }
 
     #[test]
