@@ -336,56 +336,42 @@ impl Health {
 
 type HealthStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-#[tonic::async_trait]
-impl health_v1::dra_resource_health_server::DraResourceHealth for Health {
-    type NodeWatchResourcesStream = HealthStream<health_v1::NodeWatchResourcesResponse>;
+/// `DRAResourceHealth` of one API version on [`Health`], the same report in
+/// each; the fields a version adds to `DeviceHealth` are given their values.
+macro_rules! health_service {
+    ($api:ident { $($extra_field:ident: $extra_value:expr),* $(,)? }) => {
+        #[tonic::async_trait]
+        impl $api::dra_resource_health_server::DraResourceHealth for Health {
+            type NodeWatchResourcesStream = HealthStream<$api::NodeWatchResourcesResponse>;
 
-    async fn node_watch_resources(
-        &self,
-        _request: Request<health_v1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let (pool, names, now) = self.report();
-        let devices = names
-            .into_iter()
-            .map(|device_name| health_v1::DeviceHealth {
-                device: Some(health_v1::DeviceIdentifier {
-                    pool_name: pool.clone(),
-                    device_name,
-                }),
-                health: health_v1::HealthStatus::Healthy as i32,
-                last_updated_time: now,
-                health_check_timeout_seconds: 0,
-                message: String::new(),
-            })
-            .collect();
-        Ok(Response::new(self.held_open(
-            health_v1::NodeWatchResourcesResponse { devices },
-        )))
-    }
+            async fn node_watch_resources(
+                &self,
+                _request: Request<$api::NodeWatchResourcesRequest>,
+            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+                let (pool, names, now) = self.report();
+                let devices = names
+                    .into_iter()
+                    .map(|device_name| $api::DeviceHealth {
+                        device: Some($api::DeviceIdentifier {
+                            pool_name: pool.clone(),
+                            device_name,
+                        }),
+                        health: $api::HealthStatus::Healthy as i32,
+                        last_updated_time: now,
+                        $($extra_field: $extra_value,)*
+                    })
+                    .collect();
+                Ok(Response::new(
+                    self.held_open($api::NodeWatchResourcesResponse { devices }),
+                ))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl health_v1alpha1::dra_resource_health_server::DraResourceHealth for Health {
-    type NodeWatchResourcesStream = HealthStream<health_v1alpha1::NodeWatchResourcesResponse>;
-
-    async fn node_watch_resources(
-        &self,
-        _request: Request<health_v1alpha1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let (pool, names, now) = self.report();
-        let devices = names
-            .into_iter()
-            .map(|device_name| health_v1alpha1::DeviceHealth {
-                device: Some(health_v1alpha1::DeviceIdentifier {
-                    pool_name: pool.clone(),
-                    device_name,
-                }),
-                health: health_v1alpha1::HealthStatus::Healthy as i32,
-                last_updated_time: now,
-            })
-            .collect();
-        Ok(Response::new(self.held_open(
-            health_v1alpha1::NodeWatchResourcesResponse { devices },
-        )))
-    }
-}
+health_service!(health_v1 {
+    // Zero: kubelet's default timeout.
+    health_check_timeout_seconds: 0,
+    message: String::new(),
+});
+health_service!(health_v1alpha1 {});
