@@ -2,13 +2,15 @@
 //! bytes built from the upstream field numbers, round trips, and a comparison
 //! of our protocol files with the upstream ones compiled by protoc.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use dra_cpu_proto::coordination::{self, v1 as coord};
 use dra_cpu_proto::kubelet::{self, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use prost::Message;
 use prost_types::{field_descriptor_proto::Label, FileDescriptorSet};
+use support::reference::compile_reference;
 
 /// A length-delimited field (wire type 2) encoded by hand.
 fn len_field(number: u32, payload: &[u8]) -> Vec<u8> {
@@ -469,29 +471,9 @@ fn flatten_message(scope: &str, message: &prost_types::DescriptorProto, schema: 
     }
 }
 
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/proto")
-}
-
 /// Compiles upstream protocol files with the vendored protoc.
-fn compile_reference(files: &[&str]) -> Schema {
-    let dir = reference_dir();
-    assert!(
-        dir.is_dir(),
-        "upstream protocol files expected at {}",
-        dir.display()
-    );
-    let out = tempfile::tempdir().unwrap();
-    let descriptor = out.path().join("reference.bin");
-    let status = std::process::Command::new(protoc_bin_vendored::protoc_bin_path().unwrap())
-        .arg(format!("--proto_path={}", dir.display()))
-        .arg(format!("--descriptor_set_out={}", descriptor.display()))
-        .args(files)
-        .status()
-        .unwrap();
-    assert!(status.success(), "protoc failed on {files:?}");
-    let bytes = std::fs::read(descriptor).unwrap();
-    schema_of(&FileDescriptorSet::decode(bytes.as_slice()).unwrap())
+fn compile_upstream(files: &[&str]) -> Schema {
+    schema_of(&compile_reference(files))
 }
 
 fn ours() -> Schema {
@@ -515,14 +497,14 @@ fn ours_in(package: &str, as_package: &str) -> Schema {
 #[test]
 fn dra_v1_matches_upstream() {
     let package = "k8s.io.kubelet.pkg.apis.dra.v1";
-    let reference = compile_reference(&["kubelet-dra-v1-api.proto"]);
+    let reference = compile_upstream(&["kubelet-dra-v1-api.proto"]);
     assert!(reference.contains_key(&format!(".{package}.DRAPlugin")));
     assert_eq!(ours_in(package, package), reference);
 }
 
 #[test]
 fn dra_v1beta1_is_v1_without_share_id() {
-    let reference: Schema = compile_reference(&["kubelet-dra-v1-api.proto"])
+    let reference: Schema = compile_upstream(&["kubelet-dra-v1-api.proto"])
         .into_iter()
         .map(|(name, lines)| {
             let lines = lines
@@ -543,7 +525,7 @@ fn dra_v1beta1_is_v1_without_share_id() {
 
 #[test]
 fn registration_matches_upstream() {
-    let reference = compile_reference(&["kubelet-pluginregistration-v1-api.proto"]);
+    let reference = compile_upstream(&["kubelet-pluginregistration-v1-api.proto"]);
     assert!(reference.contains_key(".pluginregistration.Registration"));
     assert_eq!(
         ours_in("pluginregistration", "pluginregistration"),
@@ -553,14 +535,14 @@ fn registration_matches_upstream() {
 
 #[test]
 fn health_v1_matches_upstream() {
-    let reference = compile_reference(&["kubelet-dra-health-v1-api.proto"]);
+    let reference = compile_upstream(&["kubelet-dra-health-v1-api.proto"]);
     assert!(reference.contains_key(".v1.DRAResourceHealth"));
     assert_eq!(ours_in("v1", "v1"), reference);
 }
 
 #[test]
 fn health_v1alpha1_is_v1_without_timeout_and_message() {
-    let reference: Schema = compile_reference(&["kubelet-dra-health-v1-api.proto"])
+    let reference: Schema = compile_upstream(&["kubelet-dra-health-v1-api.proto"])
         .into_iter()
         .map(|(name, lines)| {
             let lines = if name == ".v1.DeviceHealth" {

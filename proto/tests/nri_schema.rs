@@ -9,12 +9,14 @@
 //!   that exists there, by name or by number, is identical to ours, so what
 //!   we send is read the same by a runtime built with any of those versions.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use dra_cpu_proto::nri::api;
 use prost::Message as _;
 use prost_types::{field_descriptor_proto::Label, DescriptorProto, FileDescriptorProto};
+use support::reference::{compile_reference, reference_dir};
 
 const PACKAGE: &str = "nri.pkg.api.v1alpha1";
 
@@ -126,10 +128,6 @@ fn ours() -> Schema {
     schema_of(&file)
 }
 
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/proto")
-}
-
 /// The upstream NRI protocol files, oldest first, with their versions.
 fn reference_files() -> Vec<((u32, u32, u32), String)> {
     let dir = reference_dir();
@@ -153,19 +151,8 @@ fn reference_files() -> Vec<((u32, u32, u32), String)> {
 }
 
 /// Compiles one upstream protocol file with the vendored protoc.
-fn compile_reference(file: &str) -> Schema {
-    let dir = reference_dir();
-    let out = tempfile::tempdir().unwrap();
-    let descriptor = out.path().join("reference.bin");
-    let status = std::process::Command::new(protoc_bin_vendored::protoc_bin_path().unwrap())
-        .arg(format!("--proto_path={}", dir.display()))
-        .arg(format!("--descriptor_set_out={}", descriptor.display()))
-        .arg(file)
-        .status()
-        .unwrap();
-    assert!(status.success(), "protoc failed on {file}");
-    let bytes = std::fs::read(descriptor).unwrap();
-    let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).unwrap();
+fn compile_one(file: &str) -> Schema {
+    let set = compile_reference(&[file]);
     assert_eq!(set.file.len(), 1, "{file} should import nothing");
     schema_of(&set.file[0])
 }
@@ -326,7 +313,7 @@ fn our_nri_protocol_is_the_runtime_and_plugin_services() {
 #[test]
 fn every_nri_definition_exists_in_the_newest_upstream() {
     let (version, newest) = reference_files().pop().unwrap();
-    let upstream = compile_reference(&newest);
+    let upstream = compile_one(&newest);
     assert!(upstream.services.contains_key("Runtime"));
     assert!(upstream.services.contains_key("Plugin"));
     assert_no_problems(missing_or_different(
@@ -341,7 +328,7 @@ fn every_nri_definition_agrees_with_every_upstream_version() {
     let ours = ours();
     let mut problems = Vec::new();
     for (version, file) in reference_files() {
-        let upstream = compile_reference(&file);
+        let upstream = compile_one(&file);
         // The messages and RPCs of the 0.6 protocol all exist in every
         // version: a version we share nothing with would check nothing.
         for message in ["RegisterPluginRequest", "ContainerUpdate", "LinuxCPU"] {
@@ -364,9 +351,9 @@ type Mutation<'a> = Box<dyn Fn(&mut Schema) + 'a>;
 #[test]
 fn the_comparison_finds_mismatches() {
     let (_, newest) = reference_files().pop().unwrap();
-    let upstream = compile_reference(&newest);
+    let upstream = compile_one(&newest);
     let (_, oldest) = reference_files().remove(0);
-    let oldest = compile_reference(&oldest);
+    let oldest = compile_one(&oldest);
     let cpu = format!(".{PACKAGE}.LinuxCPU");
     let mutations: Vec<(&str, Mutation<'_>)> = vec![
         (

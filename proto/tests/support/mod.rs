@@ -1,0 +1,3 @@
+//! Helpers shared by the protocol crate's integration tests.
+
+pub mod reference;
