@@ -162,7 +162,12 @@ fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("size=64m,mode=0755"),
     )
-    .with_context(|| format!("mounting a tmpfs on {}", dir.display()))
+    .with_context(|| {
+        format!(
+            "mounting a tmpfs on {} for the CDI directory (needs root, as scripts/perf.sh does)",
+            dir.display()
+        )
+    })
 }
 
 fn stop_child(child: &mut Option<Child>) {
