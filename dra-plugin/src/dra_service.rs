@@ -10,10 +10,9 @@
 
 use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
-use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -176,18 +175,41 @@ impl DraService {
     }
 }
 
-/// One entry per device of the claim, each naming the claim's CDI device.
+/// The name kubelet matches a container's `resources.claims[].request`
+/// against: a `firstAvailable` subrequest's result names `req/sub`, and
+/// kubelet hands the device's CDI ids to a container naming `req` only if
+/// `req` itself is listed (`pkg/kubelet/cm/dra/claiminfo.go`; the Go plugin
+/// helper cuts at the first `/` the same way).
+pub fn request_name(result_request: &str) -> &str {
+    result_request
+        .split_once('/')
+        .map_or(result_request, |(request, _subrequest)| request)
+}
+
+/// One entry per device of the claim. The claim has one CDI device; the
+/// first device of each request carries its id and the others none, so a
+/// container naming one request, or none, receives it once per request
+/// rather than once per CPU (kubelet hands a container the ids of every
+/// device whose `request_names` match, without removing duplicates:
+/// `cdiDevicesAsList` in `pkg/kubelet/cm/dra/claiminfo.go`).
 fn devices_of(prepared: &Prepared) -> Vec<(Vec<String>, String, String, Vec<String>)> {
+    let mut requests_given_the_id = std::collections::BTreeSet::new();
     prepared
         .assignment
         .devices
         .iter()
         .map(|d| {
+            let request = request_name(&d.request);
+            let cdi_device_ids = if requests_given_the_id.insert(request) {
+                vec![prepared.cdi_device_id.clone()]
+            } else {
+                Vec::new()
+            };
             (
-                vec![d.request.clone()],
+                vec![request.to_string()],
                 d.pool.clone(),
                 d.device.clone(),
-                vec![prepared.cdi_device_id.clone()],
+                cdi_device_ids,
             )
         })
         .collect()
@@ -290,88 +312,63 @@ dra_plugin_service!(
     DraV1beta1, dra_v1beta1 {}
 );
 
-/// `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` (kubelets of
-/// 1.34 call the alpha one): CPUs do not fail on their own in a way this
-/// driver can observe, so every published device is reported healthy once,
-/// and the stream then stays open (kubelet treats a closed stream as a
-/// plugin going away).
-pub struct Health {
-    driver: Arc<Driver>,
-    stopping: tokio::sync::watch::Receiver<bool>,
-}
+#[cfg(test)]
+mod tests {
+    use super::{devices_of, request_name};
+    use crate::driver::Prepared;
+    use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 
-impl Health {
-    /// `stopping` turning true ends the streams, so shutdown does not wait
-    /// for kubelet to hang up.
-    pub fn new(driver: Arc<Driver>, stopping: tokio::sync::watch::Receiver<bool>) -> Health {
-        Health { driver, stopping }
-    }
-
-    /// The node's pool, every published device in it, and the time now in
-    /// Unix seconds: the first and only report of a watch.
-    fn report(&self) -> (String, Vec<String>, i64) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
-        let pool = self.driver.options().node_name.clone();
-        let devices = self
-            .driver
-            .catalog()
-            .devices()
-            .map(|(name, _)| name.to_string())
-            .collect();
-        (pool, devices, now)
-    }
-
-    /// A stream of `first`, then nothing until the daemon stops.
-    fn held_open<T: Send + 'static>(&self, first: T) -> HealthStream<T> {
-        let first = futures::stream::once(async move { Ok(first) });
-        Box::pin(futures::StreamExt::take_until(
-            futures::StreamExt::chain(first, futures::stream::pending()),
-            crate::coordination_server::stopped(self.stopping.clone()),
-        ))
-    }
-}
-
-type HealthStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// `DRAResourceHealth` of one API version on [`Health`], the same report in
-/// each; the fields a version adds to `DeviceHealth` are given their values.
-macro_rules! health_service {
-    ($api:ident { $($extra_field:ident: $extra_value:expr),* $(,)? }) => {
-        #[tonic::async_trait]
-        impl $api::dra_resource_health_server::DraResourceHealth for Health {
-            type NodeWatchResourcesStream = HealthStream<$api::NodeWatchResourcesResponse>;
-
-            async fn node_watch_resources(
-                &self,
-                _request: Request<$api::NodeWatchResourcesRequest>,
-            ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-                let (pool, names, now) = self.report();
-                let devices = names
-                    .into_iter()
-                    .map(|device_name| $api::DeviceHealth {
-                        device: Some($api::DeviceIdentifier {
-                            pool_name: pool.clone(),
-                            device_name,
-                        }),
-                        health: $api::HealthStatus::Healthy as i32,
-                        last_updated_time: now,
-                        $($extra_field: $extra_value,)*
-                    })
-                    .collect();
-                Ok(Response::new(
-                    self.held_open($api::NodeWatchResourcesResponse { devices }),
-                ))
-            }
+    #[test]
+    fn request_names_drop_the_subrequest_of_first_available() {
+        for (result, want) in [
+            ("cpus", "cpus"),
+            ("cpus/big", "cpus"),
+            ("cpus/big/extra", "cpus"),
+            ("", ""),
+            ("/sub", ""),
+        ] {
+            assert_eq!(request_name(result), want, "{result:?}");
         }
-    };
-}
+    }
 
-health_service!(health_v1 {
-    // Zero: kubelet's default timeout.
-    health_check_timeout_seconds: 0,
-    message: String::new(),
-});
-health_service!(health_v1alpha1 {});
+    #[test]
+    fn each_request_gets_the_claims_cdi_device_once() {
+        let device = |request: &str, device: &str| AllocatedDevice {
+            request: request.into(),
+            pool: "node-a".into(),
+            device: device.into(),
+            consumed_cpus: None,
+        };
+        let prepared = Prepared {
+            assignment: ClaimAssignment {
+                claim_uid: "uid".into(),
+                namespace: "ns".into(),
+                name: "claim".into(),
+                consumer_pods: vec![],
+                devices: vec![
+                    device("cpus/big", "cpudev000"),
+                    device("cpus/big", "cpudev001"),
+                    device("cpus/big", "cpudev002"),
+                    device("helper", "cpudev003"),
+                ],
+                cpus: CpuSet::new(),
+                prepared_at_unix_ms: 0,
+            },
+            cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
+        };
+        let id = || vec!["dra.k8s.io/cpu=claim-uid".to_string()];
+        let got: Vec<(Vec<String>, String, Vec<String>)> = devices_of(&prepared)
+            .into_iter()
+            .map(|(requests, _pool, device, ids)| (requests, device, ids))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (vec!["cpus".to_string()], "cpudev000".to_string(), id()),
+                (vec!["cpus".to_string()], "cpudev001".to_string(), vec![]),
+                (vec!["cpus".to_string()], "cpudev002".to_string(), vec![]),
+                (vec!["helper".to_string()], "cpudev003".to_string(), id()),
+            ]
+        );
+    }
+}

@@ -4,6 +4,7 @@
 pub mod cdi;
 pub mod config;
 pub mod coordination_server;
+pub mod device_health;
 pub mod dra_service;
 pub mod driver;
 pub mod http;

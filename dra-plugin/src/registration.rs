@@ -2,15 +2,28 @@
 //! service kubelet's plugin watcher calls on the socket we create in
 //! `<kubelet-root>/plugins_registry/`.
 
-use dra_cpu_proto::kubelet::{registration, DRA_PLUGIN_TYPE, DRA_V1BETA1_VERSION, DRA_V1_VERSION};
+use dra_cpu_proto::kubelet::{
+    registration, DRA_PLUGIN_TYPE, DRA_V1BETA1_VERSION, DRA_V1_VERSION, HEALTH_V1ALPHA1_VERSION,
+    HEALTH_V1_VERSION,
+};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tonic::{Request, Response, Status};
 
-/// The versions we serve, newest first: kubelet picks the first it knows.
+/// The services we serve, each API newest first. Kubelet picks the DRA
+/// version it prefers among the `*.DRAPlugin` entries and ignores entries it
+/// does not know; the health entries come after them, as the Go plugin
+/// helper lists them.
 pub fn supported_versions() -> Vec<String> {
-    vec![DRA_V1_VERSION.to_string(), DRA_V1BETA1_VERSION.to_string()]
+    [
+        DRA_V1_VERSION,
+        DRA_V1BETA1_VERSION,
+        HEALTH_V1_VERSION,
+        HEALTH_V1ALPHA1_VERSION,
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// What kubelet last told us about our registration.
@@ -107,7 +120,12 @@ mod tests {
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(
             info.supported_versions,
-            vec!["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            vec![
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
         assert_eq!(info.endpoint, "/var/lib/kubelet/plugins/dra.cpu/dra.sock");
         assert!(!state.registered());

@@ -187,10 +187,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let listener =
         bind_unix(&dra_socket, OWNER_ONLY_SOCKET_MODE).context("binding the DRA socket")?;
     // Device health, in both versions kubelets call.
-    let device_health = Arc::new(crate::dra_service::Health::new(
-        driver.clone(),
+    let device_health = crate::device_health::Health::new(
+        config.node_name.clone(),
+        driver
+            .catalog()
+            .devices()
+            .map(|(name, cpus)| (name.to_string(), cpus.clone()))
+            .collect(),
+        config.sysfs_root.clone(),
+        crate::device_health::HealthTiming::default(),
         stop_rx.clone(),
-    ));
+    );
     let dra = tokio::spawn(
         Server::builder()
             .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(DraV1(
@@ -200,12 +207,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 DraV1beta1(service),
             ))
             .add_service(
-                health_v1::dra_resource_health_server::DraResourceHealthServer::from_arc(
+                health_v1::dra_resource_health_server::DraResourceHealthServer::new(
                     device_health.clone(),
                 ),
             )
             .add_service(
-                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::from_arc(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
                     device_health,
                 ),
             )

@@ -1,7 +1,9 @@
-//! `v1.DRAResourceHealth` on the DRA socket, as kubelet calls it: one
-//! answer listing every device of this node's pool as healthy, a stream
-//! that then stays open (kubelet reads a closed stream as the plugin going
-//! away), and that ends when the daemon stops rather than holding it up.
+//! `v1.DRAResourceHealth` on the DRA socket, as kubelet calls it: a first
+//! answer at once listing every device of this node's pool as healthy, a
+//! stream that then stays open (kubelet reads a closed stream as the plugin
+//! going away) and reports a device whose CPU goes offline, and that ends
+//! when the daemon stops rather than holding it up. The periodic re-send is
+//! tested in `dra-plugin/src/device_health.rs` on a paused clock.
 
 mod common;
 
@@ -62,7 +64,10 @@ fn assert_all_healthy(devices: &[health_v1::DeviceHealth], since: i64, when: &st
             id.device_name,
             d.last_updated_time
         );
-        assert_eq!(d.health_check_timeout_seconds, 0, "{when}: default timeout");
+        assert_eq!(
+            d.health_check_timeout_seconds, 30,
+            "{when}: kubelet's timeout, stated"
+        );
         assert_eq!(d.message, "", "{when}");
     }
 }
@@ -186,4 +191,64 @@ async fn health_watch_answers_the_v1alpha1_api_too() {
         "the v1alpha1 watch sent a second message or closed"
     );
     running.stop().await.expect("clean stop");
+}
+
+/// A CPU the kernel takes offline turns the device holding it Unhealthy on
+/// the open stream within a poll, with a message naming the CPU, and Healthy
+/// again when it comes back; the other devices stay Healthy throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_going_offline_turns_its_device_unhealthy_and_back() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let (devices, mut stream) = first_answer(&node).await;
+    assert!(devices
+        .iter()
+        .all(|d| d.health == health_v1::HealthStatus::Healthy as i32));
+    let online_file = node.config.sysfs_root.join("sys/devices/system/cpu/online");
+    let online = node.topology.online();
+    let victim = online.iter().last().expect("an online CPU");
+    let mut fewer = online.clone();
+    fewer.remove(victim);
+    std::fs::write(&online_file, format!("{fewer}\n")).expect("take a CPU offline");
+
+    // The change arrives within a few polls, not after the 10 s period.
+    let (all, unhealthy) = next_with(&mut stream, true).await;
+    assert_eq!(all.len(), devices.len(), "every device is still reported");
+    assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
+    assert_eq!(
+        unhealthy[0].message,
+        format!("CPUs {victim} of this device are offline")
+    );
+
+    std::fs::write(&online_file, format!("{online}\n")).expect("bring the CPU back");
+    let (all, unhealthy) = next_with(&mut stream, false).await;
+    assert!(unhealthy.is_empty());
+    assert!(all
+        .iter()
+        .all(|d| d.health == health_v1::HealthStatus::Healthy as i32 && d.message.is_empty()));
+    running.stop().await.expect("clean stop");
+}
+
+/// The next report whose set of Unhealthy devices is empty or not as asked:
+/// every device, and the unhealthy ones.
+async fn next_with(
+    stream: &mut tonic::Streaming<health_v1::NodeWatchResourcesResponse>,
+    want_unhealthy: bool,
+) -> (Vec<health_v1::DeviceHealth>, Vec<health_v1::DeviceHealth>) {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("a report within 5 s")
+            .expect("a healthy stream")
+            .expect("a message");
+        let unhealthy: Vec<_> = message
+            .devices
+            .iter()
+            .filter(|d| d.health == health_v1::HealthStatus::Unhealthy as i32)
+            .cloned()
+            .collect();
+        if unhealthy.is_empty() != want_unhealthy {
+            return (message.devices, unhealthy);
+        }
+    }
 }

@@ -40,7 +40,12 @@ async fn registers_and_prepares_over_v1_and_v1beta1() {
     assert_eq!(running.kubelet.info.name, DRIVER);
     assert_eq!(
         running.kubelet.info.supported_versions,
-        vec!["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        vec![
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(
         running.kubelet.info.endpoint,

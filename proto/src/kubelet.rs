@@ -9,6 +9,14 @@
 pub const DRA_V1_VERSION: &str = "v1.DRAPlugin";
 /// See [`DRA_V1_VERSION`].
 pub const DRA_V1BETA1_VERSION: &str = "v1beta1.DRAPlugin";
+/// Advertised so that 1.37+ kubelets (and 1.36.x with the backport of
+/// kubernetes #139477) open the health stream: they open it only for
+/// plugins listing `v1.DRAResourceHealth` (preferred) or
+/// `v1alpha1.DRAResourceHealth` (`pickHealthService` in
+/// `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`).
+pub const HEALTH_V1_VERSION: &str = "v1.DRAResourceHealth";
+/// See [`HEALTH_V1_VERSION`].
+pub const HEALTH_V1ALPHA1_VERSION: &str = "v1alpha1.DRAResourceHealth";
 /// `PluginInfo.type` of a DRA plugin.
 pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 

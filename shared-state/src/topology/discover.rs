@@ -73,6 +73,13 @@ pub enum TopologyError {
     },
 }
 
+/// The CPUs the kernel lists as online under `sysfs_root` (the directory
+/// containing `sys/devices/system/cpu`), read afresh: a CPU taken offline
+/// after discovery shows here, which device health reports.
+pub fn read_online_cpus(sysfs_root: &Path) -> Result<CpuSet, TopologyError> {
+    read_cpulist(&sysfs_root.join("sys/devices/system/cpu/online"))
+}
+
 /// Discover the online CPUs under `sysfs_root` (the directory containing
 /// `sys/devices/system/cpu`).
 pub fn discover(sysfs_root: &Path) -> Result<Topology, TopologyError> {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
 
-pub use discover::{discover, TopologyError};
+pub use discover::{discover, read_online_cpus, TopologyError};
 
 /// Kind of core on hybrid parts; `Standard` everywhere else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
