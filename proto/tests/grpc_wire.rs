@@ -221,9 +221,17 @@ fn health_wire_bytes() {
             }),
             health: health_v1alpha1::HealthStatus::Healthy as i32,
             last_updated_time: 5,
+            health_check_timeout_seconds: 30,
+            message: "ok".into(),
         }],
     };
-    let device = concat(&[len_field(1, &id), varint_field(2, 1), varint_field(3, 5)]);
+    let device = concat(&[
+        len_field(1, &id),
+        varint_field(2, 1),
+        varint_field(3, 5),
+        varint_field(4, 30),
+        len_field(5, b"ok"),
+    ]);
     assert_eq!(alpha.encode_to_vec(), len_field(1, &device));
 }
 

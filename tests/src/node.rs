@@ -18,7 +18,9 @@ use crate::apiserver::{FakeApiServer, FakeApiServerError, FakeApiServerOptions};
 use crate::cgroup::{self, CgroupError, ContainerCpus};
 use crate::containerd::{Containerd, ContainerdError, ContainerdOptions};
 use crate::cri::{new_uid, ContainerSpec, CriClient, CriError, PodSandbox};
-use crate::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
+use crate::kubelet_dra::{
+    cdi_ids_for_container, Claim, DraVersion, KubeletDra, KubeletDraError, RegistrySnapshot,
+};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::{json, Value};
 use shared_state::CpuSet;
@@ -295,6 +297,53 @@ pub fn allocated_claim(
             "allocation": {
                 "devices": {"results": [{
                     "request": "cpus",
+                    "driver": DRIVER_NAME,
+                    "pool": node,
+                    "device": GROUPED_DEVICE,
+                    "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
+                }]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                    "key": "metadata.name", "operator": "In", "values": [node]
+                }]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]
+        }
+    }))
+}
+
+/// A ResourceClaim whose request `cpus` lists `firstAvailable` subrequests:
+/// `big` (more CPUs than any node has) and `fit` (`cpus` CPUs), allocated by
+/// the scheduler from `fit`, so its result names `cpus/fit`.
+pub fn first_available_claim(
+    name: &str,
+    node: &str,
+    cpus: u32,
+    pod_name: &str,
+    pod_uid: &str,
+) -> Result<ResourceClaim, serde_json::Error> {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{
+            "name": "cpus",
+            "firstAvailable": [
+                {
+                    "name": "big",
+                    "deviceClassName": DRIVER_NAME,
+                    "capacity": {"requests": {CPU_CAPACITY: "4096"}}
+                },
+                {
+                    "name": "fit",
+                    "deviceClassName": DRIVER_NAME,
+                    "capacity": {"requests": {CPU_CAPACITY: cpus.to_string()}}
+                }
+            ]
+        }]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{
+                    "request": "cpus/fit",
                     "driver": DRIVER_NAME,
                     "pool": node,
                     "device": GROUPED_DEVICE,
@@ -631,19 +680,17 @@ impl Node {
 
     /// Starts dra-plugin and registers it with the kubelet stand-in.
     pub async fn start_dra_plugin(&mut self) -> Result<(), NodeError> {
-        // A killed plugin leaves its registration socket behind; kubelet's
-        // watcher would see the new one replace it, as this wait does.
-        let stale = self
-            .layout
-            .plugins_registry()
-            .join(format!("{DRIVER_NAME}-reg.sock"));
-        let _ = std::fs::remove_file(&stale);
+        // A killed plugin leaves its registration socket behind. The new
+        // one renames its socket onto that name, which kubelet's watcher
+        // sees as a new plugin: so does this wait, which registers only a
+        // socket that was not there before the start.
+        let registry = self.layout.plugins_registry();
+        let seen = RegistrySnapshot::of(&registry);
         self.kubelet = None;
         self.dra.spawn()?;
         let started = Instant::now();
-        let registry = self.layout.plugins_registry();
         let version = self.options.dra_version;
-        let register = KubeletDra::register(&registry, DRIVER_NAME, version, SETTLE);
+        let register = KubeletDra::register_new(&registry, seen, DRIVER_NAME, version, SETTLE);
         tokio::pin!(register);
         let kubelet = loop {
             tokio::select! {
@@ -835,8 +882,20 @@ impl Node {
         })
     }
 
-    /// Plays kubelet: NodePrepareResources for one claim.
+    /// Plays kubelet: NodePrepareResources for one claim, used by a
+    /// container that names no request of it.
     pub async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, NodeError> {
+        self.prepare_for_request(claim, "").await
+    }
+
+    /// Plays kubelet: NodePrepareResources for one claim, used by a
+    /// container whose `resources.claims[].request` is `request` (empty:
+    /// none). The CDI device is the one kubelet would give that container.
+    pub async fn prepare_for_request(
+        &self,
+        claim: &Claim,
+        request: &str,
+    ) -> Result<PreparedClaim, NodeError> {
         let answers = self.kubelet()?.prepare(std::slice::from_ref(claim)).await?;
         let outcome = answers
             .get(&claim.uid)
@@ -847,15 +906,14 @@ impl Node {
                 error: outcome.error.clone(),
             });
         }
-        let cdi_device = outcome
-            .devices
-            .iter()
-            .flat_map(|d| d.cdi_device_ids.iter())
+        let cdi_device = cdi_ids_for_container(&outcome.devices, request)
+            .into_iter()
             .next()
-            .cloned()
             .ok_or_else(|| NodeError::Prepare {
                 claim: claim.uid.clone(),
-                error: format!("prepared without a CDI device: {outcome:?}"),
+                error: format!(
+                    "kubelet gives a container naming request {request:?} no CDI device of {outcome:?}"
+                ),
             })?;
         let cpus = self
             .claim_cpus(&claim.uid)
@@ -870,6 +928,32 @@ impl Node {
             claim: claim.clone(),
             cdi_device,
             cpus,
+        })
+    }
+
+    /// Plays the scheduler for a claim with `firstAvailable` subrequests (see
+    /// [`first_available_claim`]), allocated from its second choice.
+    pub fn allocate_first_available_claim(
+        &self,
+        name: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+    ) -> Result<Claim, NodeError> {
+        let object =
+            first_available_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
+                .map_err(|e| NodeError::ClaimObject {
+                    name: name.to_string(),
+                    reason: e.to_string(),
+                })?;
+        let stored = self.api.insert_claim(object)?;
+        let uid = stored.metadata.uid.ok_or_else(|| NodeError::ClaimObject {
+            name: name.to_string(),
+            reason: "stored without a uid".into(),
+        })?;
+        Ok(Claim {
+            namespace: NAMESPACE.to_string(),
+            name: name.to_string(),
+            uid,
         })
     }
 

@@ -221,3 +221,39 @@ async fn a_restarted_claim_container_keeps_its_cpus() {
         .must("A still off B's CPU");
     assert_eq!(node.claim_cpus(&claim.claim.uid), Some(claim.cpus.clone()));
 }
+
+/// A claim whose request lists `firstAvailable` subrequests is allocated from
+/// `cpus/fit`; its container names `request: cpus`, as a pod spec does. The
+/// kubelet stand-in hands it the CDI device only if dra-plugin answers
+/// `request_names: ["cpus"]` (kubelet's `cdiDevicesAsList`), so the container
+/// runs pinned to the claim's CPUs, not on the shared pool.
+#[tokio::test]
+async fn a_first_available_claim_pins_the_container_naming_its_request() {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_shared, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let pod = PodIdentity::new("pod-fa");
+    let claim = node
+        .allocate_first_available_claim("pod-fa-cpu", 1, &pod)
+        .must("allocating the firstAvailable claim");
+    let prepared = node
+        .prepare_for_request(&claim, "cpus")
+        .await
+        .must("kubelet gives the container naming request cpus the claim's CDI device");
+    assert_eq!(prepared.cpus.len(), 1, "got {}", prepared.cpus);
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&prepared.cdi_device);
+    let running = node.start_pod(&pod, &[spec]).await.must("starting pod-fa");
+    let id = running.id("app").to_string();
+    let pinned = node
+        .wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the container is pinned to its claim's CPUs");
+    assert_eq!(pinned.allowed_inside, prepared.cpus);
+    node.wait_cpus(&a, &all.difference(&prepared.cpus))
+        .await
+        .must("the shared container shrinks off the claim's CPU");
+    delete_claim_pod(&mut node, &prepared, &running).await;
+    node.wait_cpus(&a, &all)
+        .await
+        .must("the shared container grows back");
+}
