@@ -10,7 +10,7 @@ mod common;
 use common::{pod_uid, Node, NODE, WAIT};
 use dra_cpu_proto::kubelet::health_v1;
 use dra_cpu_proto::transport::connect_unix;
-use dra_cpu_tests::kubelet_dra::DraVersion;
+use dra_cpu_tests::kubelet_dra::{DeviceHealthState, DraVersion, HealthApi, KubeletRelease};
 use dra_plugin::config::DeviceMode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -251,4 +251,61 @@ async fn next_with(
             return (message.devices, unhealthy);
         }
     }
+}
+
+/// Watches health as a kubelet of `release` does for [`KEEP_KNOWN_FOR`],
+/// checking every second that every published device is Healthy and none
+/// turned Unknown (kubelet's 30 s timeout), and that reports kept coming.
+async fn stays_healthy_for_a_kubelet_of(release: KubeletRelease, want_api: HealthApi) {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let watch = running
+        .kubelet
+        .watch_health(release)
+        .await
+        .expect("NodeWatchResources")
+        .expect("this kubelet opens a health stream for dra-plugin");
+    assert_eq!(watch.api, want_api);
+    let devices: Vec<String> = {
+        let (first, _stream) = first_answer(&node).await;
+        names(&first)
+    };
+    let started = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    ticks.tick().await;
+    // The first report may take a moment to arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    while started.elapsed() < KEEP_KNOWN_FOR {
+        ticks.tick().await;
+        assert!(watch.is_open(), "{release:?}: the stream closed");
+        for device in &devices {
+            assert_eq!(
+                watch.state(NODE, device),
+                DeviceHealthState::Healthy,
+                "{release:?}: {device} after {:?}",
+                started.elapsed()
+            );
+        }
+    }
+    // A report at least every 10 s, so two lost ones still keep it known.
+    let reports = watch.reports();
+    let at_least = (KEEP_KNOWN_FOR.as_secs() / 10) as usize;
+    assert!(
+        reports >= at_least,
+        "{release:?}: {reports} reports in {KEEP_KNOWN_FOR:?}"
+    );
+    running.stop().await.expect("clean stop");
+}
+
+/// Four times kubelet's 30 s Unknown timeout.
+const KEEP_KNOWN_FOR: Duration = Duration::from_secs(120);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_37_kubelet_opens_v1_and_sees_no_device_unknown_for_two_minutes() {
+    stays_healthy_for_a_kubelet_of(KubeletRelease::V1_37, HealthApi::V1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1_34_kubelet_opens_v1alpha1_and_sees_no_device_unknown_for_two_minutes() {
+    stays_healthy_for_a_kubelet_of(KubeletRelease::V1_34, HealthApi::V1alpha1).await;
 }

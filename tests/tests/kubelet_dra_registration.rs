@@ -267,7 +267,7 @@ async fn plugin_of_the_wrong_type_is_refused_and_told_why() {
             r#type: "CSIPlugin".into(),
             ..valid_info(endpoint)
         },
-        "plugin type \"CSIPlugin\"",
+        "no handler registered for plugin type: CSIPlugin",
     )
     .await;
 }
@@ -280,46 +280,70 @@ async fn plugin_without_supported_versions_is_refused_and_told_why() {
             supported_versions: vec![],
             ..valid_info(endpoint)
         },
-        "none of the supported versions",
+        "empty list of supported gRPC services",
     )
     .await;
 }
 
 #[tokio::test]
-async fn plugin_with_an_empty_endpoint_is_refused_and_told_why() {
+async fn plugin_serving_no_dra_service_kubelet_knows_is_refused_and_told_why() {
     assert_refused(
-        "empty endpoint",
+        "gRPC service names instead of versions",
         |endpoint| PluginInfo {
-            endpoint: String::new(),
+            supported_versions: vec!["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin".into()],
             ..valid_info(endpoint)
         },
-        "empty endpoint",
+        "none of services supported by the plugin",
     )
     .await;
 }
 
+/// Kubelet does not look at the endpoint when it registers a plugin (its
+/// gRPC client connects lazily): the registration succeeds and the first
+/// call fails.
 #[tokio::test]
-async fn plugin_whose_endpoint_is_not_a_socket_is_refused_and_told_why() {
-    assert_refused(
-        "endpoint missing",
-        |endpoint| PluginInfo {
-            endpoint: format!("{endpoint}.missing"),
-            ..valid_info(endpoint)
-        },
-        "is not a socket",
-    )
-    .await;
+async fn plugin_whose_endpoint_is_missing_registers_and_its_calls_fail() {
+    let plugin = TinyPlugin::start(|endpoint| PluginInfo {
+        endpoint: format!("{endpoint}.missing"),
+        ..valid_info(endpoint)
+    });
+    let kubelet = KubeletDra::register(&plugin.registry, DRIVER, DraVersion::V1, WAIT)
+        .await
+        .expect("registered without looking at the endpoint");
+    assert_eq!(
+        plugin.notified(),
+        vec![RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        }]
+    );
+    let claim = Claim {
+        namespace: "default".into(),
+        name: "tiny-claim".into(),
+        uid: "uid-1".into(),
+    };
+    match kubelet.prepare(&[claim]).await {
+        Err(KubeletDraError::Call { call, .. }) => assert_eq!(call, "NodePrepareResources"),
+        other => panic!("a call to a missing endpoint: {other:?}"),
+    }
+    plugin.stop().await;
 }
 
+/// A socket of another driver is asked for its info and left alone: the
+/// stand-in plays kubelet for one driver only.
 #[tokio::test]
-async fn plugin_for_another_driver_is_refused_and_told_why() {
-    assert_refused(
-        "other driver",
-        |endpoint| PluginInfo {
-            name: "other.example.com".into(),
-            ..valid_info(endpoint)
-        },
-        "plugin name \"other.example.com\"",
-    )
-    .await;
+async fn plugin_for_another_driver_is_left_alone() {
+    let plugin = TinyPlugin::start(|endpoint| PluginInfo {
+        name: "other.example.com".into(),
+        ..valid_info(endpoint)
+    });
+    let wait = Duration::from_secs(1);
+    let result = KubeletDra::register(&plugin.registry, DRIVER, DraVersion::V1, wait).await;
+    assert!(
+        matches!(result, Err(KubeletDraError::NoSocket { .. })),
+        "{:?}",
+        result.map(|k| k.info)
+    );
+    assert_eq!(plugin.notified(), vec![]);
+    plugin.stop().await;
 }
