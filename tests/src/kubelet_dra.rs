@@ -808,7 +808,7 @@ mod tests {
             .expect("bind hidden");
         std::fs::write(dir.path().join("not-a-socket"), "x").expect("file");
         let mut seen = RegistrySnapshot::default();
-        assert_eq!(seen.new_sockets(dir.path()), [path.clone()]);
+        assert_eq!(seen.new_sockets(dir.path()), std::slice::from_ref(&path));
         assert!(seen.new_sockets(dir.path()).is_empty(), "seen once");
         // A restarted plugin binds a temporary name and renames it over.
         let temporary = dir.path().join(".dra.cpu-reg.sock.2.tmp");
