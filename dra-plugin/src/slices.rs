@@ -159,8 +159,6 @@ pub enum SliceError {
     InvalidNodeName(String),
     #[error("driver name {0:?} is not a lowercase DNS subdomain of at most 63 characters")]
     InvalidDriverName(String),
-    #[error("slice name {0:?} is longer than 253 characters; use a shorter node or driver name")]
-    SliceNameTooLong(String),
 }
 
 /// The devices to publish and the CPUs each stands for, in publishing order.
@@ -362,17 +360,20 @@ pub fn build_devices(
         .collect()
 }
 
-fn is_dns_label(s: &str) -> bool {
+/// A part of a DNS-1123 subdomain between dots, as the API server's
+/// `IsDNS1123Subdomain` matches it: its pattern puts no length on a part
+/// (only on the whole name), so neither does this.
+fn is_dns_part(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
 
+/// `IsDNS1123Subdomain` of apimachinery: node and object names.
 fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_part)
 }
 
 /// The driver name as it appears in slice names: already a DNS subdomain
@@ -388,10 +389,36 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
+/// Longest object name the API server takes (a DNS subdomain).
+const MAX_NAME_LEN: usize = 253;
+
 /// `<node>-<driver>-<index>`: deterministic, so a restart addresses the
-/// same objects and server-side apply updates them in place.
+/// same objects and server-side apply updates them in place. A node name of
+/// any valid length (up to 253 characters) still gets a valid name: where
+/// the full name is too long, `<node>-<driver>` is cut short and a hash of
+/// it keeps names of different nodes apart, `<start>-<hash>-<index>` (the
+/// Go plugin helper lets the API server truncate a `generateName` instead,
+/// which gives random names that a restart cannot find again).
 pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
-    format!("{node}-{}-{index}", sanitize(driver))
+    let base = format!("{node}-{}", sanitize(driver));
+    let full = format!("{base}-{index}");
+    if full.len() <= MAX_NAME_LEN {
+        return full;
+    }
+    let suffix = format!("-{:016x}-{index}", fnv1a64(base.as_bytes()));
+    let keep = MAX_NAME_LEN.saturating_sub(suffix.len());
+    // Every character of `base` is ASCII, so any cut is a char boundary; a
+    // name part must end with a letter or digit.
+    let start = base[..keep.min(base.len())].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{start}{suffix}")
+}
+
+/// FNV-1a, 64 bits: a stable hash (the same on every build and machine),
+/// which slice names need and `std`'s hasher does not promise.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// The labels on every slice of ours.
@@ -453,9 +480,6 @@ pub fn build_slices(
         .enumerate()
         .map(|(index, devices)| {
             let name = slice_name(node, driver, index);
-            if name.len() > 253 {
-                return Err(SliceError::SliceNameTooLong(name));
-            }
             Ok(ResourceSlice {
                 metadata: ObjectMeta {
                     name: Some(name),
@@ -869,8 +893,45 @@ mod tests {
             "d".repeat(55)
         );
         assert_eq!(long_node.len(), 247);
-        let err = build_slices("dra.cpu", &long_node, None, vec![], 1).unwrap_err();
-        assert!(matches!(err, SliceError::SliceNameTooLong(_)), "{err}");
+        let slices = build_slices("dra.cpu", &long_node, None, vec![], 1).expect("a long node");
+        let name = slices[0].metadata.name.clone().unwrap_or_default();
+        assert!(name.len() <= 253 && is_dns_subdomain(&name), "{name}");
+    }
+
+    #[test]
+    fn slice_names_of_long_node_names_stay_valid_distinct_and_stable() {
+        let label = |c: &str, n: usize| c.repeat(n);
+        let longest = format!(
+            "{}.{}.{}.{}",
+            label("a", 63),
+            label("b", 63),
+            label("c", 63),
+            label("d", 61)
+        );
+        assert_eq!(longest.len(), 253);
+        let nodes = [
+            "node-1".to_string(),
+            label("n", 63),
+            format!("{}.{}.{}", label("x", 63), label("y", 63), label("z", 63)),
+            longest.clone(),
+            format!("{}e", &longest[..252]),
+            // A cut that would end on '.' or '-'.
+            format!("{}.{}", label("p", 230), label("q", 22)),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for node in &nodes {
+            assert!(is_dns_subdomain(node), "fixture {node}");
+            for index in [0, 7, 1234] {
+                let name = slice_name(node, "dra.cpu", index);
+                assert!(name.len() <= 253, "{} chars: {name}", name.len());
+                assert!(is_dns_subdomain(&name), "not a DNS subdomain: {name}");
+                assert!(name.ends_with(&format!("-{index}")), "{name}");
+                assert_eq!(name, slice_name(node, "dra.cpu", index), "stable");
+                assert!(seen.insert(name.clone()), "{name} given twice");
+            }
+        }
+        // Short names keep the plain form, so existing slices are found.
+        assert_eq!(slice_name("node-1", "dra.cpu", 3), "node-1-dra.cpu-3");
     }
 
     #[test]

@@ -313,3 +313,43 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
         .expect("run stops on shutdown")
         .unwrap();
 }
+
+/// A node name of the longest valid length (253 characters) still gets its
+/// slices, under names the real schema accepts, found again by a restarted
+/// publisher (nothing re-applied, generation unchanged).
+#[tokio::test]
+async fn a_node_name_of_253_characters_gets_its_slices() {
+    let node_name = format!(
+        "{}.{}.{}.{}",
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(61)
+    );
+    assert_eq!(node_name.len(), 253);
+    let server = FakeApiServer::start().unwrap();
+    server.insert_node(&node_name).unwrap();
+    let client = server.client().await.unwrap();
+    let mut p = Publisher::new(client.clone(), "dra.cpu", &node_name);
+    let outcome = p.sync(&devices(DeviceMode::Individual)).await.unwrap();
+    assert_eq!(outcome.applied.len(), 3, "{outcome:?}");
+    for name in &outcome.applied {
+        assert!(name.len() <= 253, "{name}");
+    }
+    let bodies: Vec<Value> = server
+        .received()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.body)
+        .collect();
+    validate_k8s_objects(&bodies, &["1.37.0"]).unwrap();
+
+    let mut restarted = Publisher::new(client, "dra.cpu", &node_name);
+    let before = patches(&server);
+    let again = restarted
+        .sync(&devices(DeviceMode::Individual))
+        .await
+        .unwrap();
+    assert_eq!((again.generation, again.applied.len()), (1, 0));
+    assert_eq!(patches(&server), before);
+}

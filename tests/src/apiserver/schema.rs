@@ -49,6 +49,9 @@ pub fn validate_k8s_objects_with(
                     '_'
                 }
             })
+            // File names end at 255 bytes; object names reach 253. The
+            // index keeps the files apart, the name only helps a reader.
+            .take(160)
             .collect();
         let path = dir.path().join(format!("{i:04}-{kind}-{safe}.json"));
         let text = serde_json::to_string_pretty(object)

@@ -46,9 +46,20 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Lowercase RFC 1123 DNS subdomain (object names, driver names).
+/// Lowercase RFC 1123 DNS subdomain (object names, driver names) as
+/// apimachinery's `IsDNS1123Subdomain` checks it: at most 253 characters
+/// matching `[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*`,
+/// whose parts have no length limit of their own (unlike a DNS label).
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+    let is_part = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !part.starts_with('-')
+            && !part.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_part)
 }
 
 /// Attribute and capacity names: an optional DNS-subdomain domain, `/`, and a
