@@ -75,6 +75,20 @@ impl DeviceCatalog {
     }
 }
 
+/// Why a claim reserved only for other consumers is refused: the CPUs of a
+/// claim are pinned to the pod that consumes it, and nri-plugin admits a
+/// claim container only from a pod the claim names. A reservation for a
+/// PodGroup (alpha `DRAWorkloadResourceClaims`) names no pod.
+fn not_pods_note(reserved_for: &[String]) -> String {
+    if reserved_for.is_empty() {
+        return String::new();
+    }
+    format!(
+        " (reserved for {}): exclusive CPUs go to the one pod a claim is reserved for; reserve the claim for a pod",
+        reserved_for.join(", ")
+    )
+}
+
 /// A claim as kubelet names it in NodePrepareResources.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRef {
@@ -126,8 +140,13 @@ pub enum PrepareError {
         pool: String,
         node: String,
     },
-    #[error("claim {claim} is not reserved for any pod")]
-    NoConsumerPod { claim: String },
+    #[error("claim {claim} is not reserved for any pod{}", not_pods_note(.reserved_for))]
+    NoConsumerPod {
+        claim: String,
+        /// Consumers the claim is reserved for that are not pods (e.g. a
+        /// PodGroup of the alpha DRAWorkloadResourceClaims feature).
+        reserved_for: Vec<String>,
+    },
     #[error("claim {claim}: device {device} (request {request}) is not a device of this node")]
     DeviceUnknown {
         claim: String,
@@ -297,7 +316,21 @@ pub fn parse_claim(
         })
         .unwrap_or_default();
     if consumer_pods.is_empty() {
-        return Err(PrepareError::NoConsumerPod { claim: name });
+        let reserved_for = status
+            .and_then(|s| s.reserved_for.as_ref())
+            .map(|refs| {
+                refs.iter()
+                    .map(|r| match r.api_group.as_deref().filter(|g| !g.is_empty()) {
+                        Some(group) => format!("{}.{group}/{}", r.resource, r.name),
+                        None => format!("{}/{}", r.resource, r.name),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Err(PrepareError::NoConsumerPod {
+            claim: name,
+            reserved_for,
+        });
     }
     Ok(ParsedClaim {
         devices,
@@ -686,6 +719,23 @@ pub(crate) mod tests {
                 requested: UID_A,
                 claim: claim(UID_A, Some(ok), &[]),
                 want: "is not reserved for any pod",
+            },
+            Case {
+                name: "reserved for a PodGroup only",
+                requested: UID_A,
+                claim: {
+                    let mut c = claim(UID_A, Some(ok), &[]);
+                    if let Some(status) = c.status.as_mut() {
+                        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+                            resource: "podgroups".into(),
+                            name: "training".into(),
+                            uid: "group-uid".into(),
+                            api_group: Some("scheduling.k8s.io".into()),
+                        }]);
+                    }
+                    c
+                },
+                want: "is not reserved for any pod (reserved for podgroups.scheduling.k8s.io/training): exclusive CPUs go to the one pod",
             },
         ];
         for case in cases {
