@@ -92,6 +92,10 @@ pub struct Settings {
     /// text or json.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Start even when kubelet runs the static CPU manager policy, which
+    /// hands out exclusive CPUs of its own.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub allow_kubelet_static_cpu_manager: Option<bool>,
 }
 
 /// Why the settings could not be turned into a [`Config`].
@@ -139,6 +143,7 @@ pub struct Config {
     pub coordination_allowed_uids: Vec<u32>,
     pub metrics_address: SocketAddr,
     pub log_format: LogFormat,
+    pub allow_kubelet_static_cpu_manager: bool,
 }
 
 /// Parse a config file's text.
@@ -189,6 +194,9 @@ impl Settings {
                 .or(fallback.coordination_allowed_uids),
             metrics_address: self.metrics_address.or(fallback.metrics_address),
             log_format: self.log_format.or(fallback.log_format),
+            allow_kubelet_static_cpu_manager: self
+                .allow_kubelet_static_cpu_manager
+                .or(fallback.allow_kubelet_static_cpu_manager),
         }
     }
 
@@ -244,6 +252,9 @@ impl Settings {
                     .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9440)))
             }),
             log_format: self.log_format.unwrap_or_default(),
+            allow_kubelet_static_cpu_manager: self
+                .allow_kubelet_static_cpu_manager
+                .unwrap_or(false),
         })
     }
 }

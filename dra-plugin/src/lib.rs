@@ -9,6 +9,7 @@ pub mod dra_service;
 pub mod driver;
 pub mod http;
 pub mod inspect_state;
+pub mod kubelet_cpu_manager;
 pub mod metrics;
 pub mod prepare;
 pub mod publisher;

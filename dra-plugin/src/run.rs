@@ -91,6 +91,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             config.sysfs_root.display()
         )
     })?;
+    // Two owners of exclusive CPUs give one CPU to two workloads.
+    let (cpu_manager_state, verdict) = crate::kubelet_cpu_manager::check(
+        &config.kubelet_root_dir,
+        config.allow_kubelet_static_cpu_manager,
+    );
+    match verdict {
+        crate::kubelet_cpu_manager::Verdict::Proceed => {
+            tracing::debug!(state = %cpu_manager_state.display(), "kubelet's CPU manager policy is none")
+        }
+        crate::kubelet_cpu_manager::Verdict::Warn(warning) => tracing::warn!("{warning}"),
+        crate::kubelet_cpu_manager::Verdict::Refuse(reason) => bail!(reason),
+    }
     let online = topology.online();
     if !config.reserved_cpus.is_subset(&online) {
         bail!(

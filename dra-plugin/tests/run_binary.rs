@@ -432,3 +432,46 @@ async fn sigterm_lets_in_flight_prepares_finish_and_keeps_every_acknowledged_one
         rounds.len()
     );
 }
+
+/// Kubelet's static CPU manager policy hands out exclusive CPUs of its own:
+/// `dra-plugin run` refuses to start next to it, naming the state file and
+/// the policy; with the `none` policy, or with the static one allowed
+/// explicitly, it starts and registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_static_cpu_manager_stops_the_start_unless_allowed() {
+    let node = Node::new(DeviceMode::Grouped);
+    let state = node.config.kubelet_root_dir.join("cpu_manager_state");
+    std::fs::create_dir_all(&node.config.kubelet_root_dir).expect("kubelet root");
+    std::fs::write(
+        &state,
+        r#"{"policyName":"static","defaultCpuSet":"0-15","entries":{},"checksum":1}"#,
+    )
+    .expect("write state");
+    let output = wait_output(run_command(&node).spawn().expect("spawn")).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started next to static: {stderr}");
+    assert!(stderr.contains(&state.display().to_string()), "{stderr}");
+    assert!(stderr.contains("\"static\""), "{stderr}");
+    assert!(
+        stderr.contains("--allow-kubelet-static-cpu-manager"),
+        "{stderr}"
+    );
+
+    // Allowed explicitly: it starts.
+    let mut child = run_command(&node)
+        .arg("--allow-kubelet-static-cpu-manager")
+        .spawn()
+        .expect("spawn allowed");
+    drop(register(&node, &mut child).await);
+    assert!(terminate(child).await.status.success());
+
+    // The none policy: it starts without being told anything.
+    std::fs::write(
+        &state,
+        r#"{"policyName":"none","defaultCpuSet":"","checksum":1353318690}"#,
+    )
+    .expect("write state");
+    let mut child = run_command(&node).spawn().expect("spawn with none");
+    drop(register(&node, &mut child).await);
+    assert!(terminate(child).await.status.success());
+}
