@@ -369,17 +369,25 @@ pub fn cpuset_hierarchy() -> Result<CpusetHierarchy, CgroupError> {
 pub fn enable_cpuset_for_pods() -> Result<CpusetHierarchy, CgroupError> {
     let hierarchy = cpuset_hierarchy()?;
     if let CpusetHierarchy::V2 { mount_point } = &hierarchy {
-        let control = mount_point.join("cgroup.subtree_control");
-        let enabled = read_to_string(&control)?;
-        if !enabled.split_whitespace().any(|c| c == "cpuset") {
-            std::fs::write(&control, "+cpuset").map_err(|source| CgroupError::Write {
-                path: control.clone(),
-                value: "+cpuset".to_string(),
-                source,
-            })?;
-        }
+        enable_cpuset_below(mount_point)?;
     }
     Ok(hierarchy)
+}
+
+/// Lists `cpuset` in `dir/cgroup.subtree_control` unless it is there.
+/// Returns whether it wrote.
+pub fn enable_cpuset_below(dir: &Path) -> Result<bool, CgroupError> {
+    let control = dir.join("cgroup.subtree_control");
+    let enabled = read_to_string(&control)?;
+    if enabled.split_whitespace().any(|c| c == "cpuset") {
+        return Ok(false);
+    }
+    std::fs::write(&control, "+cpuset").map_err(|source| CgroupError::Write {
+        path: control.clone(),
+        value: "+cpuset".to_string(),
+        source,
+    })?;
+    Ok(true)
 }
 
 /// The cpuset cgroup directory of a process, e.g.
@@ -1434,6 +1442,87 @@ mod tests {
         assert!(
             matches!(&err, CgroupError::Busy { pids, .. } if pids == &[42]),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn cpuset_is_enabled_below_a_v2_root_only_when_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("cgroup.subtree_control");
+        for (before, wrote, after) in [
+            ("cpu memory pids\n", true, "+cpuset"),
+            ("\n", true, "+cpuset"),
+            ("cpuset cpu\n", false, "cpuset cpu\n"),
+        ] {
+            std::fs::write(&control, before).unwrap();
+            assert_eq!(
+                enable_cpuset_below(dir.path()).unwrap(),
+                wrote,
+                "{before:?}"
+            );
+            assert_eq!(std::fs::read_to_string(&control).unwrap(), after);
+        }
+        let err = enable_cpuset_below(&dir.path().join("absent")).unwrap_err();
+        assert!(err.to_string().contains("cgroup.subtree_control"), "{err}");
+    }
+
+    /// The whole lookup on a fake cgroup v2 host: mountinfo, the root's
+    /// controllers, a process's `/proc/<pid>/cgroup`, its cgroup's files.
+    #[test]
+    fn a_container_cpuset_is_found_and_read_on_a_fake_v2_host() {
+        let root = tempfile::tempdir().unwrap();
+        let mount = root.path().join("sys/fs/cgroup");
+        write_files(
+            &mount,
+            &[
+                ("cgroup.controllers", "cpuset cpu io memory pids\n"),
+                ("cpuset.cpus.effective", "0-7\n"),
+                ("cpuset.mems.effective", "0-1\n"),
+            ],
+        );
+        let container = mount.join("kubepods/podu/c1");
+        write_files(
+            &container,
+            &[
+                ("cgroup.controllers", "cpuset cpu memory pids\n"),
+                ("cpuset.cpus", "2-3\n"),
+                ("cpuset.cpus.effective", "2-3\n"),
+                ("cpuset.mems", "\n"),
+                ("cpuset.mems.effective", "0-1\n"),
+            ],
+        );
+        let mountinfo = format!(
+            "22 1 259:1 / / rw - ext4 /dev/vda rw\n25 22 0:23 / {} rw - cgroup2 cgroup2 rw\n",
+            mount.display()
+        );
+        let mut mounts = parse_cgroup_mounts(&mountinfo);
+        for m in mounts.iter_mut().filter(|m| m.unified) {
+            m.controllers = std::fs::read_to_string(m.mount_point.join("cgroup.controllers"))
+                .unwrap()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+        }
+        let hierarchy = find_cpuset_hierarchy(&mounts).unwrap();
+        assert_eq!(
+            hierarchy,
+            CpusetHierarchy::V2 {
+                mount_point: mount.clone()
+            }
+        );
+        let entries =
+            parse_proc_cgroup("0::/kubepods/podu/c1\n", Path::new("/proc/9/cgroup")).unwrap();
+        let dir = hierarchy.dir_of(hierarchy.path_of(&entries).unwrap());
+        assert_eq!(dir, container);
+        let got = read_cpuset_dir(&dir).unwrap();
+        let set = |s: &str| CpuSet::parse_cpulist(s).unwrap();
+        assert_eq!(
+            (got.cpus, got.cpus_detail.source),
+            (set("2-3"), CpusetSource::Requested)
+        );
+        assert_eq!(
+            (got.mems, got.mems_detail.source),
+            (set("0-1"), CpusetSource::Effective)
         );
     }
 
