@@ -3,8 +3,9 @@
 //! which is all rustls-native-certs then reads): a plain `http://` server
 //! and a server whose CA the configuration carries (as in a pod) are
 //! reached; a TLS server whose CA is unknown is refused with the
-//! certificate problem named; an `https://` kubeconfig without a CA fails
-//! to build with what to do about it.
+//! certificate problem named; `insecure-skip-tls-verify` needs no store;
+//! an `https://` kubeconfig without a CA fails to build with what to do
+//! about it.
 //!
 //! One test function: the trust store is process-wide environment, set once
 //! before any thread that could read it starts.
@@ -166,7 +167,20 @@ fn trust_comes_from_the_config_and_the_system_store_only_when_needed() {
         assert!(said.contains("invalid peer certificate"), "{said}");
         assert!(said.contains("UnknownIssuer"), "{said}");
 
-        // 5. https without a CA, and no system store: a clear refusal.
+        // 5. insecure-skip-tls-verify: nothing is checked, no store read.
+        let path = kubeconfig(dir.path(), "skip-verify", &https, None);
+        let text = std::fs::read_to_string(&path).expect("kubeconfig");
+        let text = text.replace(
+            &format!("    server: {https}\n"),
+            &format!("    server: {https}\n    insecure-skip-tls-verify: true\n"),
+        );
+        std::fs::write(&path, text).expect("kubeconfig");
+        let client = kube_client(Some(&path))
+            .await
+            .unwrap_or_else(|e| panic!("kubeconfig skipping verification: {e:#}"));
+        get_node(client).await.expect("GET node, verification off");
+
+        // 6. https without a CA, and no system store: a clear refusal.
         let path = kubeconfig(dir.path(), "no-ca", &https, None);
         let said = match kube_client(Some(&path)).await {
             Ok(_) => panic!("an https kubeconfig without a CA built a client with no trust store"),
