@@ -1,7 +1,7 @@
 //! The node harness against the real containerd and real cgroups: pods run on
-//! a private containerd, cpusets are read back from cgroups (v1 or v2) and from inside
-//! the containers, CDI specs reach container environments, and cleanup leaves
-//! nothing behind. Needs root and `scripts/install-deps.sh`.
+//! a private containerd, cpusets are read back from cgroups (v1 or v2) and
+//! from inside the containers, CDI specs reach container environments, and
+//! cleanup leaves nothing behind. Needs root and `scripts/install-deps.sh`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -117,6 +117,13 @@ async fn pod_with_two_containers_runs_and_cpusets_read_back() {
         assert_eq!(cpus.cgroup.cpus, online(), "cgroup cpus of {id}");
         assert_eq!(cpus.allowed_inside, online(), "Cpus_allowed_list of {id}");
         assert_eq!(cpus.cgroup.mems, all_mems(), "cgroup mems of {id}");
+        // Nobody wrote its cpuset: v1 copies the parent's into cpuset.cpus,
+        // v2 leaves it empty and the effective set is what is reported.
+        let expected_source = match cpus.cgroup.version {
+            cgroup::CgroupVersion::V1 => cgroup::CpusetSource::Requested,
+            cgroup::CgroupVersion::V2 => cgroup::CpusetSource::Effective,
+        };
+        assert_eq!(cpus.cgroup.cpus_detail.source, expected_source, "{id}");
     }
     // Kubelet's shares reached the cgroup: 100m is 102 shares (v1
     // `cpu.shares`; on v2 runc's conversion of them in `cpu.weight`).
