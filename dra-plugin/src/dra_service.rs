@@ -41,7 +41,9 @@ impl KubeClaims {
 impl ClaimSource for KubeClaims {
     async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
-        api.get_opt(name).await.map_err(|e| e.to_string())
+        api.get_opt(name)
+            .await
+            .map_err(|e| crate::api_client::error_chain(&e))
     }
 }
 

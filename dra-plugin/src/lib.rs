@@ -1,6 +1,7 @@
 //! dra-plugin as a library: the parts of the kubelet DRA plugin that the
 //! binary wires together and that tests drive directly.
 
+pub mod api_client;
 pub mod cdi;
 pub mod config;
 pub mod coordination_server;

@@ -287,7 +287,7 @@ impl Publisher {
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(node = %self.node, retry_in = ?retry, "publishing ResourceSlices failed: {err}");
+                        tracing::warn!(node = %self.node, retry_in = ?retry, "publishing ResourceSlices failed: {}", crate::api_client::error_chain(&err));
                         due = Some(tokio::time::Instant::now() + retry);
                         retry = (retry * 2).min(RETRY_MAX);
                     }
@@ -312,7 +312,7 @@ impl Publisher {
                         }
                     }
                     Some(Err(err)) => {
-                        tracing::warn!(node = %self.node, "watching ResourceSlices: {err}");
+                        tracing::warn!(node = %self.node, "watching ResourceSlices: {}", crate::api_client::error_chain(&err));
                     }
                     // The watcher never ends by itself; if it does, stop
                     // watching but keep the last publish in place.

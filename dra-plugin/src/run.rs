@@ -50,22 +50,6 @@ impl Health {
     }
 }
 
-/// Build a kube client from `--kubeconfig`, or in-cluster configuration.
-pub async fn kube_client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
-        }
-        None => kube::Config::incluster()
-            .context("loading the in-cluster configuration (pass --kubeconfig outside a pod)")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
-}
-
 /// Kubelet runs as root; our own uid is admitted too so that the plugin can
 /// be run and tested unprivileged.
 fn kubelet_peers() -> PeerPolicy {
@@ -118,6 +102,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         config.group_by,
     )
     .context("planning the node's devices")?;
+    // The client is built (no request made) before anything is served, so
+    // a configuration it cannot use stops the start with nothing to undo.
+    let client = crate::api_client::kube_client(config.kubeconfig.as_deref()).await?;
     let store_dir = config.store_dir();
     let store: Arc<dyn AssignmentStore> = Arc::new(
         SledStore::open(&store_dir)
@@ -191,7 +178,6 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
 
     // Kubelet DRA services.
-    let client = kube_client(config.kubeconfig.as_deref()).await?;
     let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaims::new(client.clone()));
     let service = DraService::new(driver.clone(), claims);
     let dra_socket = config.dra_socket();

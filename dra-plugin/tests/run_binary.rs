@@ -475,3 +475,64 @@ async fn kubelets_static_cpu_manager_stops_the_start_unless_allowed() {
     drop(register(&node, &mut child).await);
     assert!(terminate(child).await.status.success());
 }
+
+/// `SSL_CERT_FILE` (an empty file) and `SSL_CERT_DIR` (an empty directory):
+/// with either set, rustls-native-certs reads nothing else, as on a host
+/// without CA certificates.
+fn without_system_certificates(command: &mut std::process::Command, dir: &std::path::Path) {
+    let file = dir.join("no-certificates.pem");
+    let certs = dir.join("no-certificates");
+    std::fs::write(&file, "").expect("empty bundle");
+    std::fs::create_dir_all(&certs).expect("empty directory");
+    command
+        .env("SSL_CERT_FILE", file)
+        .env("SSL_CERT_DIR", certs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_api_server_needs_no_system_certificates() {
+    let node = Node::new(DeviceMode::Grouped);
+    let mut command = run_command(&node);
+    without_system_certificates(&mut command, node.dir.path());
+    let mut child = command.spawn().expect("spawn dra-plugin run");
+    let kubelet = register(&node, &mut child).await;
+    let deadline = Instant::now() + WAIT;
+    while node.api.slices().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!node.api.slices().is_empty(), "no ResourceSlice published");
+    drop(kubelet);
+    let output = terminate(child).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "exit {:?}: {stderr}",
+        output.status
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_kubeconfig_without_a_ca_and_no_system_certificates_is_refused_clearly() {
+    let node = Node::new(DeviceMode::Grouped);
+    // The kubeconfig the command names now points at an https server.
+    let kubeconfig = node.config.kubeconfig.clone().expect("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    token: t\n",
+    )
+    .expect("kubeconfig");
+    let mut command = run_command(&node);
+    without_system_certificates(&mut command, node.dir.path());
+    let child = command.spawn().expect("spawn dra-plugin run");
+    let output = wait_output(child).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "it started: {stderr}");
+    assert!(
+        stderr.contains("names no certificate-authority for https://127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("No CA certificates were loaded"),
+        "{stderr}"
+    );
+}
