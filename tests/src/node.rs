@@ -127,6 +127,8 @@ pub struct NodeOptions {
     pub containerd: ContainerdOptions,
     /// The fake API server keeps `nodeAllocatableResources` (feature gate on).
     pub api_keeps_node_allocatable: bool,
+    /// The release (and feature gates) the fake API server plays.
+    pub api: FakeApiServerOptions,
 }
 
 impl Default for NodeOptions {
@@ -138,6 +140,7 @@ impl Default for NodeOptions {
             dra_version: DraVersion::V1,
             containerd: ContainerdOptions::default(),
             api_keeps_node_allocatable: true,
+            api: FakeApiServerOptions::default(),
         }
     }
 }
@@ -550,10 +553,11 @@ impl Node {
                 source,
             })?;
         let containerd = Containerd::start(options.containerd.clone()).await?;
-        let api = FakeApiServer::start_with(FakeApiServerOptions {
-            node_allocatable_resources: options.api_keeps_node_allocatable,
-            ..Default::default()
-        })?;
+        let mut api_options = options.api.clone();
+        if !options.api_keeps_node_allocatable {
+            api_options.feature_gates.dra_node_allocatable_resources = false;
+        }
+        let api = FakeApiServer::start_with(api_options)?;
         api.insert_node(&options.node_name)?;
         let class = device_class().map_err(|e| NodeError::ClaimObject {
             name: DRIVER_NAME.to_string(),

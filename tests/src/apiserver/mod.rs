@@ -12,16 +12,19 @@
 //! ([`validate_k8s_objects`]).
 
 mod patch;
+mod quantity;
 mod rest;
 mod schema;
 mod selector;
 mod store;
 mod validate;
+mod version;
 
 pub use schema::{
     validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
 };
 pub use store::ApiError;
+pub use version::{FeatureGates, KubernetesVersion, SliceSchema, UnsupportedVersion};
 
 use self::rest::{handle, lock, Shared};
 use self::store::{Store, Subresource, DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
@@ -96,17 +99,49 @@ pub enum FakeApiServerError {
 pub struct FakeApiServerOptions {
     /// How often a watch that allows bookmarks gets a BOOKMARK event.
     pub bookmark_interval: Duration,
-    /// Whether the server keeps `nodeAllocatableResources` on devices, as a
-    /// server with the `DRANodeAllocatableResources` feature gate does.
-    pub node_allocatable_resources: bool,
+    /// The release played (`--kubernetes-version`): schema, `/version`,
+    /// `/openapi/v3`.
+    pub kubernetes_version: KubernetesVersion,
+    /// Its feature gates (`--feature-gates`).
+    pub feature_gates: FeatureGates,
 }
 
 impl Default for FakeApiServerOptions {
+    /// A 1.37 server with `DRANodeAllocatableResources` on (off by default
+    /// in 1.37, where it is alpha): the release the driver's full contract
+    /// needs. [`FakeApiServerOptions::for_version`] gives a release's
+    /// defaults.
     fn default() -> Self {
         FakeApiServerOptions {
             bookmark_interval: Duration::from_secs(1),
-            node_allocatable_resources: true,
+            kubernetes_version: KubernetesVersion::V1_37,
+            feature_gates: FeatureGates {
+                dra_consumable_capacity: true,
+                dra_node_allocatable_resources: true,
+            },
         }
+    }
+}
+
+impl FakeApiServerOptions {
+    /// `version` with its default feature gates.
+    pub fn for_version(version: KubernetesVersion) -> Self {
+        FakeApiServerOptions {
+            kubernetes_version: version,
+            feature_gates: FeatureGates::defaults(version),
+            ..Default::default()
+        }
+    }
+
+    /// `version` with `--feature-gates`-style overrides of its defaults
+    /// (`DRAConsumableCapacity=true,...`).
+    pub fn parse(version: &str, feature_gates: &str) -> Result<Self, String> {
+        let version: KubernetesVersion = version
+            .parse()
+            .map_err(|e: UnsupportedVersion| e.to_string())?;
+        let mut options = Self::for_version(version);
+        options.feature_gates = options.feature_gates.with_flags(feature_gates)?;
+        Ok(options)
     }
 }
 
@@ -137,8 +172,7 @@ impl FakeApiServer {
         let listener = std::net::TcpListener::bind(bind_addr).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
-        let mut store = Store::new();
-        store.node_allocatable_resources = options.node_allocatable_resources;
+        let store = Store::for_version(options.kubernetes_version, options.feature_gates);
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             received: Mutex::new(Vec::new()),
@@ -440,7 +474,19 @@ impl FakeApiServer {
 
     /// Switches the `DRANodeAllocatableResources` behaviour for later writes.
     pub fn set_node_allocatable_resources(&self, enabled: bool) {
-        lock(&self.shared.store).node_allocatable_resources = enabled;
+        lock(&self.shared.store)
+            .gates
+            .dra_node_allocatable_resources = enabled;
+    }
+
+    /// Switches the `DRAConsumableCapacity` behaviour for later writes.
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        lock(&self.shared.store).gates.dra_consumable_capacity = enabled;
+    }
+
+    /// The release this server plays.
+    pub fn kubernetes_version(&self) -> KubernetesVersion {
+        lock(&self.shared.store).version()
     }
 }
 

@@ -266,10 +266,23 @@ async fn route(shared: &Arc<Shared>, path: &str, ctx: RequestContext) -> Respons
         ))
     };
     match segments.as_slice() {
-        ["version"] => json_response(
+        ["version"] => {
+            let version = lock(&shared.store).version();
+            json_response(
+                200,
+                &json!({"major": "1", "minor": version.minor().to_string(),
+                    "gitVersion": version.git_version(), "platform": "linux/amd64"}),
+            )
+        }
+        ["openapi", "v3"] => json_response(
             200,
-            &json!({"major": "1", "minor": "37", "gitVersion": "v1.37.0", "platform": "linux/amd64"}),
+            &json!({"paths": {"apis/resource.k8s.io/v1": {
+                "serverRelativeURL": "/openapi/v3/apis/resource.k8s.io/v1"}}}),
         ),
+        ["openapi", "v3", "apis", "resource.k8s.io", "v1"] => {
+            let version = lock(&shared.store).version();
+            json_response(200, &super::version::openapi_v3_resource_v1(version))
+        }
         ["api"] => json_response(
             200,
             &json!({"kind": "APIVersions", "versions": ["v1"],
