@@ -139,9 +139,9 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         check(mode, nri_mounts["sysfs"]["mountPath"] == nri["sysfs-root"].rstrip("/") + "/sys" and nri_mounts["sysfs"].get("readOnly") is True, "nri-plugin's sysfs-root is not its read-only sysfs mount")
         check(mode, containers["nri-plugin"]["readinessProbe"]["httpGet"]["path"] == "/readyz", "nri-plugin readiness is not /readyz")
     expect = {
-        "default": {"cpu-device-mode": "grouped", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
+        "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
         "individual": {"cpu-device-mode": "individual"},
-        "group-by-socket": {"cpu-device-mode": "grouped", "group-by": "socket"},
+        "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
@@ -193,7 +193,7 @@ echo "check-chart: every config key and argument the chart writes is a flag of i
 # --- bad values fail at install time, naming the value -------------------------------
 bad_values=(
   "driverName=Not_A_DNS_Name|/driverName"
-  "draPlugin.cpuDeviceMode=single|value must be one of 'grouped', 'individual'"
+  "draPlugin.cpuDeviceMode=single|value must be one of 'auto', 'grouped', 'individual'"
   "draPlugin.groupBy=core|/draPlugin/groupBy"
   "draPlugin.allocationPolicy=spread|/draPlugin/allocationPolicy"
   "reservedCpus=0-a|/reservedCpus"

@@ -11,6 +11,7 @@ pub mod inspect_state;
 pub mod metrics;
 pub mod prepare;
 pub mod publisher;
+pub mod quantity;
 pub mod registration;
 pub mod run;
 pub mod slices;

@@ -180,6 +180,7 @@ impl FakeApiServer {
             faults: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
             server_address: addr.to_string(),
+            version_answer: Mutex::new(None),
         });
         let dir = tempfile::tempdir().map_err(FakeApiServerError::Runtime)?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -482,6 +483,13 @@ impl FakeApiServer {
     /// Switches the `DRAConsumableCapacity` behaviour for later writes.
     pub fn set_consumable_capacity(&self, enabled: bool) {
         lock(&self.shared.store).gates.dra_consumable_capacity = enabled;
+    }
+
+    /// Makes `/version` claim `v1.<minor>.<rest>` (e.g. a 1.37.0-beta.0
+    /// whose schema is still 1.36's) while the schema stays the release's.
+    pub fn set_version_answer(&self, minor: u32, git_version: &str) {
+        *lock(&self.shared.version_answer) = Some(json!({"major": "1",
+            "minor": minor.to_string(), "gitVersion": git_version, "platform": "linux/amd64"}));
     }
 
     /// The release this server plays.

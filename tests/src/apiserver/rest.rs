@@ -23,6 +23,8 @@ pub struct Shared {
     pub faults: Mutex<Vec<Fault>>,
     pub bookmark_interval: Duration,
     pub server_address: String,
+    /// What `/version` answers instead of the release played, if set.
+    pub version_answer: Mutex<Option<Value>>,
 }
 
 /// A failure the test asked for: the next `remaining` requests whose
@@ -267,6 +269,9 @@ async fn route(shared: &Arc<Shared>, path: &str, ctx: RequestContext) -> Respons
     };
     match segments.as_slice() {
         ["version"] => {
+            if let Some(answer) = lock(&shared.version_answer).clone() {
+                return json_response(200, &answer);
+            }
             let version = lock(&shared.store).version();
             json_response(
                 200,
