@@ -378,6 +378,20 @@ impl FakeApiServer {
         typed(claim, &what)
     }
 
+    /// The devices named in the allocation results of every stored claim.
+    pub fn allocated_devices(&self) -> Vec<String> {
+        lock(&self.shared.store)
+            .list(&RESOURCE_CLAIMS, &Default::default())
+            .iter()
+            .filter_map(|c| {
+                c.pointer("/status/allocation/devices/results")
+                    .and_then(Value::as_array)
+            })
+            .flatten()
+            .filter_map(|r| r.get("device").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    }
+
     /// The ResourceSlices stored now, ordered by name.
     pub fn slices(&self) -> Vec<ResourceSlice> {
         let values = lock(&self.shared.store).list(&RESOURCE_SLICES, &Default::default());
