@@ -576,6 +576,17 @@ impl Publisher {
             },
         };
         let desired = build(generation)?;
+        let wanted: BTreeMap<String, ResourceSlice> = desired
+            .iter()
+            .filter_map(|s| s.metadata.name.clone().map(|n| (n, s.clone())))
+            .collect();
+        // Remembered before writing: a retry after a failed apply or delete
+        // finishes this generation instead of starting another.
+        self.last = Some(Published {
+            content,
+            generation,
+            slices: wanted.clone(),
+        });
         let mut outcome = PublishOutcome {
             generation,
             ..Default::default()
@@ -601,10 +612,6 @@ impl Publisher {
         }
         // New slices first, stale ones after: the scheduler ignores slices of
         // an older generation, so the pool is never seen half-empty.
-        let wanted: BTreeMap<String, ResourceSlice> = desired
-            .into_iter()
-            .filter_map(|s| s.metadata.name.clone().map(|n| (n, s)))
-            .collect();
         for name in existing.keys().filter(|n| !wanted.contains_key(*n)) {
             match self.slices.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
@@ -618,11 +625,6 @@ impl Publisher {
             }
             outcome.deleted.push(name.clone());
         }
-        self.last = Some(Published {
-            content,
-            generation,
-            slices: wanted,
-        });
         self.metrics.node_allocatable_mapping_published.store(
             u64::from(
                 devices

@@ -585,3 +585,101 @@ async fn an_unchanged_node_reapplies_nothing_across_watch_events_and_a_restart()
         );
     }
 }
+
+#[tokio::test]
+async fn expired_watches_and_failures_of_each_call_recover() {
+    let server = server_at(KubernetesVersion::V1_37);
+    // One failure of every call the publisher makes. (kube's client
+    // retries 429, 503 and 504 itself: these codes reach the publisher.)
+    // The dry-run fault comes first so that the dry run takes it.
+    server.fail_next("GET", "/api/v1/nodes/node-1", 500, 1);
+    server.fail_next("GET", "/openapi/v3", 500, 1);
+    server.fail_next("GET", "/version", 500, 1);
+    server.fail_next("PATCH", "dryRun", 500, 1);
+    let status = Arc::new(PublishStatus::default());
+    let metrics = Arc::new(Metrics::new());
+    let p = publisher(&server)
+        .await
+        .with_reporting(status.clone(), metrics.clone());
+    let (tx, rx) = watch::channel(auto(devices(DeviceMode::Grouped)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(rx, async {
+        let _ = stopped.await;
+    }));
+    eventually("published despite one failure of each call", || {
+        server.slices().len() == 1 && status.unready_reason().is_none()
+    })
+    .await;
+    // The watch lists too: the publisher's own LIST (and then its apply)
+    // fails once only after the watch is up, on the resync a deletion
+    // calls for.
+    eventually("the watch is up", || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.method == "GET" && r.path.contains("watch=true"))
+    })
+    .await;
+    server.fail_next("GET", "/resourceslices?", 500, 1);
+    server.fail_next("PATCH", "/resourceslices/", 409, 1);
+    server.delete_slice_behind_back("node-1-dra.cpu-0").unwrap();
+    eventually("republished after a failed list and a failed apply", || {
+        server.slices().len() == 1 && metrics.publish_failures("apply", 409) == 1
+    })
+    .await;
+    for (stage, code) in [
+        ("get_node", 500),
+        ("discover", 500),
+        ("probe", 500),
+        ("list", 500),
+        ("apply", 409),
+    ] {
+        assert_eq!(
+            metrics.publish_failures(stage, code),
+            1,
+            "{stage} {code}:\n{}",
+            metrics.render()
+        );
+    }
+    // Watches expire (410 in the stream): the watcher lists again, which
+    // re-applies nothing.
+    let writes = patches(&server);
+    for _ in 0..3 {
+        server.expire_watches();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eventually("the watch was re-established", || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.contains("watch"))
+            .count()
+            >= 2
+    })
+    .await;
+    assert_eq!(patches(&server), writes, "expiry is no reason to write");
+    // The re-established watch still catches a deletion, and a failed
+    // DELETE of a stale slice is retried.
+    server.delete_slice_behind_back("node-1-dra.cpu-0").unwrap();
+    eventually("republished after an expiry", || server.slices().len() == 1).await;
+    tx.send(devices(DeviceMode::Individual).into()).unwrap();
+    eventually("individual pool replaces the grouped one", || {
+        let slices = server.slices();
+        slices.len() == 3 && slices.iter().all(|s| s.spec.pool.generation == 2)
+    })
+    .await;
+    server.fail_next("DELETE", "/resourceslices/", 500, 1);
+    tx.send(auto(devices(DeviceMode::Grouped))).unwrap();
+    eventually("grouped pool back despite a failed delete", || {
+        let slices = server.slices();
+        slices.len() == 1 && slices[0].spec.pool.generation == 3
+    })
+    .await;
+    assert_eq!(metrics.publish_failures("delete", 500), 1);
+    eventually("ready", || status.unready_reason().is_none()).await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .expect("run stops")
+        .unwrap();
+}

@@ -962,3 +962,74 @@ fn embedded_slice_schemas_are_kubernetes_validates() {
     }
     assert!(output.status.success(), "{stderr}");
 }
+
+#[tokio::test]
+async fn an_expired_watch_ends_with_a_410_error_event_in_the_stream() {
+    let server = FakeApiServer::start().unwrap();
+    let slices: Api<ResourceSlice> = Api::all(server.client().await.unwrap());
+    let first = slices
+        .create(&PostParams::default(), &slice("a", "node-1", 1))
+        .await
+        .unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
+    futures::pin_mut!(stream);
+    slices
+        .create(&PostParams::default(), &slice("b", "node-1", 1))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("b")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Added(_)), "{event:?}");
+    server.expire_watches();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("not the end yet")
+        .unwrap();
+    let WatchEvent::Error(status) = event else {
+        panic!("expected an ERROR event, got {event:?}");
+    };
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    assert!(
+        status.message.starts_with("too old resource version: "),
+        "{}",
+        status.message
+    );
+    assert!(
+        tokio::time::timeout(HANG_GUARD, stream.next())
+            .await
+            .expect("ends")
+            .is_none(),
+        "the stream ends after the error"
+    );
+    // Resuming from the compacted version fails the same way at once.
+    let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
+    futures::pin_mut!(stream);
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("one event")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Error(s) if s.code == 410));
+    // From the current version it works.
+    let current = server.resource_version().to_string();
+    let stream = slices
+        .watch(&WatchParams::default(), &current)
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    slices
+        .create(&PostParams::default(), &slice("c", "node-1", 1))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("one event")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Added(s) if s.metadata.name.as_deref() == Some("c")));
+}

@@ -181,6 +181,8 @@ impl FakeApiServer {
             bookmark_interval: options.bookmark_interval,
             server_address: addr.to_string(),
             version_answer: Mutex::new(None),
+            expiry: tokio::sync::watch::channel(0).0,
+            compacted: Mutex::new(0),
         });
         let dir = tempfile::tempdir().map_err(FakeApiServerError::Runtime)?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -504,6 +506,17 @@ impl FakeApiServer {
     pub fn set_version_answer(&self, minor: u32, git_version: &str) {
         *lock(&self.shared.version_answer) = Some(json!({"major": "1",
             "minor": minor.to_string(), "gitVersion": git_version, "platform": "linux/amd64"}));
+    }
+
+    /// Ends every open watch as a real server does when the resource
+    /// version it follows is compacted away: an ERROR event carrying a 410
+    /// Expired `Status` inside the stream, then the end of the stream. A
+    /// watch started afterwards from an older resource version gets the
+    /// same at once; clients list again.
+    pub fn expire_watches(&self) {
+        let current = lock(&self.shared.store).resource_version();
+        *lock(&self.shared.compacted) = current;
+        self.shared.expiry.send_modify(|n| *n += 1);
     }
 
     /// The release this server plays.
