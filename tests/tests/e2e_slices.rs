@@ -214,3 +214,45 @@ async fn on_136_grouped_devices_are_published_without_the_mapping_and_prepare() 
 async fn on_137_with_its_gate_the_mapping_is_published() {
     on_release("1.37", "DRANodeAllocatableResources=true", true, true).await;
 }
+
+#[tokio::test]
+async fn on_134_a_restarted_dra_plugin_reapplies_nothing_and_keeps_its_claims() {
+    let api = FakeApiServerOptions::parse("1.34", "").must("fake API server options");
+    let mut node = node(NodeOptions {
+        api,
+        ..Default::default()
+    })
+    .await;
+    let before = node.wait_slices().await.must("slices");
+    let pod = PodIdentity::new("pod-r");
+    let claim = node
+        .create_claim("pod-r-cpu", 1, &pod)
+        .await
+        .must("preparing an individual-device claim");
+    let writes = |node: &Node| {
+        node.api()
+            .received()
+            .iter()
+            .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
+            .count()
+    };
+    let written = writes(&node);
+    node.kill_dra_plugin();
+    node.start_dra_plugin()
+        .await
+        .must("starting dra-plugin again");
+    // Ready means the restarted publisher has synced once (a failure would
+    // have shown in /readyz); give its watch a moment more.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(writes(&node), written, "the restart re-applied a slice");
+    let after = node.wait_slices().await.must("slices");
+    let generations = |slices: &[Value]| -> Vec<Option<i64>> {
+        slices
+            .iter()
+            .map(|s| s.pointer("/spec/pool/generation").and_then(Value::as_i64))
+            .collect()
+    };
+    assert_eq!(generations(&after), generations(&before));
+    let again = node.prepare(&claim.claim).await.must("preparing again");
+    assert_eq!(again.cpus, claim.cpus, "the store kept the claim's CPUs");
+}
