@@ -92,7 +92,7 @@ def pod(docs):
 for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set"]:
     docs = load(mode)
     kinds = sorted(d["kind"] for d in docs)
-    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount"]), f"objects {kinds}")
+    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]), f"objects {kinds}")
     spec = pod(docs)
     containers = {c["name"]: c for c in spec["containers"]}
     want = ["dra-plugin"] if mode == "no-nri" else ["dra-plugin", "nri-plugin"]
@@ -226,3 +226,12 @@ for example in "${examples[@]}"; do
   validate "$example"
 done
 echo "check-chart: ${#examples[@]} example manifests validate against Kubernetes ${schema_versions[*]}"
+
+# --- the node-scoped ResourceSlice policy, evaluated with a CEL evaluator ------
+"$python" "$(dirname "$0")/check-admission-policy.py" "$out/default.yaml" dra-cpu dra-cpu ||
+  fail "the ResourceSlice admission policy does not decide as intended"
+helm template dra-cpu "$chart" --namespace dra-cpu --set rbac.nodeScopedSlices=false >"$out/no-policy.yaml" 2>"$out/no-policy.log" ||
+  { cat "$out/no-policy.log" >&2; fail "helm template (rbac.nodeScopedSlices=false)"; }
+if grep -q 'kind: ValidatingAdmissionPolicy' "$out/no-policy.yaml"; then
+  fail "rbac.nodeScopedSlices=false still renders the admission policy"
+fi
