@@ -756,7 +756,7 @@ async fn sleep_or_never(until: Option<tokio::time::Instant>) {
 }
 
 fn grouped_refusal() -> String {
-    "--cpu-device-mode grouped needs the API server to keep allowMultipleAllocations (feature gate DRAConsumableCapacity, off by default before Kubernetes 1.36), and this one drops it: no devices are published; enable the gate or use --cpu-device-mode auto or individual".to_string()
+    "--cpu-device-mode grouped needs the API server to keep allowMultipleAllocations (feature gate DRAConsumableCapacity, off by default before Kubernetes 1.36), and this one drops it: no devices are published; enable the gate (then restart dra-plugin) or use --cpu-device-mode auto or individual".to_string()
 }
 
 fn content_hash(devices: &[Device]) -> u64 {
