@@ -10,6 +10,15 @@
 //! change slices behind the product's back. Every object body received is
 //! recorded so tests can check it against the real schemas
 //! ([`validate_k8s_objects`]).
+//!
+//! It plays one Kubernetes release, 1.34 to 1.37, with its feature gates
+//! ([`FakeApiServerOptions::for_version`], [`FakeApiServerOptions::parse`]):
+//! an apply naming a ResourceSlice field that release's schema does not
+//! declare gets the real HTTP 500, fields of disabled gates are dropped,
+//! `/version` and `/openapi/v3/apis/resource.k8s.io/v1` answer for the
+//! release, unsupported field selectors are a 400, empty lists and
+//! non-canonical quantities come back as the real server stores them, and
+//! [`FakeApiServer::expire_watches`] ends watches with an in-stream 410.
 
 mod patch;
 mod quantity;
