@@ -7,8 +7,8 @@
 //! first); it needs root, like containerd.
 
 use anyhow::Context;
-use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::apiserver::FakeApiServerOptions;
+use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
 use std::fmt::Write;
 
