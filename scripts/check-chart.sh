@@ -92,7 +92,7 @@ def pod(docs):
 for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set"]:
     docs = load(mode)
     kinds = sorted(d["kind"] for d in docs)
-    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount"]), f"objects {kinds}")
+    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]), f"objects {kinds}")
     spec = pod(docs)
     containers = {c["name"]: c for c in spec["containers"]}
     want = ["dra-plugin"] if mode == "no-nri" else ["dra-plugin", "nri-plugin"]
@@ -139,9 +139,9 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         check(mode, nri_mounts["sysfs"]["mountPath"] == nri["sysfs-root"].rstrip("/") + "/sys" and nri_mounts["sysfs"].get("readOnly") is True, "nri-plugin's sysfs-root is not its read-only sysfs mount")
         check(mode, containers["nri-plugin"]["readinessProbe"]["httpGet"]["path"] == "/readyz", "nri-plugin readiness is not /readyz")
     expect = {
-        "default": {"cpu-device-mode": "grouped", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
+        "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
         "individual": {"cpu-device-mode": "individual"},
-        "group-by-socket": {"cpu-device-mode": "grouped", "group-by": "socket"},
+        "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
@@ -193,7 +193,7 @@ echo "check-chart: every config key and argument the chart writes is a flag of i
 # --- bad values fail at install time, naming the value -------------------------------
 bad_values=(
   "driverName=Not_A_DNS_Name|/driverName"
-  "draPlugin.cpuDeviceMode=single|value must be one of 'grouped', 'individual'"
+  "draPlugin.cpuDeviceMode=single|value must be one of 'auto', 'grouped', 'individual'"
   "draPlugin.groupBy=core|/draPlugin/groupBy"
   "draPlugin.allocationPolicy=spread|/draPlugin/allocationPolicy"
   "reservedCpus=0-a|/reservedCpus"
@@ -226,3 +226,12 @@ for example in "${examples[@]}"; do
   validate "$example"
 done
 echo "check-chart: ${#examples[@]} example manifests validate against Kubernetes ${schema_versions[*]}"
+
+# --- the node-scoped ResourceSlice policy, evaluated with a CEL evaluator ------
+"$python" "$(dirname "$0")/check-admission-policy.py" "$out/default.yaml" dra-cpu dra-cpu ||
+  fail "the ResourceSlice admission policy does not decide as intended"
+helm template dra-cpu "$chart" --namespace dra-cpu --set rbac.nodeScopedSlices=false >"$out/no-policy.yaml" 2>"$out/no-policy.log" ||
+  { cat "$out/no-policy.log" >&2; fail "helm template (rbac.nodeScopedSlices=false)"; }
+if grep -q 'kind: ValidatingAdmissionPolicy' "$out/no-policy.yaml"; then
+  fail "rbac.nodeScopedSlices=false still renders the admission policy"
+fi

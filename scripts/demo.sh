@@ -16,4 +16,6 @@ cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugi
 target_dir="${CARGO_TARGET_DIR:-target}"
 export DRA_PLUGIN_BIN="${DRA_PLUGIN_BIN:-$target_dir/debug/dra-plugin}"
 export NRI_PLUGIN_BIN="${NRI_PLUGIN_BIN:-$target_dir/debug/nri-plugin}"
-exec "$target_dir/debug/node-demo"
+# Arguments go to the demo: --kubernetes-version 1.34|1.35|1.36|1.37 and
+# --feature-gates Name=true,... choose what the fake API server plays.
+exec "$target_dir/debug/node-demo" "$@"

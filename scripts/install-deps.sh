@@ -5,7 +5,8 @@
 #   - busybox-static (the test image is built from /bin/busybox),
 #   - protobuf-compiler (build scripts of the CRI protocol crate need protoc),
 #   - the Python package kubernetes-validate (checks objects against the real
-#     Kubernetes OpenAPI schemas).
+#     Kubernetes OpenAPI schemas),
+#   - the Python package cel-python (evaluates the chart's admission policy).
 # Idempotent and quiet: skips what is already there, logs to a file and prints
 # that log only when a step fails, with the reason.
 set -euo pipefail
@@ -150,6 +151,12 @@ else
   # pyenv installs console scripts behind shims that must be regenerated.
   if command -v pyenv >/dev/null; then step "pyenv rehash" pyenv rehash; fi
   echo "install-deps: installed kubernetes-validate"
+fi
+if "$python" -c 'import celpy' >/dev/null 2>&1; then
+  echo "install-deps: cel-python already installed"
+else
+  step "pip install cel-python" "$python" -m pip install -q --disable-pip-version-check cel-python
+  echo "install-deps: installed cel-python"
 fi
 validator="$(command -v kubernetes-validate || true)"
 if [ -z "$validator" ]; then

@@ -8,7 +8,7 @@
 
 /// The device options are the slice builder's own types, so that a mode
 /// read from flags is exactly the one the slices are built for.
-pub use crate::slices::{DeviceMode, GroupBy};
+pub use crate::slices::{CpuDeviceMode, DeviceMode, GroupBy};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use shared_state::alloc::Policy;
@@ -65,9 +65,10 @@ pub struct Settings {
     /// CPUs kept for system daemons (cpulist); never published.
     #[arg(long)]
     pub reserved_cpus: Option<CpuSet>,
-    /// grouped or individual.
+    /// auto (grouped where the API server supports consumable capacity,
+    /// else individual), grouped or individual.
     #[arg(long, value_enum)]
-    pub cpu_device_mode: Option<DeviceMode>,
+    pub cpu_device_mode: Option<CpuDeviceMode>,
     /// Grouped mode: numanode, socket or machine.
     #[arg(long, value_enum)]
     pub group_by: Option<GroupBy>,
@@ -134,7 +135,7 @@ pub struct Config {
     pub cdi_dir: PathBuf,
     pub sysfs_root: PathBuf,
     pub reserved_cpus: CpuSet,
-    pub device_mode: DeviceMode,
+    pub device_mode: CpuDeviceMode,
     pub group_by: GroupBy,
     pub allocation_policy: Policy,
     pub mixed_allocation_mode: bool,
@@ -338,7 +339,7 @@ mod tests {
         );
         assert_eq!(config.store_dir(), PathBuf::from("/var/lib/dra-cpu/store"));
         assert_eq!(config.cdi_dir, PathBuf::from("/var/run/cdi"));
-        assert_eq!(config.device_mode, DeviceMode::Grouped);
+        assert_eq!(config.device_mode, CpuDeviceMode::Auto);
         assert_eq!(config.group_by, GroupBy::Numanode);
         assert_eq!(config.allocation_policy, Policy::Packed);
         assert!(!config.mixed_allocation_mode);
@@ -377,7 +378,7 @@ mod tests {
         assert_eq!(c.cdi_dir, PathBuf::from("/cdi"));
         assert_eq!(c.sysfs_root, PathBuf::from("/host"));
         assert_eq!(c.reserved_cpus.to_cpulist(), "0-1");
-        assert_eq!(c.device_mode, DeviceMode::Individual);
+        assert_eq!(c.device_mode, CpuDeviceMode::Individual);
         assert_eq!(c.group_by, GroupBy::Socket);
         assert_eq!(c.allocation_policy, Policy::FullPcpusOnly);
         assert!(c.mixed_allocation_mode);
@@ -475,7 +476,17 @@ log-format: json
             c.coordination_socket,
             PathBuf::from("/file/coordination.sock")
         );
-        assert_eq!(c.device_mode, DeviceMode::Grouped);
+        assert_eq!(c.device_mode, CpuDeviceMode::Auto, "the default");
+        for (text, mode) in [
+            ("auto", CpuDeviceMode::Auto),
+            ("grouped", CpuDeviceMode::Grouped),
+            ("individual", CpuDeviceMode::Individual),
+        ] {
+            let c = flags(&[&format!("--cpu-device-mode={text}")])
+                .resolve(Some("n".into()))
+                .expect("resolves");
+            assert_eq!(c.device_mode, mode, "{text}");
+        }
     }
 
     #[test]

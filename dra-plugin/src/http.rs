@@ -24,12 +24,10 @@ pub fn respond(method: &Method, path: &str, metrics: &Metrics, health: &Health) 
     match path {
         "/metrics" => (StatusCode::OK, PROMETHEUS_TEXT, metrics.render()),
         "/healthz" => (StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" if health.ready() => (StatusCode::OK, TEXT, "ready\n".into()),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            TEXT,
-            "not serving yet\n".into(),
-        ),
+        "/readyz" => match health.unready_reason() {
+            None => (StatusCode::OK, TEXT, "ready\n".into()),
+            Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{reason}\n")),
+        },
         _ => http::not_found(),
     }
 }
@@ -79,5 +77,16 @@ mod tests {
         );
         let (_, _, body) = respond(&Method::GET, "/metrics", &metrics, &health);
         assert!(body.contains("dra_cpu_prepares_total"));
+        health
+            .publishing
+            .set_failure(Some("applying ResourceSlice x: refused".into()));
+        let (code, _, body) = respond(&Method::GET, "/readyz", &metrics, &health);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "applying ResourceSlice x: refused\n");
+        assert_eq!(
+            respond(&Method::GET, "/healthz", &metrics, &health).0,
+            StatusCode::OK,
+            "a publishing problem is not a reason to restart"
+        );
     }
 }

@@ -14,6 +14,7 @@ pub mod kubelet_cpu_manager;
 pub mod metrics;
 pub mod prepare;
 pub mod publisher;
+pub mod quantity;
 pub mod registration;
 pub mod run;
 pub mod slices;

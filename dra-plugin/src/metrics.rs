@@ -73,6 +73,14 @@ pub struct Metrics {
     pub revision: AtomicU64,
     /// Last revision each subscriber reported as applied.
     applied: Mutex<BTreeMap<String, u64>>,
+    /// Failed ResourceSlice publishes by stage (`apply`, `list`, ...) and
+    /// HTTP status code (0: no answer from the server).
+    publish_failures: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// 1 when the API server drops `allowMultipleAllocations`
+    /// (`DRAConsumableCapacity` off): grouped devices cannot be shared there.
+    pub grouped_mode_unsupported: AtomicU64,
+    /// 1 while the published devices carry the KEP-5517 mapping.
+    pub node_allocatable_mapping_published: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -94,6 +102,20 @@ impl Metrics {
     pub fn errors(&self, operation: &'static str, reason: &'static str) -> u64 {
         lock(&self.errors)
             .get(&(operation, reason))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Count a failed ResourceSlice publish.
+    pub fn publish_failure(&self, stage: &'static str, code: u16) {
+        *lock(&self.publish_failures)
+            .entry((stage, code))
+            .or_default() += 1;
+    }
+
+    pub fn publish_failures(&self, stage: &'static str, code: u16) -> u64 {
+        lock(&self.publish_failures)
+            .get(&(stage, code))
             .copied()
             .unwrap_or(0)
     }
@@ -189,6 +211,29 @@ impl Metrics {
             "Revisions the furthest-behind subscriber has not applied yet.",
             self.applied_lag(),
         );
+        let _ = writeln!(
+            out,
+            "# HELP dra_cpu_slice_publish_failures_total Failed ResourceSlice publishes, by stage and HTTP status code (0: no answer).\n# TYPE dra_cpu_slice_publish_failures_total counter"
+        );
+        for ((stage, code), value) in lock(&self.publish_failures).iter() {
+            let _ = writeln!(
+                out,
+                "dra_cpu_slice_publish_failures_total{{stage=\"{stage}\",code=\"{code}\"}} {value}"
+            );
+        }
+        gauge(
+            &mut out,
+            "dra_cpu_grouped_mode_unsupported",
+            "1 when the API server drops allowMultipleAllocations (DRAConsumableCapacity off).",
+            self.grouped_mode_unsupported.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "dra_cpu_node_allocatable_mapping_published",
+            "1 while the published devices carry the KEP-5517 node-allocatable mapping.",
+            self.node_allocatable_mapping_published
+                .load(Ordering::Relaxed),
+        );
         out
     }
 }
@@ -220,6 +265,8 @@ mod tests {
         m.revision.store(10, Ordering::Relaxed);
         m.applied("nri-plugin/a", 7);
         m.applied("nri-plugin/b", 10);
+        m.publish_failure("apply", 500);
+        m.grouped_mode_unsupported.store(1, Ordering::Relaxed);
         assert_eq!(m.applied_lag(), 3);
         let out = m.render();
         for family in [
@@ -232,6 +279,9 @@ mod tests {
             "dra_cpu_coordination_subscribers 0",
             "dra_cpu_store_revision 10",
             "dra_cpu_applied_revision_lag 3",
+            "dra_cpu_slice_publish_failures_total{stage=\"apply\",code=\"500\"} 1",
+            "dra_cpu_grouped_mode_unsupported 1",
+            "dra_cpu_node_allocatable_mapping_published 0",
         ] {
             assert!(out.contains(family), "missing {family}:\n{out}");
         }

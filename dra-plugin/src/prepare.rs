@@ -21,8 +21,7 @@ pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
 /// Which CPUs each device of this node stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceCatalog {
-    mode: DeviceMode,
-    devices: BTreeMap<String, CpuSet>,
+    devices: BTreeMap<String, (DeviceMode, CpuSet)>,
     allocatable: CpuSet,
 }
 
@@ -36,25 +35,41 @@ impl DeviceCatalog {
         mode: DeviceMode,
         group_by: GroupBy,
     ) -> Result<DeviceCatalog, SliceError> {
-        let options = DeviceOptions {
-            mode,
-            group_by,
-            reserved: reserved.clone(),
-            node_allocatable_mapping: false,
-        };
-        let devices = plan_devices(topology, &options)?
-            .into_iter()
-            .map(|d| (d.name, d.cpus))
-            .collect();
+        Self::for_modes(topology, reserved, &[mode], group_by)
+    }
+
+    /// The devices of every mode in `modes` (`--cpu-device-mode auto`
+    /// publishes grouped or individual devices depending on the API server;
+    /// their names never collide: `cpudev%03d` against `cpudevnuma%03d`,
+    /// `cpudevsocket%03d` and `cpudevmachine`).
+    pub fn for_modes(
+        topology: &Topology,
+        reserved: &CpuSet,
+        modes: &[DeviceMode],
+        group_by: GroupBy,
+    ) -> Result<DeviceCatalog, SliceError> {
+        let mut devices = BTreeMap::new();
+        for &mode in modes {
+            let options = DeviceOptions {
+                mode,
+                group_by,
+                reserved: reserved.clone(),
+                node_allocatable_mapping: false,
+            };
+            for d in plan_devices(topology, &options)? {
+                devices.insert(d.name, (mode, d.cpus));
+            }
+        }
         Ok(DeviceCatalog {
-            mode,
             devices,
             allocatable: topology.online().difference(reserved),
         })
     }
 
-    pub fn mode(&self) -> DeviceMode {
-        self.mode
+    /// How a device is allocated: whole (individual) or by consumed
+    /// capacity (grouped).
+    pub fn mode_of(&self, device: &str) -> Option<DeviceMode> {
+        self.devices.get(device).map(|(mode, _)| *mode)
     }
 
     /// Online CPUs minus reserved ones.
@@ -64,14 +79,14 @@ impl DeviceCatalog {
 
     /// The CPUs of one device, if it exists.
     pub fn cpus_of(&self, device: &str) -> Option<&CpuSet> {
-        self.devices.get(device)
+        self.devices.get(device).map(|(_, cpus)| cpus)
     }
 
     /// Every device name with its CPUs, sorted by name.
     pub fn devices(&self) -> impl Iterator<Item = (&str, &CpuSet)> {
         self.devices
             .iter()
-            .map(|(name, cpus)| (name.as_str(), cpus))
+            .map(|(name, (_, cpus))| (name.as_str(), cpus))
     }
 }
 
@@ -396,14 +411,15 @@ pub fn resolve_cpus(
     }
     let mut chosen = CpuSet::new();
     for device in &parsed.devices {
-        let group = catalog
-            .cpus_of(&device.device)
+        let (mode, group) = catalog
+            .mode_of(&device.device)
+            .zip(catalog.cpus_of(&device.device))
             .ok_or_else(|| PrepareError::DeviceUnknown {
                 claim: name.clone(),
                 request: device.request.clone(),
                 device: device.device.clone(),
             })?;
-        match catalog.mode() {
+        match mode {
             DeviceMode::Individual => {
                 let clash = group.intersection(&taken);
                 if !clash.is_empty() {
@@ -941,6 +957,61 @@ pub(crate) mod tests {
                 "of device cpudev000 are already held by claim {UID_B}"
             )),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn an_auto_catalog_resolves_grouped_and_individual_devices_by_their_own_rules() {
+        let topo = topology();
+        let allocator = Allocator::new(&topo);
+        let both = DeviceCatalog::for_modes(
+            &topo,
+            &CpuSet::new(),
+            &[DeviceMode::Grouped, DeviceMode::Individual],
+            GroupBy::Numanode,
+        )
+        .expect("plans");
+        let individual = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Individual,
+            GroupBy::Numanode,
+        );
+        let grouped = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Grouped,
+            GroupBy::Numanode,
+        );
+        assert_eq!(
+            both.devices().count(),
+            individual.devices().count() + grouped.devices().count(),
+            "no name collides"
+        );
+        assert_eq!(both.mode_of("cpudev000"), Some(DeviceMode::Individual));
+        assert_eq!(both.mode_of("cpudevnuma000"), Some(DeviceMode::Grouped));
+        // An individual device needs no consumed capacity; a grouped one does.
+        let got = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudev000", None)]),
+            &both,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        )
+        .expect("individual device resolves");
+        assert_eq!(Some(&got), individual.cpus_of("cpudev000"));
+        let err = resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(&[("cpudevnuma000", None)]),
+            &both,
+            &allocator,
+            &BTreeMap::new(),
+            Policy::Packed,
+        );
+        assert!(
+            matches!(err, Err(PrepareError::MissingCapacity { .. })),
+            "{err:?}"
         );
     }
 

@@ -4,11 +4,35 @@
 //! deleted, and a watch that republishes when a slice is deleted or altered
 //! behind our back.
 //!
-//! What is on the server is compared with what we want field by field, with
+//! Before the first publish it learns what the server accepts:
+//! - whether a Device declares `nodeAllocatableResources` (KEP-5517, 1.37+),
+//!   from the OpenAPI v3 document of `resource.k8s.io/v1`, or `/version`
+//!   where that cannot be read. Server-side apply refuses a field its schema
+//!   does not declare with an HTTP 500 for the whole slice, so the mapping
+//!   goes only to servers that declare it; should an apply still be refused
+//!   naming it, the slices are published again without it.
+//!   1.36 has an older shape (`nodeAllocatableResourceMappings` with
+//!   `capacityKey`/`allocationMultiplier`, alpha, off by default): it is not
+//!   published, since nothing shows that the 1.36 kubelet and scheduler act
+//!   on it, and a mapping nobody reads only risks a refused apply.
+//! - whether the server keeps `allowMultipleAllocations` (the
+//!   `DRAConsumableCapacity` gate, off by default on 1.34 and 1.35), from a
+//!   dry-run apply of a grouped slice. Without it grouped devices cannot be
+//!   shared: the individual devices are published instead when a fallback is
+//!   given (`--cpu-device-mode auto`), otherwise nothing, and readiness says
+//!   why.
+//!
+//! A failed publish is logged with the server's reason, counted in
+//! `dra_cpu_slice_publish_failures_total` and makes `/readyz` unready with
+//! the reason until a publish succeeds.
+//!
+//! What is on the server is compared with what we want in the server's
+//! normalised form (canonical quantities, empty lists as absent), with
 //! `nodeAllocatableResources` left out: an API server without the
 //! `DRANodeAllocatableResources` feature gate drops that field, and treating
 //! the loss as a difference would republish forever.
 
+use crate::metrics::Metrics;
 use crate::slices::{build_slices, field_selector, label_selector, NodeOwner, SliceError};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -19,10 +43,22 @@ use kube::runtime::WatchStreamExt;
 use serde_json::Value;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// The OpenAPI v3 document that declares the ResourceSlice fields.
+pub const OPENAPI_RESOURCE_V1: &str = "/openapi/v3/apis/resource.k8s.io/v1";
+const DEVICE_SCHEMA: &str = "io.k8s.api.resource.v1.Device";
+/// The KEP-5517 mapping field in its 1.37 shape.
+pub const MAPPING_FIELD: &str = "nodeAllocatableResources";
+/// The first release whose Device declares [`MAPPING_FIELD`] (kubernetes
+/// #140009 renamed 1.36's `nodeAllocatableResourceMappings`).
+const MAPPING_MINOR: u32 = 37;
 
 /// Events arriving within this window after the first are handled by one
 /// resync (a slice deleted with its siblings, a burst of edits).
@@ -48,6 +84,189 @@ pub enum PublishError {
     Delete { slice: String, source: kube::Error },
     #[error("building the ResourceSlices of node {node}: {source}")]
     Build { node: String, source: SliceError },
+    #[error("learning which ResourceSlice fields the API server declares (GET {OPENAPI_RESOURCE_V1}: {openapi}; GET /version: {source})")]
+    Discover {
+        openapi: String,
+        source: kube::Error,
+    },
+    #[error("dry-run apply of ResourceSlice {slice} (to learn whether the server keeps allowMultipleAllocations): {source}")]
+    Probe { slice: String, source: kube::Error },
+}
+
+impl PublishError {
+    /// The step that failed, as the failure metric labels it.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            PublishError::GetNode { .. } | PublishError::NodeWithoutUid { .. } => "get_node",
+            PublishError::List { .. } => "list",
+            PublishError::Apply { .. } => "apply",
+            PublishError::Delete { .. } => "delete",
+            PublishError::Build { .. } => "build",
+            PublishError::Discover { .. } => "discover",
+            PublishError::Probe { .. } => "probe",
+        }
+    }
+
+    /// The HTTP status the server answered with, 0 if it did not answer.
+    pub fn code(&self) -> u16 {
+        match self {
+            PublishError::GetNode { source, .. }
+            | PublishError::List { source, .. }
+            | PublishError::Apply { source, .. }
+            | PublishError::Delete { source, .. }
+            | PublishError::Discover { source, .. }
+            | PublishError::Probe { source, .. } => match source {
+                kube::Error::Api(status) => status.code,
+                _ => 0,
+            },
+            PublishError::NodeWithoutUid { .. } | PublishError::Build { .. } => 0,
+        }
+    }
+
+    fn kube_source(&self) -> Option<&kube::Error> {
+        match self {
+            PublishError::Apply { source, .. } | PublishError::Probe { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `error` is the server refusing an apply because its schema does
+/// not declare the mapping field (structured-merge-diff's
+/// `.spec.devices[N].nodeAllocatableResources: field not declared in schema`).
+pub fn is_undeclared_mapping(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => {
+            status.code == 500
+                && status
+                    .message
+                    .contains(&format!(".{MAPPING_FIELD}: field not declared in schema"))
+        }
+        _ => false,
+    }
+}
+
+/// The field names of `io.k8s.api.resource.v1.Device` in an OpenAPI v3
+/// document, or `None` if the document does not describe it.
+pub fn declared_device_fields(openapi: &Value) -> Option<BTreeSet<String>> {
+    let properties = openapi
+        .pointer(&format!("/components/schemas/{DEVICE_SCHEMA}/properties"))?
+        .as_object()?;
+    Some(properties.keys().cloned().collect())
+}
+
+/// The minor release of a `/version` answer (`"37"`, `"37+"` on some
+/// distributions), if readable.
+pub fn minor_release(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<u32> {
+    if info.major.trim_end_matches('+') != "1" {
+        return None;
+    }
+    let digits: String = info
+        .minor
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Whether the server keeps `allowMultipleAllocations` on the devices of
+/// `sent`, judged from what it answered (`returned`).
+pub fn keeps_multiple_allocations(sent: &ResourceSlice, returned: &ResourceSlice) -> bool {
+    let returned: BTreeMap<&str, &Device> = returned
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| (d.name.as_str(), d))
+        .collect();
+    sent.spec
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.allow_multiple_allocations == Some(true))
+        .all(|d| {
+            returned
+                .get(d.name.as_str())
+                .is_some_and(|r| r.allow_multiple_allocations == Some(true))
+        })
+}
+
+/// The devices without the KEP-5517 mapping.
+pub fn without_mapping(devices: &[Device]) -> Vec<Device> {
+    devices
+        .iter()
+        .cloned()
+        .map(|mut d| {
+            d.node_allocatable_resources = None;
+            d
+        })
+        .collect()
+}
+
+fn shares_devices(devices: &[Device]) -> bool {
+    devices
+        .iter()
+        .any(|d| d.allow_multiple_allocations == Some(true))
+}
+
+/// What to publish, given the answers of the server.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DesiredDevices {
+    /// What to publish where the server keeps everything.
+    pub devices: Vec<Device>,
+    /// What to publish instead of shareable `devices` on a server that drops
+    /// `allowMultipleAllocations` (`--cpu-device-mode auto`: the individual
+    /// devices). `None` refuses: nothing is published and readiness says why.
+    pub without_consumable_capacity: Option<Vec<Device>>,
+}
+
+impl From<Vec<Device>> for DesiredDevices {
+    fn from(devices: Vec<Device>) -> Self {
+        DesiredDevices {
+            devices,
+            without_consumable_capacity: None,
+        }
+    }
+}
+
+/// Why the node is not ready as far as publishing goes, shared with
+/// `/readyz`.
+#[derive(Debug, Default)]
+pub struct PublishStatus {
+    state: Mutex<StatusState>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct StatusState {
+    /// The last publish failed, with this reason.
+    failure: Option<String>,
+    /// The configured devices cannot work on this server, for this reason.
+    refusal: Option<String>,
+}
+
+impl PublishStatus {
+    fn state(&self) -> std::sync::MutexGuard<'_, StatusState> {
+        // Plain strings behind the lock: still fine after a panic elsewhere.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Some(reason)` while publishing keeps the node from being ready.
+    pub fn unready_reason(&self) -> Option<String> {
+        let state = self.state();
+        match (&state.refusal, &state.failure) {
+            (None, None) => None,
+            (Some(r), None) | (None, Some(r)) => Some(r.clone()),
+            (Some(refusal), Some(failure)) => Some(format!("{refusal}; {failure}")),
+        }
+    }
+
+    pub fn set_failure(&self, failure: Option<String>) {
+        self.state().failure = failure;
+    }
+
+    pub fn set_refusal(&self, refusal: Option<String>) {
+        self.state().refusal = refusal;
+    }
 }
 
 /// What one [`Publisher::sync`] did.
@@ -71,21 +290,139 @@ struct Published {
 
 /// Publisher of one node's pool for one driver.
 pub struct Publisher {
+    client: kube::Client,
     slices: Api<ResourceSlice>,
     nodes: Api<Node>,
     driver: String,
     node: String,
     last: Option<Published>,
+    /// Whether the server takes the mapping; `None` until learned.
+    mapping: Option<bool>,
+    /// Whether the server keeps `allowMultipleAllocations`; `None` until a
+    /// dry-run apply told.
+    consumable_capacity: Option<bool>,
+    status: Arc<PublishStatus>,
+    metrics: Arc<Metrics>,
 }
 
 impl Publisher {
     pub fn new(client: kube::Client, driver: &str, node: &str) -> Publisher {
         Publisher {
             slices: Api::all(client.clone()),
-            nodes: Api::all(client),
+            nodes: Api::all(client.clone()),
+            client,
             driver: driver.to_string(),
             node: node.to_string(),
             last: None,
+            mapping: None,
+            consumable_capacity: None,
+            status: Arc::new(PublishStatus::default()),
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    /// Reports readiness through `status` and counts in `metrics`.
+    pub fn with_reporting(mut self, status: Arc<PublishStatus>, metrics: Arc<Metrics>) -> Self {
+        self.status = status;
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn status(&self) -> Arc<PublishStatus> {
+        self.status.clone()
+    }
+
+    /// Whether the server takes the mapping, once learned.
+    pub fn mapping_supported(&self) -> Option<bool> {
+        self.mapping
+    }
+
+    /// Whether the server keeps `allowMultipleAllocations`, once learned.
+    pub fn consumable_capacity(&self) -> Option<bool> {
+        self.consumable_capacity
+    }
+
+    /// Whether this server's Device declares the mapping field: from the
+    /// OpenAPI v3 document, else from `/version`.
+    async fn learn_mapping_support(&self) -> Result<bool, PublishError> {
+        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
+            Ok(request) => match self.client.request::<Value>(request).await {
+                Ok(document) => match declared_device_fields(&document) {
+                    Some(fields) => return Ok(fields.contains(MAPPING_FIELD)),
+                    None => format!("no {DEVICE_SCHEMA} schema in the document"),
+                },
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        let info =
+            self.client
+                .apiserver_version()
+                .await
+                .map_err(|source| PublishError::Discover {
+                    openapi: openapi.clone(),
+                    source,
+                })?;
+        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging the mapping by /version {}.{}", info.major, info.minor);
+        Ok(minor_release(&info).is_some_and(|minor| minor >= MAPPING_MINOR))
+    }
+
+    /// Whether the server keeps `allowMultipleAllocations`: a dry-run apply
+    /// of the first slice with a shareable device, compared with the answer.
+    async fn probe_consumable_capacity(
+        &self,
+        owner: &NodeOwner,
+        devices: &[Device],
+    ) -> Result<bool, PublishError> {
+        let slices = build_slices(&self.driver, &self.node, Some(owner), devices.to_vec(), 1)
+            .map_err(|source| PublishError::Build {
+                node: self.node.clone(),
+                source,
+            })?;
+        let Some(sent) = slices
+            .into_iter()
+            .find(|s| shares_devices(s.spec.devices.as_deref().unwrap_or_default()))
+        else {
+            return Ok(true);
+        };
+        let name = sent.metadata.name.clone().unwrap_or_default();
+        let params = PatchParams::apply(&self.driver).force().dry_run();
+        let returned = self
+            .slices
+            .patch(&name, &params, &Patch::Apply(&sent))
+            .await
+            .map_err(|source| PublishError::Probe {
+                slice: name.clone(),
+                source,
+            })?;
+        Ok(keeps_multiple_allocations(&sent, &returned))
+    }
+
+    /// [`Self::sync_desired`] for devices without a fallback.
+    pub async fn sync(&mut self, devices: &[Device]) -> Result<PublishOutcome, PublishError> {
+        self.sync_desired(&DesiredDevices::from(devices.to_vec()))
+            .await
+    }
+
+    /// Makes the server hold exactly the slices for `desired`, in the form
+    /// the server accepts (see the module docs), writing only what differs.
+    pub async fn sync_desired(
+        &mut self,
+        desired: &DesiredDevices,
+    ) -> Result<PublishOutcome, PublishError> {
+        loop {
+            match self.sync_once(desired).await {
+                Err(err)
+                    if self.mapping == Some(true)
+                        && err.kube_source().is_some_and(is_undeclared_mapping) =>
+                {
+                    // Bounded: the mapping is off from now on, so this arm
+                    // cannot match again.
+                    self.mapping = Some(false);
+                    tracing::warn!(node = %self.node, "the API server refused the {MAPPING_FIELD} mapping ({err}); publishing without it");
+                }
+                other => return other,
+            }
         }
     }
 
@@ -95,15 +432,79 @@ impl Publisher {
             .fields(&field_selector(&self.node))
     }
 
-    /// Makes the server hold exactly the slices for `devices`, writing only
-    /// what differs.
+    /// The devices to publish on this server, with the readiness and
+    /// metrics that go with the choice.
+    async fn effective_devices(
+        &mut self,
+        desired: &DesiredDevices,
+        owner: &NodeOwner,
+    ) -> Result<Vec<Device>, PublishError> {
+        let wants_mapping = desired
+            .devices
+            .iter()
+            .chain(desired.without_consumable_capacity.iter().flatten())
+            .any(|d| d.node_allocatable_resources.is_some());
+        if wants_mapping && self.mapping.is_none() {
+            let supported = self.learn_mapping_support().await?;
+            if !supported {
+                tracing::info!(node = %self.node, "the API server does not declare Device.{MAPPING_FIELD} (Kubernetes before 1.37): publishing without the node-allocatable mapping");
+            }
+            self.mapping = Some(supported);
+        }
+        let fit = |devices: &[Device]| {
+            if self.mapping == Some(true) {
+                devices.to_vec()
+            } else {
+                without_mapping(devices)
+            }
+        };
+        let base = fit(&desired.devices);
+        if !shares_devices(&base) {
+            self.status.set_refusal(None);
+            return Ok(base);
+        }
+        if self.consumable_capacity.is_none() {
+            let kept = self.probe_consumable_capacity(owner, &base).await?;
+            self.metrics
+                .grouped_mode_unsupported
+                .store(u64::from(!kept), Ordering::Relaxed);
+            if !kept {
+                match desired.without_consumable_capacity {
+                    Some(_) => {
+                        tracing::warn!(node = %self.node, "the API server drops allowMultipleAllocations (DRAConsumableCapacity off): grouped devices cannot be shared there, publishing one device per CPU instead (--cpu-device-mode auto)")
+                    }
+                    None => tracing::error!(node = %self.node, "{}", grouped_refusal()),
+                }
+            }
+            self.consumable_capacity = Some(kept);
+        }
+        if self.consumable_capacity == Some(true) {
+            self.status.set_refusal(None);
+            return Ok(base);
+        }
+        Ok(match &desired.without_consumable_capacity {
+            Some(fallback) => {
+                self.status.set_refusal(None);
+                fit(fallback)
+            }
+            None => {
+                self.status.set_refusal(Some(grouped_refusal()));
+                Vec::new()
+            }
+        })
+    }
+
+    /// One publish with what is known of the server.
     ///
     /// Generation: the same devices keep the generation last published; new
     /// devices get one above both that and anything on the server. On the
     /// first sync of a process the server's slices are the memory: if they
     /// already say what we would, their generation is kept, otherwise the
     /// next one is used.
-    pub async fn sync(&mut self, devices: &[Device]) -> Result<PublishOutcome, PublishError> {
+    async fn sync_once(
+        &mut self,
+        desired: &DesiredDevices,
+    ) -> Result<PublishOutcome, PublishError> {
         let node = self
             .nodes
             .get(&self.node)
@@ -121,6 +522,8 @@ impl Publisher {
             name: self.node.clone(),
             uid,
         };
+        let devices = self.effective_devices(desired, &owner).await?;
+        let devices = devices.as_slice();
         let existing: BTreeMap<String, ResourceSlice> = self
             .slices
             .list(&self.list_params())
@@ -173,6 +576,17 @@ impl Publisher {
             },
         };
         let desired = build(generation)?;
+        let wanted: BTreeMap<String, ResourceSlice> = desired
+            .iter()
+            .filter_map(|s| s.metadata.name.clone().map(|n| (n, s.clone())))
+            .collect();
+        // Remembered before writing: a retry after a failed apply or delete
+        // finishes this generation instead of starting another.
+        self.last = Some(Published {
+            content,
+            generation,
+            slices: wanted.clone(),
+        });
         let mut outcome = PublishOutcome {
             generation,
             ..Default::default()
@@ -198,10 +612,6 @@ impl Publisher {
         }
         // New slices first, stale ones after: the scheduler ignores slices of
         // an older generation, so the pool is never seen half-empty.
-        let wanted: BTreeMap<String, ResourceSlice> = desired
-            .into_iter()
-            .filter_map(|s| s.metadata.name.clone().map(|n| (n, s)))
-            .collect();
         for name in existing.keys().filter(|n| !wanted.contains_key(*n)) {
             match self.slices.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
@@ -215,11 +625,14 @@ impl Publisher {
             }
             outcome.deleted.push(name.clone());
         }
-        self.last = Some(Published {
-            content,
-            generation,
-            slices: wanted,
-        });
+        self.metrics.node_allocatable_mapping_published.store(
+            u64::from(
+                devices
+                    .iter()
+                    .any(|d| d.node_allocatable_resources.is_some()),
+            ),
+            Ordering::Relaxed,
+        );
         Ok(outcome)
     }
 
@@ -254,7 +667,7 @@ impl Publisher {
     /// backoff, since the API server may be away for a while).
     pub async fn run(
         mut self,
-        mut desired: watch::Receiver<Vec<Device>>,
+        mut desired: watch::Receiver<DesiredDevices>,
         shutdown: impl Future<Output = ()>,
     ) {
         let config = watcher::Config::default()
@@ -272,8 +685,9 @@ impl Publisher {
         loop {
             if dirty {
                 dirty = false;
-                match self.sync(&devices).await {
+                match self.sync_desired(&devices).await {
                     Ok(outcome) => {
+                        self.status.set_failure(None);
                         retry = RETRY_FIRST;
                         due = None;
                         if !outcome.applied.is_empty() || !outcome.deleted.is_empty() {
@@ -287,7 +701,10 @@ impl Publisher {
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(node = %self.node, retry_in = ?retry, "publishing ResourceSlices failed: {}", crate::api_client::error_chain(&err));
+                        self.metrics.publish_failure(err.stage(), err.code());
+                        self.status
+                            .set_failure(Some(format!("publishing ResourceSlices failed: {err}")));
+                        tracing::warn!(node = %self.node, retry_in = ?retry, stage = err.stage(), code = err.code(), "publishing ResourceSlices failed: {}", crate::api_client::error_chain(&err));
                         due = Some(tokio::time::Instant::now() + retry);
                         retry = (retry * 2).min(RETRY_MAX);
                     }
@@ -338,6 +755,10 @@ async fn sleep_or_never(until: Option<tokio::time::Instant>) {
     }
 }
 
+fn grouped_refusal() -> String {
+    "--cpu-device-mode grouped needs the API server to keep allowMultipleAllocations (feature gate DRAConsumableCapacity, off by default before Kubernetes 1.36), and this one drops it: no devices are published; enable the gate (then restart dra-plugin) or use --cpu-device-mode auto or individual".to_string()
+}
+
 fn content_hash(devices: &[Device]) -> u64 {
     let mut hasher = DefaultHasher::new();
     // Serialising plain data cannot fail; an empty string would only make
@@ -348,16 +769,53 @@ fn content_hash(devices: &[Device]) -> u64 {
     hasher.finish()
 }
 
-/// Removes `nodeAllocatableResources` from every device of a slice spec.
-fn without_node_allocatable(mut spec: Value) -> Value {
+/// A slice spec in the form the server stores it, for comparison: without
+/// `nodeAllocatableResources` (a server without its gate drops it), empty
+/// lists and maps and nulls left out (`omitempty`), capacity quantities in
+/// canonical form (`1000` comes back as `1k`).
+pub fn normalised_spec(mut spec: Value) -> Value {
     if let Some(devices) = spec.get_mut("devices").and_then(Value::as_array_mut) {
         for device in devices {
             if let Some(d) = device.as_object_mut() {
-                d.remove("nodeAllocatableResources");
+                d.remove(MAPPING_FIELD);
+                if let Some(capacity) = d.get_mut("capacity").and_then(Value::as_object_mut) {
+                    for entry in capacity.values_mut() {
+                        if let Some(value) = entry.get_mut("value") {
+                            if let Some(canonical) =
+                                value.as_str().and_then(crate::quantity::canonical)
+                            {
+                                *value = Value::String(canonical);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
+    drop_empty(&mut spec);
     spec
+}
+
+fn drop_empty(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for child in map.values_mut() {
+                drop_empty(child);
+            }
+            map.retain(|_, v| !is_empty(v));
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_empty),
+        _ => {}
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
+        _ => false,
+    }
 }
 
 /// `want` is contained in `have`: every field we set has our value (the
@@ -391,11 +849,7 @@ fn slice_matches(want: &ResourceSlice, have: &ResourceSlice) -> bool {
             .flatten()
             .any(|h| h.uid == w.uid && h.kind == w.kind && h.name == w.name)
     });
-    let spec = |s: &ResourceSlice| {
-        serde_json::to_value(&s.spec)
-            .map(without_node_allocatable)
-            .ok()
-    };
+    let spec = |s: &ResourceSlice| serde_json::to_value(&s.spec).map(normalised_spec).ok();
     let spec_ok = match (spec(want), spec(have)) {
         (Some(w), Some(h)) => json_contains(&w, &h),
         _ => false,
@@ -407,6 +861,7 @@ fn slice_matches(want: &ResourceSlice, have: &ResourceSlice) -> bool {
 mod tests {
     use super::*;
     use crate::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
+    use serde_json::json;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
     use shared_state::CpuSet;
 
@@ -462,6 +917,91 @@ mod tests {
         let mut relabelled = have;
         relabelled.metadata.labels = None;
         assert!(!slice_matches(&want, &relabelled));
+    }
+
+    #[test]
+    fn normalised_specs_compare_as_the_server_stores_them() {
+        let want = json!({"driver": "d", "devices": [{"name": "a",
+            "capacity": {"dra.cpu/cpu": {"value": "1000"}}, "taints": [],
+            "nodeAllocatableResources": {"cpu": {}}}], "sharedCounters": []});
+        let have = json!({"driver": "d", "devices": [{"name": "a",
+            "capacity": {"dra.cpu/cpu": {"value": "1k"}}}]});
+        assert_eq!(normalised_spec(want.clone()), normalised_spec(have.clone()));
+        assert!(json_contains(
+            &normalised_spec(want),
+            &normalised_spec(have)
+        ));
+        let empty_pool = json!({"driver": "d", "devices": []});
+        assert_eq!(normalised_spec(empty_pool), json!({"driver": "d"}));
+        let other = json!({"driver": "d", "devices": [{"name": "a",
+            "capacity": {"dra.cpu/cpu": {"value": "2k"}}}]});
+        assert_ne!(
+            normalised_spec(other),
+            normalised_spec(json!({"driver": "d", "devices": [{"name": "a",
+                "capacity": {"dra.cpu/cpu": {"value": "1000"}}}]}))
+        );
+    }
+
+    #[test]
+    fn openapi_and_version_answers_are_read() {
+        let doc = json!({"components": {"schemas": {DEVICE_SCHEMA: {"properties":
+            {"name": {}, "nodeAllocatableResources": {}}}}}});
+        let fields = declared_device_fields(&doc).unwrap();
+        assert!(fields.contains(MAPPING_FIELD) && fields.contains("name"));
+        assert_eq!(declared_device_fields(&json!({"components": {}})), None);
+        let info = |major: &str, minor: &str| k8s_openapi::apimachinery::pkg::version::Info {
+            major: major.to_string(),
+            minor: minor.to_string(),
+            ..Default::default()
+        };
+        for (major, minor, want) in [
+            ("1", "37", Some(37)),
+            ("1", "36+", Some(36)),
+            ("1", "", None),
+            ("2", "1", None),
+        ] {
+            assert_eq!(minor_release(&info(major, minor)), want, "{major}.{minor}");
+        }
+    }
+
+    #[test]
+    fn refusals_and_dropped_sharing_are_recognised() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.to_string(),
+                ..Default::default()
+            }))
+        };
+        let refused = "failed to create typed patch object (/n-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): .spec.devices[0].nodeAllocatableResources: field not declared in schema";
+        assert!(is_undeclared_mapping(&status(500, refused)));
+        assert!(!is_undeclared_mapping(&status(422, refused)));
+        assert!(!is_undeclared_mapping(&status(
+            500,
+            "failed to create typed patch object (...): .spec.devices[0].other: field not declared in schema"
+        )));
+        let sent = build_slices("dra.cpu", "n", None, devices(DeviceMode::Grouped), 1)
+            .unwrap()
+            .remove(0);
+        assert!(keeps_multiple_allocations(&sent, &sent));
+        let mut stripped = sent.clone();
+        for d in stripped.spec.devices.iter_mut().flatten() {
+            d.allow_multiple_allocations = None;
+        }
+        assert!(!keeps_multiple_allocations(&sent, &stripped));
+    }
+
+    #[test]
+    fn readiness_reasons_combine_and_clear() {
+        let status = PublishStatus::default();
+        assert_eq!(status.unready_reason(), None);
+        status.set_failure(Some("f".into()));
+        assert_eq!(status.unready_reason().as_deref(), Some("f"));
+        status.set_refusal(Some("r".into()));
+        assert_eq!(status.unready_reason().as_deref(), Some("r; f"));
+        status.set_failure(None);
+        status.set_refusal(None);
+        assert_eq!(status.unready_reason(), None);
     }
 
     #[test]

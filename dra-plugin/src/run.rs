@@ -16,7 +16,7 @@ use crate::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims}
 use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::metrics::Metrics;
 use crate::prepare::DeviceCatalog;
-use crate::publisher::Publisher;
+use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
 use crate::registration::{Registrar, RegistrationState};
 use crate::slices::{devices_for, DeviceOptions};
 use anyhow::{bail, Context};
@@ -42,11 +42,24 @@ pub struct Health {
     pub registration: Arc<RegistrationState>,
     /// The driver's last failed store write; set, the process is unhealthy.
     pub store: Arc<StoreFault>,
+    /// Why the node's devices are not (correctly) published, if they are not.
+    pub publishing: Arc<PublishStatus>,
 }
 
 impl Health {
     pub fn ready(&self) -> bool {
-        self.serving.load(Ordering::Relaxed) && self.store.error().is_none()
+        self.unready_reason().is_none()
+    }
+
+    /// Why `/readyz` says not ready, if it does.
+    pub fn unready_reason(&self) -> Option<String> {
+        if let Some(error) = self.store.error() {
+            return Some(format!("store write failed: {error}"));
+        }
+        if !self.serving.load(Ordering::Relaxed) {
+            return Some("not serving yet".to_string());
+        }
+        self.publishing.unready_reason()
     }
 }
 
@@ -95,10 +108,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             config.reserved_cpus.difference(&online)
         );
     }
-    let catalog = DeviceCatalog::new(
+    let catalog = DeviceCatalog::for_modes(
         &topology,
         &config.reserved_cpus,
-        config.device_mode,
+        config.device_mode.modes(),
         config.group_by,
     )
     .context("planning the node's devices")?;
@@ -242,19 +255,32 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     );
 
     // ResourceSlices, in the background: the API server may be away.
-    let devices = devices_for(
-        &topology,
-        &DeviceOptions {
-            mode: config.device_mode,
-            group_by: config.group_by,
-            reserved: config.reserved_cpus.clone(),
-            node_allocatable_mapping: config.node_allocatable_mapping,
+    let devices_in = |mode| {
+        devices_for(
+            &topology,
+            &DeviceOptions {
+                mode,
+                group_by: config.group_by,
+                reserved: config.reserved_cpus.clone(),
+                node_allocatable_mapping: config.node_allocatable_mapping,
+            },
+        )
+        .with_context(|| format!("building the node's {mode} devices"))
+    };
+    let desired = match config.device_mode.modes() {
+        [preferred, fallback @ ..] => DesiredDevices {
+            devices: devices_in(*preferred)?,
+            without_consumable_capacity: match fallback.first() {
+                Some(mode) => Some(devices_in(*mode)?),
+                None => None,
+            },
         },
-    )
-    .context("building the node's devices")?;
-    let (_devices_tx, devices_rx) = watch::channel(devices);
+        [] => DesiredDevices::default(),
+    };
+    let (_devices_tx, devices_rx) = watch::channel(desired);
     let publisher = tokio::spawn(
         Publisher::new(client, &config.driver_name, &config.node_name)
+            .with_reporting(health.publishing.clone(), metrics.clone())
             .run(devices_rx, stopped(stop_rx.clone())),
     );
 

@@ -68,6 +68,55 @@ pub enum DeviceMode {
     Individual,
 }
 
+/// The `--cpu-device-mode` setting: a device mode, or `auto`, grouped where
+/// the API server keeps `allowMultipleAllocations` (consumable capacity)
+/// and individual where it does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuDeviceMode {
+    /// Grouped where the API server supports consumable capacity, else individual.
+    #[default]
+    Auto,
+    /// Grouped only: refused (nothing published) where the server drops
+    /// `allowMultipleAllocations`.
+    Grouped,
+    Individual,
+}
+
+impl CpuDeviceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuDeviceMode::Auto => "auto",
+            CpuDeviceMode::Grouped => "grouped",
+            CpuDeviceMode::Individual => "individual",
+        }
+    }
+
+    /// The device modes whose devices may be published, preferred first.
+    pub fn modes(self) -> &'static [DeviceMode] {
+        match self {
+            CpuDeviceMode::Auto => &[DeviceMode::Grouped, DeviceMode::Individual],
+            CpuDeviceMode::Grouped => &[DeviceMode::Grouped],
+            CpuDeviceMode::Individual => &[DeviceMode::Individual],
+        }
+    }
+}
+
+impl From<DeviceMode> for CpuDeviceMode {
+    fn from(mode: DeviceMode) -> Self {
+        match mode {
+            DeviceMode::Grouped => CpuDeviceMode::Grouped,
+            DeviceMode::Individual => CpuDeviceMode::Individual,
+        }
+    }
+}
+
+impl fmt::Display for CpuDeviceMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What one grouped device covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -5,7 +5,7 @@
 //!
 //! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides it).
 
-use dra_plugin::config::{parse_file, Config, DeviceMode, GroupBy, LogFormat};
+use dra_plugin::config::{parse_file, Config, CpuDeviceMode, GroupBy, LogFormat};
 use shared_state::alloc::Policy;
 use std::path::{Path, PathBuf};
 
@@ -80,7 +80,7 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
     let cases: [(Option<&str>, Check); 7] = [
         (None, |c| {
             c.driver_name == "dra.cpu"
-                && c.device_mode == DeviceMode::Grouped
+                && c.device_mode == CpuDeviceMode::Auto
                 && c.group_by == GroupBy::Numanode
                 && c.allocation_policy == Policy::Packed
                 && !c.mixed_allocation_mode
@@ -93,17 +93,17 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
                 && c.sysfs_root == Path::new("/host")
         }),
         (Some("individual-values.yaml"), |c| {
-            c.device_mode == DeviceMode::Individual
+            c.device_mode == CpuDeviceMode::Individual
         }),
         (Some("group-by-socket-values.yaml"), |c| {
-            c.device_mode == DeviceMode::Grouped && c.group_by == GroupBy::Socket
+            c.device_mode == CpuDeviceMode::Auto && c.group_by == GroupBy::Socket
         }),
         (Some("mixed-values.yaml"), |c| c.mixed_allocation_mode),
         (Some("no-node-allocatable-mapping-values.yaml"), |c| {
             !c.node_allocatable_mapping
         }),
         (Some("no-nri-values.yaml"), |c| {
-            c.device_mode == DeviceMode::Grouped
+            c.device_mode == CpuDeviceMode::Auto
         }),
         (Some("everything-set-values.yaml"), |c| {
             c.driver_name == "cpu.example.com"

@@ -297,7 +297,7 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
         state_dir: Some(dir.path().join("state")),
         cdi_dir: Some(dir.path().join("cdi")),
         sysfs_root: Some(sysfs),
-        cpu_device_mode: Some(DeviceMode::Grouped),
+        cpu_device_mode: Some(DeviceMode::Grouped.into()),
         group_by: Some(GroupBy::Numanode),
         metrics_address: Some("127.0.0.1:0".parse().expect("addr")),
         ..Settings::default()

@@ -3,14 +3,18 @@
 //! restarts, a server without the node-allocatable feature, and the watch
 //! that republishes what is deleted or altered behind its back.
 
-use dra_cpu_tests::apiserver::{validate_k8s_objects, FakeApiServer, FakeApiServerOptions};
-use dra_plugin::publisher::{PublishError, Publisher};
+use dra_cpu_tests::apiserver::{
+    validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
+};
+use dra_plugin::metrics::Metrics;
+use dra_plugin::publisher::{DesiredDevices, PublishError, PublishStatus, Publisher};
 use dra_plugin::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -50,11 +54,13 @@ fn names(server: &FakeApiServer) -> Vec<String> {
         .collect()
 }
 
+/// Writes: PATCHes that are not dry runs (the publisher's dry-run probe of
+/// consumable capacity changes nothing).
 fn patches(server: &FakeApiServer) -> usize {
     server
         .received()
         .iter()
-        .filter(|r| r.method == "PATCH")
+        .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
         .count()
 }
 
@@ -204,11 +210,9 @@ async fn a_restarted_publisher_continues_from_the_server() {
 
 #[tokio::test]
 async fn a_server_dropping_the_mapping_does_not_cause_republishing() {
-    let server = FakeApiServer::start_with(FakeApiServerOptions {
-        node_allocatable_resources: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut options = FakeApiServerOptions::default();
+    options.feature_gates.dra_node_allocatable_resources = false;
+    let server = FakeApiServer::start_with(options).unwrap();
     server.insert_node("node-1").unwrap();
     let mut p = publisher(&server).await;
     p.sync(&devices(DeviceMode::Grouped)).await.unwrap();
@@ -250,7 +254,7 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
     let server = FakeApiServer::start().unwrap();
     server.insert_node("node-1").unwrap();
     let p = publisher(&server).await;
-    let (tx, rx) = watch::channel(devices(DeviceMode::Individual));
+    let (tx, rx) = watch::channel(DesiredDevices::from(devices(DeviceMode::Individual)));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(p.run(rx, async {
         let _ = stopped.await;
@@ -300,7 +304,7 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
     assert_eq!(server.slices().len(), 3);
 
     // New devices through the channel: new generation, stale slices go.
-    tx.send(devices(DeviceMode::Grouped)).unwrap();
+    tx.send(devices(DeviceMode::Grouped).into()).unwrap();
     eventually("grouped pool replaces individual pool", || {
         let slices = server.slices();
         slices.len() == 1 && slices[0].spec.pool.generation == 2
@@ -352,4 +356,370 @@ async fn a_node_name_of_253_characters_gets_its_slices() {
         .unwrap();
     assert_eq!((again.generation, again.applied.len()), (1, 0));
     assert_eq!(patches(&server), before);
+}
+
+fn server_at(version: KubernetesVersion) -> FakeApiServer {
+    let server = FakeApiServer::start_with(FakeApiServerOptions::for_version(version)).unwrap();
+    server.insert_node("node-1").unwrap();
+    server
+}
+
+fn has_mapping(slices: &[ResourceSlice]) -> bool {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .any(|d| d.node_allocatable_resources.is_some())
+}
+
+#[tokio::test]
+async fn each_release_gets_slices_it_accepts_with_the_mapping_only_from_137() {
+    for version in KubernetesVersion::ALL {
+        let mut options = FakeApiServerOptions::for_version(version);
+        // Gates on, so that what the server keeps shows what was sent.
+        options.feature_gates.dra_node_allocatable_resources = true;
+        options.feature_gates.dra_consumable_capacity = true;
+        let server = FakeApiServer::start_with(options).unwrap();
+        server.insert_node("node-1").unwrap();
+        let mut p = publisher(&server).await;
+        let outcome = p.sync(&devices(DeviceMode::Grouped)).await.unwrap();
+        assert_eq!(outcome.applied.len(), 1, "{version}");
+        let mapped = version >= KubernetesVersion::V1_37;
+        assert_eq!(p.mapping_supported(), Some(mapped), "{version}");
+        assert_eq!(has_mapping(&server.slices()), mapped, "{version}");
+        let refused = server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "PATCH")
+            .count();
+        assert_eq!(refused, 2, "{version}: one dry run, one apply, no refusal");
+        assert!(
+            server
+                .requests()
+                .iter()
+                .any(|r| r.path.starts_with("/openapi/v3/apis/resource.k8s.io/v1")),
+            "{version}: the OpenAPI document was read"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_apply_refused_for_the_mapping_is_repeated_without_it() {
+    // 1.37.0-beta.0: /version says 1.37, the schema is still 1.36's; the
+    // OpenAPI document is not readable, so /version is all there is to go by.
+    let server = server_at(KubernetesVersion::V1_36);
+    server.set_version_answer(37, "v1.37.0-beta.0");
+    server.fail_next("GET", "/openapi/v3", 403, usize::MAX);
+    let status = Arc::new(PublishStatus::default());
+    let metrics = Arc::new(Metrics::new());
+    let mut p = publisher(&server)
+        .await
+        .with_reporting(status.clone(), metrics.clone());
+    let outcome = p.sync(&devices(DeviceMode::Individual)).await.unwrap();
+    assert_eq!(
+        p.mapping_supported(),
+        Some(false),
+        "learned from the refusal"
+    );
+    assert_eq!(outcome.applied.len(), 3);
+    assert!(!has_mapping(&server.slices()));
+    let applies: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .collect();
+    assert_eq!(
+        applies.len(),
+        4,
+        "one refused apply, then three without the mapping: {applies:?}"
+    );
+    assert!(status.unready_reason().is_none());
+    let again = p.sync(&devices(DeviceMode::Individual)).await.unwrap();
+    assert!(again.applied.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn a_refused_apply_shows_in_readiness_and_metrics_within_one_retry_then_clears() {
+    let server = server_at(KubernetesVersion::V1_37);
+    server.fail_next("PATCH", "/resourceslices/", 422, 2);
+    let status = Arc::new(PublishStatus::default());
+    let metrics = Arc::new(Metrics::new());
+    let p = publisher(&server)
+        .await
+        .with_reporting(status.clone(), metrics.clone());
+    let (_tx, rx) = watch::channel(DesiredDevices::from(devices(DeviceMode::Individual)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(rx, async {
+        let _ = stopped.await;
+    }));
+    eventually("the refusal is counted", || {
+        metrics.publish_failures("apply", 422) == 1
+    })
+    .await;
+    let reason = status
+        .unready_reason()
+        .expect("unready after the first refusal");
+    assert!(
+        reason.contains("applying ResourceSlice node-1-dra.cpu-0")
+            && reason.contains("injected failure"),
+        "{reason}"
+    );
+    assert!(metrics
+        .render()
+        .contains("dra_cpu_slice_publish_failures_total{stage=\"apply\",code=\"422\"}"));
+    eventually("published after the faults pass", || {
+        server.slices().len() == 3
+    })
+    .await;
+    eventually("ready again", || status.unready_reason().is_none()).await;
+    assert_eq!(metrics.publish_failures("apply", 422), 2);
+    stop.send(()).unwrap();
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .expect("run stops")
+        .unwrap();
+}
+
+fn auto(mode_devices: Vec<Device>) -> DesiredDevices {
+    DesiredDevices {
+        devices: mode_devices,
+        without_consumable_capacity: Some(devices(DeviceMode::Individual)),
+    }
+}
+
+#[tokio::test]
+async fn without_consumable_capacity_auto_publishes_individual_devices_and_grouped_refuses() {
+    for version in [KubernetesVersion::V1_34, KubernetesVersion::V1_35] {
+        let server = server_at(version);
+        let metrics = Arc::new(Metrics::new());
+        let status = Arc::new(PublishStatus::default());
+        let mut p = publisher(&server)
+            .await
+            .with_reporting(status.clone(), metrics.clone());
+        let outcome = p
+            .sync_desired(&auto(devices(DeviceMode::Grouped)))
+            .await
+            .unwrap();
+        assert_eq!(p.consumable_capacity(), Some(false), "{version}");
+        assert_eq!(
+            outcome.applied.len(),
+            3,
+            "{version}: 300 individual devices"
+        );
+        let names: Vec<String> = server
+            .slices()
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+            .collect();
+        assert_eq!(names.len(), 300);
+        assert!(names
+            .iter()
+            .all(|n| n.starts_with("cpudev") && !n.contains("numa")));
+        assert!(
+            status.unready_reason().is_none(),
+            "{version}: auto is not a refusal"
+        );
+        assert!(metrics
+            .render()
+            .contains("dra_cpu_grouped_mode_unsupported 1"));
+
+        // Explicit grouped: nothing published, and readiness says why.
+        let server = server_at(version);
+        let status = Arc::new(PublishStatus::default());
+        let mut p = publisher(&server)
+            .await
+            .with_reporting(status.clone(), Arc::new(Metrics::new()));
+        p.sync(&devices(DeviceMode::Grouped)).await.unwrap();
+        let slices = server.slices();
+        assert_eq!(slices.len(), 1, "{version}: an empty pool");
+        assert!(slices[0]
+            .spec
+            .devices
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty());
+        let reason = status.unready_reason().expect("grouped is refused");
+        assert!(reason.contains("DRAConsumableCapacity"), "{reason}");
+    }
+    // 1.36 turns the gate on by default: auto stays grouped.
+    let server = server_at(KubernetesVersion::V1_36);
+    let mut p = publisher(&server).await;
+    p.sync_desired(&auto(devices(DeviceMode::Grouped)))
+        .await
+        .unwrap();
+    assert_eq!(p.consumable_capacity(), Some(true));
+    assert!(server.slices()[0].spec.devices.as_ref().unwrap()[0]
+        .name
+        .starts_with("cpudevnuma"));
+}
+
+#[tokio::test]
+async fn an_unchanged_node_reapplies_nothing_across_watch_events_and_a_restart() {
+    // Grouped devices whose capacity the server canonicalises ("1000" is
+    // stored as "1k"), on a 1.37 server with its default gates (the mapping
+    // dropped); and an empty pool (devices: [] stored as absent) on 1.34.
+    let mut thousand = devices(DeviceMode::Grouped);
+    for d in &mut thousand {
+        for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+            c.value = k8s_openapi::apimachinery::pkg::api::resource::Quantity("1000".to_string());
+        }
+    }
+    let cases: Vec<(KubernetesVersion, DesiredDevices)> = vec![
+        (KubernetesVersion::V1_37, auto(thousand)),
+        (KubernetesVersion::V1_34, DesiredDevices::from(Vec::new())),
+        (KubernetesVersion::V1_34, auto(devices(DeviceMode::Grouped))),
+    ];
+    for (version, desired) in cases {
+        let server = server_at(version);
+        let mut first = publisher(&server).await;
+        let outcome = first.sync_desired(&desired).await.unwrap();
+        let generation = outcome.generation;
+        let applies = || {
+            server
+                .requests()
+                .iter()
+                .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
+                .count()
+        };
+        let before = applies();
+        let p = publisher(&server).await;
+        let (_tx, rx) = watch::channel(desired.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(p.run(rx, async {
+            let _ = stopped.await;
+        }));
+        // The restarted publisher's first sync.
+        eventually("the restarted publisher listed", || {
+            server
+                .requests()
+                .iter()
+                .filter(|r| r.method == "GET" && r.path.contains("watch"))
+                .count()
+                > 0
+        })
+        .await;
+        let name = server.slices()[0].metadata.name.clone().unwrap();
+        for i in 0..10 {
+            server
+                .mutate_slice_behind_back(&name, |s| {
+                    s.metadata
+                        .annotations
+                        .get_or_insert_with(Default::default)
+                        .insert("example.com/touched".to_string(), i.to_string());
+                })
+                .unwrap();
+        }
+        // Every event seen: the watch reported the last change.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        stop.send(()).unwrap();
+        tokio::time::timeout(HANG_GUARD, task)
+            .await
+            .expect("run stops")
+            .unwrap();
+        assert_eq!(applies(), before, "{version}: nothing re-applied");
+        assert!(
+            server
+                .slices()
+                .iter()
+                .all(|s| s.spec.pool.generation == generation),
+            "{version}: generation unchanged"
+        );
+    }
+}
+
+#[tokio::test]
+async fn expired_watches_and_failures_of_each_call_recover() {
+    let server = server_at(KubernetesVersion::V1_37);
+    // One failure of every call the publisher makes. (kube's client
+    // retries 429, 503 and 504 itself: these codes reach the publisher.)
+    // The dry-run fault comes first so that the dry run takes it.
+    server.fail_next("GET", "/api/v1/nodes/node-1", 500, 1);
+    server.fail_next("GET", "/openapi/v3", 500, 1);
+    server.fail_next("GET", "/version", 500, 1);
+    server.fail_next("PATCH", "dryRun", 500, 1);
+    let status = Arc::new(PublishStatus::default());
+    let metrics = Arc::new(Metrics::new());
+    let p = publisher(&server)
+        .await
+        .with_reporting(status.clone(), metrics.clone());
+    let (tx, rx) = watch::channel(auto(devices(DeviceMode::Grouped)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(rx, async {
+        let _ = stopped.await;
+    }));
+    eventually("published despite one failure of each call", || {
+        server.slices().len() == 1 && status.unready_reason().is_none()
+    })
+    .await;
+    // The watch lists too: the publisher's own LIST (and then its apply)
+    // fails once only after the watch is up, on the resync a deletion
+    // calls for.
+    eventually("the watch is up", || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.method == "GET" && r.path.contains("watch=true"))
+    })
+    .await;
+    server.fail_next("GET", "/resourceslices?", 500, 1);
+    server.fail_next("PATCH", "/resourceslices/", 409, 1);
+    server.delete_slice_behind_back("node-1-dra.cpu-0").unwrap();
+    eventually("republished after a failed list and a failed apply", || {
+        server.slices().len() == 1 && metrics.publish_failures("apply", 409) == 1
+    })
+    .await;
+    for (stage, code) in [
+        ("get_node", 500),
+        ("discover", 500),
+        ("probe", 500),
+        ("list", 500),
+        ("apply", 409),
+    ] {
+        assert_eq!(
+            metrics.publish_failures(stage, code),
+            1,
+            "{stage} {code}:\n{}",
+            metrics.render()
+        );
+    }
+    // Watches expire (410 in the stream): the watcher lists again, which
+    // re-applies nothing.
+    let writes = patches(&server);
+    for _ in 0..3 {
+        server.expire_watches();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    eventually("the watch was re-established", || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.contains("watch"))
+            .count()
+            >= 2
+    })
+    .await;
+    assert_eq!(patches(&server), writes, "expiry is no reason to write");
+    // The re-established watch still catches a deletion, and a failed
+    // DELETE of a stale slice is retried.
+    server.delete_slice_behind_back("node-1-dra.cpu-0").unwrap();
+    eventually("republished after an expiry", || server.slices().len() == 1).await;
+    tx.send(devices(DeviceMode::Individual).into()).unwrap();
+    eventually("individual pool replaces the grouped one", || {
+        let slices = server.slices();
+        slices.len() == 3 && slices.iter().all(|s| s.spec.pool.generation == 2)
+    })
+    .await;
+    server.fail_next("DELETE", "/resourceslices/", 500, 1);
+    tx.send(auto(devices(DeviceMode::Grouped))).unwrap();
+    eventually("grouped pool back despite a failed delete", || {
+        let slices = server.slices();
+        slices.len() == 1 && slices[0].spec.pool.generation == 3
+    })
+    .await;
+    assert_eq!(metrics.publish_failures("delete", 500), 1);
+    eventually("ready", || status.unready_reason().is_none()).await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(HANG_GUARD, task)
+        .await
+        .expect("run stops")
+        .unwrap();
 }

@@ -129,6 +129,10 @@ pub struct NodeOptions {
     pub containerd: ContainerdOptions,
     /// The fake API server keeps `nodeAllocatableResources` (feature gate on).
     pub api_keeps_node_allocatable: bool,
+    /// The release (and feature gates) the fake API server plays.
+    pub api: FakeApiServerOptions,
+    /// `--cpu-device-mode` of dra-plugin; its default (auto) when unset.
+    pub cpu_device_mode: Option<String>,
 }
 
 impl Default for NodeOptions {
@@ -140,6 +144,8 @@ impl Default for NodeOptions {
             dra_version: DraVersion::V1,
             containerd: ContainerdOptions::default(),
             api_keeps_node_allocatable: true,
+            api: FakeApiServerOptions::default(),
+            cpu_device_mode: None,
         }
     }
 }
@@ -213,6 +219,9 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
         !options.node_allocatable_mapping,
         "--disable-node-allocatable-mapping",
     ));
+    if let Some(mode) = &options.cpu_device_mode {
+        args.push(format!("--cpu-device-mode={mode}"));
+    }
     args
 }
 
@@ -349,6 +358,39 @@ pub fn first_available_claim(
                     "device": GROUPED_DEVICE,
                     "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
                 }]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
+                    "key": "metadata.name", "operator": "In", "values": [node]
+                }]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]
+        }
+    }))
+}
+
+/// The ResourceClaim the scheduler would leave for an individual-mode claim
+/// of one CPU per device in `devices` on `node`, reserved for one pod.
+pub fn allocated_individual_claim(
+    name: &str,
+    node: &str,
+    devices: &[String],
+    pod_name: &str,
+    pod_uid: &str,
+) -> Result<ResourceClaim, serde_json::Error> {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|device| json!({"request": "cpus", "driver": DRIVER_NAME, "pool": node, "device": device}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {"requests": [{
+            "name": "cpus",
+            "exactly": {"deviceClassName": DRIVER_NAME, "count": devices.len()}
+        }]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": results},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
                     "key": "metadata.name", "operator": "In", "values": [node]
                 }]}]}
@@ -599,10 +641,11 @@ impl Node {
                 source,
             })?;
         let containerd = Containerd::start(options.containerd.clone()).await?;
-        let api = FakeApiServer::start_with(FakeApiServerOptions {
-            node_allocatable_resources: options.api_keeps_node_allocatable,
-            ..Default::default()
-        })?;
+        let mut api_options = options.api.clone();
+        if !options.api_keeps_node_allocatable {
+            api_options.feature_gates.dra_node_allocatable_resources = false;
+        }
+        let api = FakeApiServer::start_with(api_options)?;
         api.insert_node(&options.node_name)?;
         let class = device_class().map_err(|e| NodeError::ClaimObject {
             name: DRIVER_NAME.to_string(),
@@ -673,6 +716,10 @@ impl Node {
     }
     pub fn dra_log(&self) -> String {
         std::fs::read_to_string(self.layout.dra_log()).unwrap_or_default()
+    }
+    /// dra-plugin's `/metrics` text, if it answers.
+    pub async fn dra_metrics(&self) -> Option<String> {
+        http_get(self.layout.dra_metrics, "/metrics").await
     }
     pub fn nri_log(&self) -> String {
         std::fs::read_to_string(self.layout.nri_log()).unwrap_or_default()
@@ -865,11 +912,37 @@ impl Node {
         cpus: u32,
         pod: &PodIdentity,
     ) -> Result<Claim, NodeError> {
-        let object = allocated_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
-            .map_err(|e| NodeError::ClaimObject {
-                name: name.to_string(),
-                reason: e.to_string(),
-            })?;
+        // Plays the scheduler on what is published: the grouped device with
+        // consumed capacity where there is one, else the first free
+        // individual devices.
+        let published: Vec<String> = self
+            .api
+            .slice_values()
+            .iter()
+            .filter(|s| {
+                s.pointer("/spec/nodeName").and_then(Value::as_str)
+                    == Some(self.options.node_name.as_str())
+            })
+            .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
+            .flatten()
+            .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        let object = if published.is_empty() || published.iter().any(|d| d == GROUPED_DEVICE) {
+            allocated_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
+        } else {
+            let taken = self.api.allocated_devices();
+            let mut free: Vec<String> = published
+                .into_iter()
+                .filter(|d| !taken.contains(d))
+                .collect();
+            free.sort();
+            free.truncate(usize::try_from(cpus).unwrap_or(usize::MAX));
+            allocated_individual_claim(name, &self.options.node_name, &free, &pod.name, &pod.uid)
+        }
+        .map_err(|e| NodeError::ClaimObject {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
         let stored = self.api.insert_claim(object)?;
         let uid = stored.metadata.uid.ok_or_else(|| NodeError::ClaimObject {
             name: name.to_string(),

@@ -5,7 +5,7 @@
 
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
-    FakeApiServer, FakeApiServerOptions,
+    FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -726,11 +726,9 @@ async fn the_schema_check_catches_invalid_objects() {
 
 #[tokio::test]
 async fn a_server_without_the_node_allocatable_gate_drops_the_mapping() {
-    let server = FakeApiServer::start_with(FakeApiServerOptions {
-        node_allocatable_resources: false,
-        ..Default::default()
-    })
-    .unwrap();
+    let mut options = FakeApiServerOptions::default();
+    options.feature_gates.dra_node_allocatable_resources = false;
+    let server = FakeApiServer::start_with(options).unwrap();
     let client = server.client().await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client);
     let mut mapped = slice_json("mapped", "node-1", 1);
@@ -760,4 +758,278 @@ async fn a_server_without_the_node_allocatable_gate_drops_the_mapping() {
     assert!(stored.spec.devices.as_ref().unwrap()[0]
         .node_allocatable_resources
         .is_some());
+}
+
+/// What the product's publisher sends at most: a grouped device with
+/// consumable capacity and the 1.37 mapping.
+fn grouped_mapped_slice(name: &str) -> Value {
+    let mut slice = slice_json(name, "node-1", 1);
+    slice["spec"]["devices"][0]["allowMultipleAllocations"] = json!(true);
+    slice["spec"]["devices"][0]["capacity"] = json!({"dra.cpu/cpu": {"value": "1000"}});
+    slice["spec"]["devices"][0]["nodeAllocatableResources"] =
+        json!({"cpu": {"mapping": {"capacityKey": "dra.cpu/cpu", "capacityMultiplier": "1"}}});
+    slice
+}
+
+#[tokio::test]
+async fn each_release_refuses_an_apply_naming_a_field_its_schema_lacks() {
+    for version in KubernetesVersion::ALL {
+        let server = FakeApiServer::start_with(FakeApiServerOptions::for_version(version)).unwrap();
+        let client = server.client().await.unwrap();
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        let applied: ResourceSlice =
+            serde_json::from_value(grouped_mapped_slice("node-1-dra.cpu-0")).unwrap();
+        let result = slices
+            .patch(
+                "node-1-dra.cpu-0",
+                &PatchParams::apply("dra.cpu").force(),
+                &Patch::Apply(&applied),
+            )
+            .await;
+        let info = client.apiserver_version().await.unwrap();
+        assert_eq!(
+            info.minor,
+            version.minor().to_string(),
+            "/version of {version}"
+        );
+        if version < KubernetesVersion::V1_37 {
+            let Err(kube::Error::Api(status)) = result else {
+                panic!(
+                    "{version}: an apply with nodeAllocatableResources was accepted: {result:?}"
+                );
+            };
+            assert_eq!(status.code, 500, "{version}: {status:?}");
+            assert_eq!(
+                status.message,
+                "failed to create typed patch object (/node-1-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): \
+                 .spec.devices[0].nodeAllocatableResources: field not declared in schema",
+                "{version}"
+            );
+            assert!(status.reason.is_empty(), "{version}: {status:?}");
+            assert!(server.slices().is_empty(), "{version}: nothing stored");
+        } else {
+            let stored = result.unwrap();
+            let device = &stored.spec.devices.as_ref().unwrap()[0];
+            assert!(
+                device.node_allocatable_resources.is_none(),
+                "1.37 declares the field but its gate is off by default"
+            );
+            assert_eq!(device.allow_multiple_allocations, Some(true));
+            assert_eq!(
+                device.capacity.as_ref().unwrap()["dra.cpu/cpu"].value.0,
+                "1k",
+                "canonical quantity"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn consumable_capacity_is_dropped_where_its_gate_is_off() {
+    for (version, gates, kept) in [
+        (KubernetesVersion::V1_34, "", false),
+        (KubernetesVersion::V1_35, "", false),
+        (KubernetesVersion::V1_34, "DRAConsumableCapacity=true", true),
+        (KubernetesVersion::V1_36, "", true),
+        (
+            KubernetesVersion::V1_36,
+            "DRAConsumableCapacity=false",
+            false,
+        ),
+    ] {
+        let server = FakeApiServer::start_with(
+            FakeApiServerOptions::parse(&version.to_string(), gates).unwrap(),
+        )
+        .unwrap();
+        let slices: Api<ResourceSlice> = Api::all(server.client().await.unwrap());
+        let mut body = grouped_mapped_slice("s");
+        body["spec"]["devices"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("nodeAllocatableResources");
+        let applied: ResourceSlice = serde_json::from_value(body).unwrap();
+        let stored = slices
+            .patch(
+                "s",
+                &PatchParams::apply("dra.cpu").force(),
+                &Patch::Apply(&applied),
+            )
+            .await
+            .unwrap();
+        let device = &stored.spec.devices.as_ref().unwrap()[0];
+        assert_eq!(
+            device.allow_multiple_allocations.is_some(),
+            kept,
+            "{version} {gates:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_136_mapping_shape_is_kept_on_136_with_its_gate() {
+    let server = FakeApiServer::start_with(
+        FakeApiServerOptions::parse("1.36", "DRANodeAllocatableResources=true").unwrap(),
+    )
+    .unwrap();
+    let client = server.client().await.unwrap();
+    let slices: Api<kube::core::DynamicObject> = Api::all_with(
+        client,
+        &kube::core::ApiResource::erase::<ResourceSlice>(&()),
+    );
+    let mut body = slice_json("s", "node-1", 1);
+    body["spec"]["devices"][0]["nodeAllocatableResourceMappings"] =
+        json!({"cpu": {"capacityKey": "dra.cpu/cpu"}});
+    let applied: kube::core::DynamicObject = serde_json::from_value(body).unwrap();
+    let stored = slices
+        .patch(
+            "s",
+            &PatchParams::apply("dra.cpu").force(),
+            &Patch::Apply(&applied),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.data["spec"]["devices"][0]["nodeAllocatableResourceMappings"]["cpu"]["capacityKey"],
+        "dra.cpu/cpu"
+    );
+}
+
+#[tokio::test]
+async fn resource_slice_field_selectors_are_the_real_servers() {
+    let server = FakeApiServer::start().unwrap();
+    let slices: Api<ResourceSlice> = Api::all(server.client().await.unwrap());
+    for selector in ["spec.nodeName=n", "spec.driver=dra.cpu", "metadata.name=x"] {
+        slices
+            .list(&ListParams::default().fields(selector))
+            .await
+            .unwrap_or_else(|e| panic!("{selector}: {e}"));
+    }
+    for selector in ["spec.pool.name=n", "metadata.namespace=default"] {
+        let Err(kube::Error::Api(status)) =
+            slices.list(&ListParams::default().fields(selector)).await
+        else {
+            panic!("{selector} was accepted");
+        };
+        assert_eq!(status.code, 400, "{selector}");
+        let field = selector.split('=').next().unwrap();
+        assert_eq!(
+            status.message,
+            format!("field label not supported: {field}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn openapi_v3_says_which_device_fields_each_release_declares() {
+    for version in KubernetesVersion::ALL {
+        let server = FakeApiServer::start_with(FakeApiServerOptions::for_version(version)).unwrap();
+        let client = server.client().await.unwrap();
+        let request = http::Request::get("/openapi/v3/apis/resource.k8s.io/v1")
+            .body(Vec::new())
+            .unwrap();
+        let doc: Value = client.request(request).await.unwrap();
+        let fields = &doc["components"]["schemas"]["io.k8s.api.resource.v1.Device"]["properties"];
+        assert_eq!(
+            fields.get("nodeAllocatableResources").is_some(),
+            version == KubernetesVersion::V1_37,
+            "{version}"
+        );
+        assert_eq!(
+            fields.get("nodeAllocatableResourceMappings").is_some(),
+            version == KubernetesVersion::V1_36,
+            "{version}"
+        );
+    }
+}
+
+#[test]
+fn embedded_slice_schemas_are_kubernetes_validates() {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/extract-slice-schemas.py"
+    );
+    let output = match std::process::Command::new("python3")
+        .arg(script)
+        .arg("--check")
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => return dra_cpu_tests::skip::skip_or_fail_in_ci(format!("python3: {e}")),
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if stderr.contains("No module named") {
+        return dra_cpu_tests::skip::skip_or_fail_in_ci(format!("kubernetes-validate: {stderr}"));
+    }
+    assert!(output.status.success(), "{stderr}");
+}
+
+#[tokio::test]
+async fn an_expired_watch_ends_with_a_410_error_event_in_the_stream() {
+    let server = FakeApiServer::start().unwrap();
+    let slices: Api<ResourceSlice> = Api::all(server.client().await.unwrap());
+    let first = slices
+        .create(&PostParams::default(), &slice("a", "node-1", 1))
+        .await
+        .unwrap();
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
+    futures::pin_mut!(stream);
+    slices
+        .create(&PostParams::default(), &slice("b", "node-1", 1))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("b")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Added(_)), "{event:?}");
+    server.expire_watches();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("not the end yet")
+        .unwrap();
+    let WatchEvent::Error(status) = event else {
+        panic!("expected an ERROR event, got {event:?}");
+    };
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    assert!(
+        status.message.starts_with("too old resource version: "),
+        "{}",
+        status.message
+    );
+    assert!(
+        tokio::time::timeout(HANG_GUARD, stream.next())
+            .await
+            .expect("ends")
+            .is_none(),
+        "the stream ends after the error"
+    );
+    // Resuming from the compacted version fails the same way at once.
+    let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
+    futures::pin_mut!(stream);
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("one event")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Error(s) if s.code == 410));
+    // From the current version it works.
+    let current = server.resource_version().to_string();
+    let stream = slices
+        .watch(&WatchParams::default(), &current)
+        .await
+        .unwrap();
+    futures::pin_mut!(stream);
+    slices
+        .create(&PostParams::default(), &slice("c", "node-1", 1))
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(HANG_GUARD, stream.next())
+        .await
+        .expect("an event")
+        .expect("one event")
+        .unwrap();
+    assert!(matches!(event, WatchEvent::Added(s) if s.metadata.name.as_deref() == Some("c")));
 }

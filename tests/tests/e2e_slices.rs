@@ -2,14 +2,19 @@
 //! node carry the node-allocatable mapping by default and not with
 //! `--disable-node-allocatable-mapping`; claims are prepared and pinned
 //! either way, and an API server that drops the field does not break
-//! publishing. Needs root and `scripts/install-deps.sh`.
+//! publishing. Against each Kubernetes release the fake API server plays
+//! (1.34 with and without consumable capacity, 1.36, 1.37), the node
+//! publishes only what that release accepts and a claim prepares end to
+//! end. Needs root and `scripts/install-deps.sh`.
 
 mod e2e_common;
 
-use dra_cpu_tests::apiserver::validate_k8s_objects;
+use dra_cpu_tests::apiserver::{validate_k8s_objects, FakeApiServerOptions};
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE};
+use dra_cpu_tests::node::{
+    metric_value, Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE,
+};
 use e2e_common::{node, Must};
 use serde_json::Value;
 
@@ -133,4 +138,121 @@ fn devices_of_bodies(bodies: &[Value]) -> impl Iterator<Item = &Value> {
         .iter()
         .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
         .flatten()
+}
+
+/// A node against the fake API server playing `version` with `gates` over
+/// its defaults: what is published, what was sent (strictly valid for that
+/// release's schema), and a claim prepared and pinned.
+async fn on_release(version: &str, gates: &str, grouped: bool, mapping: bool) {
+    let api = FakeApiServerOptions::parse(version, gates).must("fake API server options");
+    let mut node = node(NodeOptions {
+        api,
+        ..Default::default()
+    })
+    .await;
+    let slices = node.wait_slices().await.must("slices");
+    let devices = devices(&slices);
+    let names: Vec<&str> = devices
+        .iter()
+        .filter_map(|d| d.get("name").and_then(Value::as_str))
+        .collect();
+    let all = node.allocatable().must("online CPUs");
+    if grouped {
+        assert!(
+            names.contains(&GROUPED_DEVICE),
+            "{version} {gates:?}: {names:?}"
+        );
+    } else {
+        assert_eq!(
+            names.len(),
+            all.len(),
+            "{version} {gates:?}: one device per CPU: {names:?}"
+        );
+        assert!(names
+            .iter()
+            .all(|n| n.starts_with("cpudev") && n[6..].chars().all(|c| c.is_ascii_digit())));
+    }
+    assert_eq!(
+        devices
+            .iter()
+            .any(|d| d.get("nodeAllocatableResources").is_some()),
+        mapping,
+        "{version} {gates:?}: {devices:?}"
+    );
+    let received = node.api().received_objects("ResourceSlice");
+    validate_k8s_objects(&received, &[&format!("{version}.0")])
+        .must("everything sent is valid for this release's schema, strictly");
+    let metrics = node.dra_metrics().await.unwrap_or_default();
+    assert_eq!(
+        metric_value(&metrics, "dra_cpu_grouped_mode_unsupported"),
+        Some(if grouped { 0.0 } else { 1.0 }),
+        "{version} {gates:?}"
+    );
+    assert!(
+        !metrics.contains("dra_cpu_slice_publish_failures_total{"),
+        "{version} {gates:?}: no publish failed:\n{metrics}"
+    );
+    claims_work(&mut node).await;
+}
+
+#[tokio::test]
+async fn on_134_without_consumable_capacity_individual_devices_are_published_and_prepare() {
+    on_release("1.34", "", false, false).await;
+}
+
+#[tokio::test]
+async fn on_134_with_consumable_capacity_grouped_devices_are_published_and_prepare() {
+    on_release("1.34", "DRAConsumableCapacity=true", true, false).await;
+}
+
+#[tokio::test]
+async fn on_136_grouped_devices_are_published_without_the_mapping_and_prepare() {
+    on_release("1.36", "DRANodeAllocatableResources=true", true, false).await;
+}
+
+#[tokio::test]
+async fn on_137_with_its_gate_the_mapping_is_published() {
+    on_release("1.37", "DRANodeAllocatableResources=true", true, true).await;
+}
+
+#[tokio::test]
+async fn on_134_a_restarted_dra_plugin_reapplies_nothing_and_keeps_its_claims() {
+    let api = FakeApiServerOptions::parse("1.34", "").must("fake API server options");
+    let mut node = node(NodeOptions {
+        api,
+        ..Default::default()
+    })
+    .await;
+    let before = node.wait_slices().await.must("slices");
+    let pod = PodIdentity::new("pod-r");
+    let claim = node
+        .create_claim("pod-r-cpu", 1, &pod)
+        .await
+        .must("preparing an individual-device claim");
+    let writes = |node: &Node| {
+        node.api()
+            .received()
+            .iter()
+            .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
+            .count()
+    };
+    let written = writes(&node);
+    node.kill_dra_plugin();
+    node.start_dra_plugin()
+        .await
+        .must("starting dra-plugin again");
+    // Ready means the restarted publisher has synced once (a failure would
+    // have shown in /readyz); give its watch a moment more.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(writes(&node), written, "the restart re-applied a slice");
+    let after = node.wait_slices().await.must("slices");
+    let generations = |slices: &[Value]| -> Vec<Option<i64>> {
+        slices
+            .iter()
+            .map(|s| s.pointer("/spec/pool/generation").and_then(Value::as_i64))
+            .collect()
+    };
+    assert_eq!(generations(&after), generations(&before));
+    let again = node.prepare(&claim.claim).await.must("preparing again");
+    assert_eq!(again.cpus, claim.cpus, "the store kept the claim's CPUs");
 }

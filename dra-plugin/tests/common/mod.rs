@@ -77,7 +77,7 @@ impl Node {
             state_dir: Some(dir.path().join("state")),
             cdi_dir: Some(dir.path().join("cdi")),
             sysfs_root: Some(sysfs),
-            cpu_device_mode: Some(mode),
+            cpu_device_mode: Some(mode.into()),
             group_by: Some(GroupBy::Numanode),
             metrics_address: Some("127.0.0.1:0".parse().expect("addr")),
             ..Settings::default()

@@ -10,18 +10,30 @@
 //! change slices behind the product's back. Every object body received is
 //! recorded so tests can check it against the real schemas
 //! ([`validate_k8s_objects`]).
+//!
+//! It plays one Kubernetes release, 1.34 to 1.37, with its feature gates
+//! ([`FakeApiServerOptions::for_version`], [`FakeApiServerOptions::parse`]):
+//! an apply naming a ResourceSlice field that release's schema does not
+//! declare gets the real HTTP 500, fields of disabled gates are dropped,
+//! `/version` and `/openapi/v3/apis/resource.k8s.io/v1` answer for the
+//! release, unsupported field selectors are a 400, empty lists and
+//! non-canonical quantities come back as the real server stores them, and
+//! [`FakeApiServer::expire_watches`] ends watches with an in-stream 410.
 
 mod patch;
+mod quantity;
 mod rest;
 mod schema;
 mod selector;
 mod store;
 mod validate;
+mod version;
 
 pub use schema::{
     validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
 };
 pub use store::ApiError;
+pub use version::{FeatureGates, KubernetesVersion, SliceSchema, UnsupportedVersion};
 
 use self::rest::{handle, lock, Shared};
 use self::store::{Store, Subresource, DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
@@ -96,17 +108,49 @@ pub enum FakeApiServerError {
 pub struct FakeApiServerOptions {
     /// How often a watch that allows bookmarks gets a BOOKMARK event.
     pub bookmark_interval: Duration,
-    /// Whether the server keeps `nodeAllocatableResources` on devices, as a
-    /// server with the `DRANodeAllocatableResources` feature gate does.
-    pub node_allocatable_resources: bool,
+    /// The release played (`--kubernetes-version`): schema, `/version`,
+    /// `/openapi/v3`.
+    pub kubernetes_version: KubernetesVersion,
+    /// Its feature gates (`--feature-gates`).
+    pub feature_gates: FeatureGates,
 }
 
 impl Default for FakeApiServerOptions {
+    /// A 1.37 server with `DRANodeAllocatableResources` on (off by default
+    /// in 1.37, where it is alpha): the release the driver's full contract
+    /// needs. [`FakeApiServerOptions::for_version`] gives a release's
+    /// defaults.
     fn default() -> Self {
         FakeApiServerOptions {
             bookmark_interval: Duration::from_secs(1),
-            node_allocatable_resources: true,
+            kubernetes_version: KubernetesVersion::V1_37,
+            feature_gates: FeatureGates {
+                dra_consumable_capacity: true,
+                dra_node_allocatable_resources: true,
+            },
         }
+    }
+}
+
+impl FakeApiServerOptions {
+    /// `version` with its default feature gates.
+    pub fn for_version(version: KubernetesVersion) -> Self {
+        FakeApiServerOptions {
+            kubernetes_version: version,
+            feature_gates: FeatureGates::defaults(version),
+            ..Default::default()
+        }
+    }
+
+    /// `version` with `--feature-gates`-style overrides of its defaults
+    /// (`DRAConsumableCapacity=true,...`).
+    pub fn parse(version: &str, feature_gates: &str) -> Result<Self, String> {
+        let version: KubernetesVersion = version
+            .parse()
+            .map_err(|e: UnsupportedVersion| e.to_string())?;
+        let mut options = Self::for_version(version);
+        options.feature_gates = options.feature_gates.with_flags(feature_gates)?;
+        Ok(options)
     }
 }
 
@@ -137,8 +181,7 @@ impl FakeApiServer {
         let listener = std::net::TcpListener::bind(bind_addr).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
-        let mut store = Store::new();
-        store.node_allocatable_resources = options.node_allocatable_resources;
+        let store = Store::for_version(options.kubernetes_version, options.feature_gates);
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             received: Mutex::new(Vec::new()),
@@ -146,6 +189,9 @@ impl FakeApiServer {
             faults: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
             server_address: addr.to_string(),
+            version_answer: Mutex::new(None),
+            expiry: tokio::sync::watch::channel(0).0,
+            compacted: Mutex::new(0),
         });
         let dir = tempfile::tempdir().map_err(FakeApiServerError::Runtime)?;
         let kubeconfig = dir.path().join("kubeconfig");
@@ -343,6 +389,20 @@ impl FakeApiServer {
         typed(claim, &what)
     }
 
+    /// The devices named in the allocation results of every stored claim.
+    pub fn allocated_devices(&self) -> Vec<String> {
+        lock(&self.shared.store)
+            .list(&RESOURCE_CLAIMS, &Default::default())
+            .iter()
+            .filter_map(|c| {
+                c.pointer("/status/allocation/devices/results")
+                    .and_then(Value::as_array)
+            })
+            .flatten()
+            .filter_map(|r| r.get("device").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    }
+
     /// The ResourceSlices stored now, ordered by name.
     pub fn slices(&self) -> Vec<ResourceSlice> {
         let values = lock(&self.shared.store).list(&RESOURCE_SLICES, &Default::default());
@@ -440,7 +500,37 @@ impl FakeApiServer {
 
     /// Switches the `DRANodeAllocatableResources` behaviour for later writes.
     pub fn set_node_allocatable_resources(&self, enabled: bool) {
-        lock(&self.shared.store).node_allocatable_resources = enabled;
+        lock(&self.shared.store)
+            .gates
+            .dra_node_allocatable_resources = enabled;
+    }
+
+    /// Switches the `DRAConsumableCapacity` behaviour for later writes.
+    pub fn set_consumable_capacity(&self, enabled: bool) {
+        lock(&self.shared.store).gates.dra_consumable_capacity = enabled;
+    }
+
+    /// Makes `/version` claim `v1.<minor>.<rest>` (e.g. a 1.37.0-beta.0
+    /// whose schema is still 1.36's) while the schema stays the release's.
+    pub fn set_version_answer(&self, minor: u32, git_version: &str) {
+        *lock(&self.shared.version_answer) = Some(json!({"major": "1",
+            "minor": minor.to_string(), "gitVersion": git_version, "platform": "linux/amd64"}));
+    }
+
+    /// Ends every open watch as a real server does when the resource
+    /// version it follows is compacted away: an ERROR event carrying a 410
+    /// Expired `Status` inside the stream, then the end of the stream. A
+    /// watch started afterwards from an older resource version gets the
+    /// same at once; clients list again.
+    pub fn expire_watches(&self) {
+        let current = lock(&self.shared.store).resource_version();
+        *lock(&self.shared.compacted) = current;
+        self.shared.expiry.send_modify(|n| *n += 1);
+    }
+
+    /// The release this server plays.
+    pub fn kubernetes_version(&self) -> KubernetesVersion {
+        lock(&self.shared.store).version()
     }
 }
 

@@ -23,6 +23,12 @@ pub struct Shared {
     pub faults: Mutex<Vec<Fault>>,
     pub bookmark_interval: Duration,
     pub server_address: String,
+    /// What `/version` answers instead of the release played, if set.
+    pub version_answer: Mutex<Option<Value>>,
+    /// Bumped to expire every open watch.
+    pub expiry: tokio::sync::watch::Sender<u64>,
+    /// Watches from a resource version below this have expired.
+    pub compacted: Mutex<u64>,
 }
 
 /// A failure the test asked for: the next `remaining` requests whose
@@ -266,10 +272,26 @@ async fn route(shared: &Arc<Shared>, path: &str, ctx: RequestContext) -> Respons
         ))
     };
     match segments.as_slice() {
-        ["version"] => json_response(
+        ["version"] => {
+            if let Some(answer) = lock(&shared.version_answer).clone() {
+                return json_response(200, &answer);
+            }
+            let version = lock(&shared.store).version();
+            json_response(
+                200,
+                &json!({"major": "1", "minor": version.minor().to_string(),
+                    "gitVersion": version.git_version(), "platform": "linux/amd64"}),
+            )
+        }
+        ["openapi", "v3"] => json_response(
             200,
-            &json!({"major": "1", "minor": "37", "gitVersion": "v1.37.0", "platform": "linux/amd64"}),
+            &json!({"paths": {"apis/resource.k8s.io/v1": {
+                "serverRelativeURL": "/openapi/v3/apis/resource.k8s.io/v1"}}}),
         ),
+        ["openapi", "v3", "apis", "resource.k8s.io", "v1"] => {
+            let version = lock(&shared.store).version();
+            json_response(200, &super::version::openapi_v3_resource_v1(version))
+        }
         ["api"] => json_response(
             200,
             &json!({"kind": "APIVersions", "versions": ["v1"],
@@ -524,6 +546,27 @@ fn item(
     }
 }
 
+/// The ERROR event a real server sends inside a watch whose resource
+/// version was compacted (`storage.NewTooLargeResourceVersionError`'s
+/// sibling: `too old resource version: N (M)`, reason Expired, code 410).
+fn expired_line(resource_version: u64, compacted: u64) -> Bytes {
+    let status = ApiError::new(
+        410,
+        "Expired",
+        format!("too old resource version: {resource_version} ({compacted})"),
+    );
+    watch_line("ERROR", &status.to_status())
+}
+
+fn expired_watch(resource_version: u64, compacted: u64) -> Response<Body> {
+    let mut response = Response::new(Full::new(expired_line(resource_version, compacted)).boxed());
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 fn watch_line(event_type: &str, object: &Value) -> Bytes {
     let mut line =
         serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
@@ -563,6 +606,7 @@ fn watch(
             }],
         ));
     }
+    let compacted = *lock(&shared.compacted);
     let (initial, start_rv, mut live) = {
         let store = lock(&shared.store);
         let live = store.subscribe();
@@ -578,6 +622,9 @@ fn watch(
                 }
             },
         };
+        if let Some(rv) = from.filter(|rv| *rv < compacted) {
+            return expired_watch(rv, compacted);
+        }
         let initial: Vec<Bytes> = match (params.send_initial_events, from) {
             (true, _) | (false, None) => store
                 .list(rt, &filter)
@@ -601,6 +648,8 @@ fn watch(
         .timeout_seconds
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_WATCH_TIMEOUT);
+    let mut expiry = shared.expiry.subscribe();
+    let compacted_now = shared.clone();
     tokio::spawn(async move {
         let mut last_rv = start_rv;
         for line in initial {
@@ -619,6 +668,13 @@ fn watch(
             let line = tokio::select! {
                 _ = &mut deadline => break,
                 _ = tx.closed() => break,
+                changed = expiry.changed() => {
+                    if changed.is_ok() {
+                        let compacted = *lock(&compacted_now.compacted);
+                        let _ = tx.send(expired_line(last_rv, compacted)).await;
+                    }
+                    break;
+                }
                 _ = ticker.tick(), if allow_bookmarks => bookmark(rt, last_rv, false),
                 received = live.recv() => match received {
                     Ok(event) => {

@@ -6,6 +6,9 @@
 use super::patch;
 use super::selector::{fields_match, labels_match, FieldRequirement, LabelRequirement};
 use super::validate::{self, Cause};
+use super::version::{
+    drop_disabled_fields, undeclared_message, FeatureGates, KubernetesVersion, SliceSchema,
+};
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -36,8 +39,16 @@ impl ResourceType {
         }
     }
 
+    /// What the resource's field label conversion accepts: `metadata.name`
+    /// everywhere, `metadata.namespace` only on namespaced resources
+    /// (`generic.ObjectMetaFieldsSet`), and the type's own fields
+    /// (ResourceSlices: `spec.nodeName` and `spec.driver`, resourceslice
+    /// `strategy.go` `toSelectableFields`).
     pub fn supported_fields(&self) -> Vec<&'static str> {
-        let mut fields = vec!["metadata.name", "metadata.namespace"];
+        let mut fields = vec!["metadata.name"];
+        if self.namespaced {
+            fields.push("metadata.namespace");
+        }
         fields.extend_from_slice(self.selectable_fields);
         fields
     }
@@ -61,7 +72,7 @@ pub const RESOURCE_SLICES: ResourceType = ResourceType {
     kind: "ResourceSlice",
     namespaced: false,
     has_status: false,
-    selectable_fields: &["spec.nodeName", "spec.driver", "spec.pool.name"],
+    selectable_fields: &["spec.nodeName", "spec.driver"],
 };
 pub const RESOURCE_CLAIMS: ResourceType = ResourceType {
     group: "resource.k8s.io",
@@ -180,6 +191,12 @@ impl ApiError {
             "kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code,
         });
+        // An error the server has no reason for (StatusReasonUnknown) carries none.
+        if self.reason.is_empty() {
+            if let Some(m) = status.as_object_mut() {
+                m.remove("reason");
+            }
+        }
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }
@@ -295,9 +312,12 @@ pub struct Store {
     uid_counter: u64,
     random: RandomState,
     live: broadcast::Sender<Arc<StoredEvent>>,
-    /// Whether `spec.devices[].nodeAllocatableResources` is kept, as with the
-    /// `DRANodeAllocatableResources` feature gate on.
-    pub node_allocatable_resources: bool,
+    /// The release played: its ResourceSlice schema decides which fields
+    /// exist.
+    version: KubernetesVersion,
+    slice_schema: SliceSchema,
+    /// Gated fields of a disabled gate are dropped on write.
+    pub gates: FeatureGates,
 }
 
 impl Default for Store {
@@ -356,8 +376,27 @@ impl Store {
             uid_counter: 0,
             random: RandomState::new(),
             live,
-            node_allocatable_resources: true,
+            version: KubernetesVersion::V1_37,
+            slice_schema: SliceSchema::of(KubernetesVersion::V1_37),
+            gates: FeatureGates {
+                dra_consumable_capacity: true,
+                dra_node_allocatable_resources: true,
+            },
         }
+    }
+
+    /// A store playing `version` with `gates`.
+    pub fn for_version(version: KubernetesVersion, gates: FeatureGates) -> Self {
+        Store {
+            version,
+            slice_schema: SliceSchema::of(version),
+            gates,
+            ..Store::new()
+        }
+    }
+
+    pub fn version(&self) -> KubernetesVersion {
+        self.version
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -452,25 +491,23 @@ impl Store {
         if !causes.is_empty() {
             return Err(ApiError::invalid(rt, &name, &causes));
         }
+        let mut object = object;
+        if rt.kind == "ResourceSlice" {
+            // The decoder drops what this release does not know.
+            self.slice_schema.prune(&mut object);
+        }
         let mut typed = match rt.kind {
-            "ResourceSlice" => roundtrip::<k8s_openapi::api::resource::v1::ResourceSlice>(&object),
+            "ResourceSlice" => roundtrip::<k8s_openapi::api::resource::v1::ResourceSlice>(&object)
+                .map(|typed| keep_release_fields(typed, &object)),
             "ResourceClaim" => roundtrip::<k8s_openapi::api::resource::v1::ResourceClaim>(&object),
             "DeviceClass" => roundtrip::<k8s_openapi::api::resource::v1::DeviceClass>(&object),
             "Node" => roundtrip::<k8s_openapi::api::core::v1::Node>(&object),
             _ => Ok(object),
         }
         .map_err(|e| ApiError::bad_request(format!("{} {name:?}: {e}", rt.kind)))?;
-        if rt.kind == "ResourceSlice" && !self.node_allocatable_resources {
-            if let Some(devices) = typed
-                .pointer_mut("/spec/devices")
-                .and_then(Value::as_array_mut)
-            {
-                for device in devices {
-                    if let Some(d) = device.as_object_mut() {
-                        d.remove("nodeAllocatableResources");
-                    }
-                }
-            }
+        if rt.kind == "ResourceSlice" {
+            drop_disabled_fields(&self.gates, &mut typed);
+            normalise_slice(&mut typed);
         }
         Ok(typed)
     }
@@ -778,6 +815,25 @@ impl Store {
         dry_run: bool,
     ) -> Result<Value, ApiError> {
         let mut applied = applied.clone();
+        if rt.kind == "ResourceSlice" {
+            // Server-side apply converts the configuration to the typed
+            // schema first, whatever fieldValidation says, and a field the
+            // schema does not declare fails the request with a 500
+            // (structuredmerge.go, structured-merge-diff's ValidationErrors).
+            let undeclared = self.slice_schema.undeclared_fields(&applied);
+            if !undeclared.is_empty() {
+                return Err(ApiError::new(
+                    500,
+                    "",
+                    format!(
+                        "failed to create typed patch object ({namespace}/{name}; {}, Kind={}): {}",
+                        rt.api_version(),
+                        rt.kind,
+                        undeclared_message(&undeclared)
+                    ),
+                ));
+            }
+        }
         for (field, expected) in [
             ("apiVersion", rt.api_version()),
             ("kind", rt.kind.to_string()),
@@ -1002,6 +1058,65 @@ fn record_apply_ownership(
     );
     meta.insert("managedFields".to_string(), Value::Array(entries));
     Ok(())
+}
+
+/// Fields of the release's Device that the 1.37 types used for the round
+/// trip do not have (1.36's `nodeAllocatableResourceMappings`), copied back
+/// from the pruned original.
+fn keep_release_fields(mut typed: Value, original: &Value) -> Value {
+    let originals = original.pointer("/spec/devices").and_then(Value::as_array);
+    let Some(devices) = typed
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+    else {
+        return typed;
+    };
+    for (i, device) in devices.iter_mut().enumerate() {
+        let (Some(device), Some(source)) = (
+            device.as_object_mut(),
+            originals.and_then(|o| o.get(i)).and_then(Value::as_object),
+        ) else {
+            continue;
+        };
+        for (key, value) in source {
+            if !device.contains_key(key) && !value.is_null() {
+                device.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    typed
+}
+
+/// What the server's encoding does to a stored ResourceSlice: empty lists
+/// are omitted (`omitempty`), quantities are written in canonical form.
+fn normalise_slice(slice: &mut Value) {
+    if let Some(spec) = slice.get_mut("spec").and_then(Value::as_object_mut) {
+        if spec
+            .get("devices")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty)
+        {
+            spec.remove("devices");
+        }
+    }
+    let Some(devices) = slice
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for device in devices.iter_mut().filter_map(Value::as_object_mut) {
+        device.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
+        if let Some(capacity) = device.get_mut("capacity").and_then(Value::as_object_mut) {
+            for entry in capacity.values_mut() {
+                if let Some(value) = entry.get_mut("value") {
+                    if let Some(canonical) = value.as_str().and_then(super::quantity::canonical) {
+                        *value = Value::String(canonical);
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn roundtrip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::Serialize>(
@@ -1246,7 +1361,10 @@ mod tests {
                 false,
             )
             .unwrap();
-        assert_eq!(forced["spec"]["devices"], json!([]));
+        assert!(
+            forced["spec"].get("devices").is_none(),
+            "an empty list is omitted, as the server's encoding does"
+        );
         assert_eq!(forced["metadata"]["uid"], created["metadata"]["uid"]);
         assert_eq!(forced["metadata"]["generation"], 2);
     }
@@ -1304,7 +1422,7 @@ mod tests {
     #[test]
     fn dropped_node_allocatable_resources_without_the_feature() {
         let mut s = Store::new();
-        s.node_allocatable_resources = false;
+        s.gates.dra_node_allocatable_resources = false;
         let mut with_mapping = slice("a", "n1");
         with_mapping["spec"]["devices"][0]["nodeAllocatableResources"] =
             json!({"cpu": {"mapping": {"deviceMultiplier": "1"}}});
@@ -1314,7 +1432,7 @@ mod tests {
         assert!(stored["spec"]["devices"][0]
             .get("nodeAllocatableResources")
             .is_none());
-        s.node_allocatable_resources = true;
+        s.gates.dra_node_allocatable_resources = true;
         let stored = s
             .create(
                 &RESOURCE_SLICES,

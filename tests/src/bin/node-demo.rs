@@ -7,6 +7,7 @@
 //! first); it needs root, like containerd.
 
 use anyhow::Context;
+use dra_cpu_tests::apiserver::FakeApiServerOptions;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
 use std::fmt::Write;
@@ -125,10 +126,44 @@ async fn claim_pod(
     Ok((pod, claim, running))
 }
 
+/// The fake API server's release and gates from `--kubernetes-version
+/// 1.34|1.35|1.36|1.37` and `--feature-gates Name=bool,...`; without them a
+/// 1.37 server with every gate the driver uses on.
+fn api_options(args: &[String]) -> anyhow::Result<FakeApiServerOptions> {
+    let value = |flag: &str| -> anyhow::Result<Option<String>> {
+        let Some(i) = args.iter().position(|a| a == flag) else {
+            return Ok(None);
+        };
+        args.get(i + 1)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))
+    };
+    let gates = value("--feature-gates")?.unwrap_or_default();
+    match value("--kubernetes-version")? {
+        None if gates.is_empty() => Ok(FakeApiServerOptions::default()),
+        None => Ok(FakeApiServerOptions {
+            feature_gates: FakeApiServerOptions::default()
+                .feature_gates
+                .with_flags(&gates)
+                .map_err(|e| anyhow::anyhow!("--feature-gates: {e}"))?,
+            ..Default::default()
+        }),
+        Some(version) => FakeApiServerOptions::parse(&version, &gates)
+            .map_err(|e| anyhow::anyhow!("--kubernetes-version/--feature-gates: {e}")),
+    }
+}
+
 async fn run() -> anyhow::Result<()> {
-    println!("dra-cpu node demo: containerd with NRI, fake API server, dra-plugin, nri-plugin");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let api = api_options(&args)?;
+    println!(
+        "dra-cpu node demo: containerd with NRI, fake API server (Kubernetes {}), dra-plugin, nri-plugin",
+        api.kubernetes_version
+    );
     let node = Node::start(NodeOptions {
         mixed_allocation_mode: true,
+        api,
         ..Default::default()
     })
     .await

@@ -1,0 +1,119 @@
+//! Quantities in the form the API server writes them back
+//! (apimachinery `Quantity.CanonicalizeBytes`), so the publisher compares
+//! what it sent with what the server holds without false differences:
+//! decimal values take the largest SI suffix that keeps them whole
+//! (`1000` → `1k`, `0.5` → `500m`), binary ones the largest power of 1024
+//! (`1024Ki` → `1Mi`, below 1024 written as decimals). Exponent notation
+//! and anything unparsable is left as it is.
+
+const DECIMAL_SUFFIXES: [(&str, i32); 10] = [
+    ("n", -9),
+    ("u", -6),
+    ("m", -3),
+    ("", 0),
+    ("k", 3),
+    ("M", 6),
+    ("G", 9),
+    ("T", 12),
+    ("P", 15),
+    ("E", 18),
+];
+const BINARY_SUFFIXES: [(&str, u32); 6] = [
+    ("Ki", 10),
+    ("Mi", 20),
+    ("Gi", 30),
+    ("Ti", 40),
+    ("Pi", 50),
+    ("Ei", 60),
+];
+
+/// `value = significand × 10^exponent`, or `None` when not a plain decimal.
+fn split_decimal(text: &str) -> Option<(i128, i32)> {
+    let (negative, body) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (whole, fraction) = body.split_once('.').unwrap_or((body, ""));
+    let digits = format!("{whole}{fraction}");
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let significand: i128 = digits.parse().ok()?;
+    let exponent = -i32::try_from(fraction.len()).ok()?;
+    Some((if negative { -significand } else { significand }, exponent))
+}
+
+fn format_decimal(significand: i128, exponent: i32) -> Option<String> {
+    if significand == 0 {
+        return Some("0".to_string());
+    }
+    let (mut significand, mut exponent) = (significand, exponent);
+    while significand % 10 == 0 {
+        significand /= 10;
+        exponent += 1;
+    }
+    let (suffix, suffix_exponent) = DECIMAL_SUFFIXES
+        .iter()
+        .rev()
+        .find(|(_, e)| *e <= exponent)?;
+    let scale = 10i128.checked_pow(u32::try_from(exponent - suffix_exponent).ok()?)?;
+    Some(format!("{}{suffix}", significand.checked_mul(scale)?))
+}
+
+/// The canonical text of `quantity`, or `None` if this module does not
+/// know how the server would write it.
+pub fn canonical(quantity: &str) -> Option<String> {
+    let number_end = quantity
+        .find(|c: char| !matches!(c, '0'..='9' | '.' | '+' | '-'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(number_end);
+    let (significand, exponent) = split_decimal(number)?;
+    if let Some((_, bits)) = BINARY_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
+        let scaled = significand.checked_mul(1i128 << bits)?;
+        let divisor = 10i128.checked_pow(exponent.unsigned_abs())?;
+        if scaled % divisor != 0 {
+            return format_decimal(significand, exponent);
+        }
+        let bytes = scaled / divisor;
+        if bytes.abs() < 1024 {
+            return format_decimal(bytes, 0);
+        }
+        let best = BINARY_SUFFIXES
+            .iter()
+            .rev()
+            .find(|(_, bits)| bytes % (1i128 << bits) == 0);
+        return Some(match best {
+            Some((suffix, bits)) => format!("{}{suffix}", bytes >> bits),
+            None => bytes.to_string(),
+        });
+    }
+    let (_, shift) = DECIMAL_SUFFIXES.iter().find(|(s, _)| *s == suffix)?;
+    format_decimal(significand, exponent + shift)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical;
+
+    #[test]
+    fn canonical_table() {
+        for (input, want) in [
+            ("1000", Some("1k")),
+            ("64", Some("64")),
+            ("1500", Some("1500")),
+            ("1.5k", Some("1500")),
+            ("0.5", Some("500m")),
+            ("1000m", Some("1")),
+            ("3000000", Some("3M")),
+            ("2048Ki", Some("2Mi")),
+            ("1536Ki", Some("1536Ki")),
+            ("0.5Ki", Some("512")),
+            ("0", Some("0")),
+            ("1e3", None),
+            ("x", None),
+        ] {
+            assert_eq!(canonical(input).as_deref(), want, "{input}");
+        }
+    }
+}
