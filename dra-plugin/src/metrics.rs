@@ -73,6 +73,8 @@ pub struct Metrics {
     pub revision: AtomicU64,
     /// Last revision each subscriber reported as applied.
     applied: Mutex<BTreeMap<String, u64>>,
+    /// The upstream Go driver's series, exported as well.
+    pub upstream: shared_state::upstream_metrics::DriverMetrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -189,6 +191,7 @@ impl Metrics {
             "Revisions the furthest-behind subscriber has not applied yet.",
             self.applied_lag(),
         );
+        self.upstream.render(&mut out);
         out
     }
 }

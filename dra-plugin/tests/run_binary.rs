@@ -103,6 +103,7 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
         metrics.contains("dra_cpu_shared_pool_cpus 126"),
         "{metrics}"
     );
+    upstream_series_are_served(&metrics);
 
     // The publisher put this node's pool on the API server.
     let deadline = Instant::now() + WAIT;
@@ -431,4 +432,106 @@ async fn sigterm_lets_in_flight_prepares_finish_and_keeps_every_acknowledged_one
         "no prepare was in flight at SIGTERM in {} rounds: {rounds:?}",
         rounds.len()
     );
+}
+
+/// The upstream Go driver's series of dra-plugin, as its `pkg/metrics`
+/// declares them: name, type, help, label names.
+const UPSTREAM_DRIVER_SERIES: [(&str, &str, &str, &[&str]); 9] = [
+    ("dra_cpu_allocated_cpus", "gauge", "Number of CPUs currently allocated to prepared resource claims.", &[]),
+    ("dra_cpu_available_cpus", "gauge", "Number of CPUs available for allocation after reserved and active claim CPUs are excluded.", &[]),
+    ("dra_cpu_reserved_cpus", "gauge", "Number of CPUs reserved and excluded from DRA management.", &[]),
+    ("dra_cpu_resource_claims_active", "gauge", "Number of resource claims currently recorded as active by the allocation store.", &[]),
+    ("dra_cpu_prepare_claims_total", "counter", "Total number of per-claim PrepareResourceClaims results.", &["result"]),
+    ("dra_cpu_unprepare_claims_total", "counter", "Total number of per-claim UnprepareResourceClaims results.", &["result"]),
+    ("dra_cpu_prepare_claim_duration_seconds", "histogram", "Duration of per-claim prepare operations in seconds.", &[]),
+    ("dra_cpu_unprepare_claim_duration_seconds", "histogram", "Duration of per-claim unprepare operations in seconds.", &[]),
+    ("dra_cpu_claim_allocated_cpus", "histogram", "Number of CPUs allocated for each newly successful claim allocation.", &[]),
+];
+
+fn kind_of(value: &prometheus_parse::Value) -> &'static str {
+    match value {
+        prometheus_parse::Value::Counter(_) => "counter",
+        prometheus_parse::Value::Gauge(_) => "gauge",
+        prometheus_parse::Value::Histogram(_) => "histogram",
+        prometheus_parse::Value::Summary(_) => "summary",
+        prometheus_parse::Value::Untyped(_) => "untyped",
+    }
+}
+
+/// One sample's plain value (counter or gauge), by name and labels.
+fn sample_value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+    match sample.value {
+        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+        ref other => panic!("{name} is {other:?}"),
+    }
+}
+
+/// Parse `/metrics` with a Prometheus text-format parser and check every
+/// upstream series by name, type, help and labels, and the values after one
+/// prepare of 2 CPUs on a 128-CPU node with nothing reserved.
+fn upstream_series_are_served(text: &str) {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics text parses");
+    for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
+        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
+        assert!(!samples.is_empty(), "no {name} in\n{text}");
+        for sample in samples {
+            assert_eq!(kind_of(&sample.value), kind, "{name}");
+            let mut got: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
+            got.sort_unstable();
+            assert_eq!(got, labels, "{name} labels");
+        }
+        assert_eq!(
+            scrape.docs.get(name).map(String::as_str),
+            Some(help),
+            "{name} help"
+        );
+    }
+    for result in ["success", "error", "unknown"] {
+        for name in [
+            "dra_cpu_prepare_claims_total",
+            "dra_cpu_unprepare_claims_total",
+        ] {
+            let want = if (name, result) == ("dra_cpu_prepare_claims_total", "success") {
+                1.0
+            } else {
+                0.0
+            };
+            assert_eq!(
+                sample_value(&scrape, name, &[("result", result)]),
+                want,
+                "{name} {result}"
+            );
+        }
+    }
+    for (name, want) in [
+        ("dra_cpu_allocated_cpus", 2.0),
+        ("dra_cpu_available_cpus", 126.0),
+        ("dra_cpu_reserved_cpus", 0.0),
+        ("dra_cpu_resource_claims_active", 1.0),
+    ] {
+        assert_eq!(sample_value(&scrape, name, &[]), want, "{name}");
+    }
+    let allocated = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "dra_cpu_claim_allocated_cpus")
+        .map(|s| s.value.clone());
+    let Some(prometheus_parse::Value::Histogram(buckets)) = allocated else {
+        panic!("dra_cpu_claim_allocated_cpus: {allocated:?}");
+    };
+    let count_at = |bound: f64| {
+        buckets
+            .iter()
+            .find(|b| b.less_than == bound)
+            .map(|b| b.count)
+    };
+    assert_eq!(count_at(1.0), Some(0.0), "{buckets:?}");
+    assert_eq!(count_at(2.0), Some(1.0), "{buckets:?}");
+    assert_eq!(count_at(f64::INFINITY), Some(1.0), "{buckets:?}");
 }

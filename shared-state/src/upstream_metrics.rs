@@ -198,7 +198,8 @@ pub const ALLOCATED_CPUS: Descriptor = Descriptor {
 pub const AVAILABLE_CPUS: Descriptor = Descriptor {
     name: "dra_cpu_available_cpus",
     kind: "gauge",
-    help: "Number of CPUs available for allocation after reserved and active claim CPUs are excluded.",
+    help:
+        "Number of CPUs available for allocation after reserved and active claim CPUs are excluded.",
     labels: &[],
 };
 pub const RESERVED_CPUS: Descriptor = Descriptor {
@@ -437,8 +438,7 @@ impl NriMetrics {
         mode: CpuAllocationMode,
         elapsed: Duration,
     ) {
-        self.containers[callback as usize][result.index()][mode.index()]
-            .observe_duration(elapsed);
+        self.containers[callback as usize][result.index()][mode.index()].observe_duration(elapsed);
     }
 
     pub fn container_count(
@@ -465,8 +465,8 @@ impl NriMetrics {
             header(out, d.name, d.kind, d.help);
             for result in OpResult::ALL {
                 for mode in CpuAllocationMode::ALL {
-                    let histogram = &self.containers[callback as usize][result.index()]
-                        [mode.index()];
+                    let histogram =
+                        &self.containers[callback as usize][result.index()][mode.index()];
                     // Upstream creates the shared and exclusive series up
                     // front and an unknown one only once observed.
                     if mode == CpuAllocationMode::Unknown && histogram.count() == 0 {
