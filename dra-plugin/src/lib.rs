@@ -15,3 +15,4 @@ pub mod publisher;
 pub mod registration;
 pub mod run;
 pub mod slices;
+pub mod upstream_config;
