@@ -36,7 +36,10 @@ const SUPPORTED_KEYS: [&str; 7] = [
 /// Upstream's fields that its file refuses, with upstream's hint.
 const EXCLUDED_KEYS: [(&str, &str); 3] = [
     ("bindAddress", "use --metrics-address instead"),
-    ("exposePCIeRoots", "use the --expose-pcie-roots flag instead"),
+    (
+        "exposePCIeRoots",
+        "use the --expose-pcie-roots flag instead",
+    ),
     ("kubeletRootDir", "use --kubelet-root-dir instead"),
 ];
 
@@ -325,7 +328,10 @@ mod tests {
     #[test]
     fn parse_file_refuses_mixed_and_unknown_keys_by_name() {
         for (text, names) in [
-            ("apiVersion: v1alpha1\nstate-dir: /s\n", ["apiVersion", "state-dir"]),
+            (
+                "apiVersion: v1alpha1\nstate-dir: /s\n",
+                ["apiVersion", "state-dir"],
+            ),
             ("groupBy: socket\nbogusKey: 1\n", ["bogusKey", "bogusKey"]),
         ] {
             let message = match parse(text) {

@@ -535,3 +535,125 @@ fn upstream_series_are_served(text: &str) {
     assert_eq!(count_at(2.0), Some(1.0), "{buckets:?}");
     assert_eq!(count_at(f64::INFINITY), Some(1.0), "{buckets:?}");
 }
+
+/// Upstream's example config, the `driverConfig` of its
+/// docs/user/configuration.md ("#### Example"), which its chart writes as
+/// the file passed to `--config`.
+const UPSTREAM_EXAMPLE_CONFIG: &str = "apiVersion: v1alpha1
+cpuDeviceMode: grouped
+groupBy: numanode
+reservedCPUs: \"0-3\"
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
+    let node = Node::new(DeviceMode::Individual);
+    let port = free_port();
+    let config_file = node.dir.path().join("config.yaml");
+    std::fs::write(&config_file, UPSTREAM_EXAMPLE_CONFIG).expect("config file");
+    let c = &node.config;
+    // Flags say where things are on this test node and nothing the file says.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config_file)
+        .arg(format!("--node-name={}", c.node_name))
+        .arg(format!(
+            "--kubeconfig={}",
+            c.kubeconfig.as_ref().expect("kubeconfig").display()
+        ))
+        .arg(format!(
+            "--kubelet-root-dir={}",
+            c.kubelet_root_dir.display()
+        ))
+        .arg(format!("--state-dir={}", c.state_dir.display()))
+        .arg(format!("--cdi-dir={}", c.cdi_dir.display()))
+        .arg(format!("--sysfs-root={}", c.sysfs_root.display()))
+        .arg(format!("--metrics-address=127.0.0.1:{port}"))
+        .env_remove("NODE_NAME")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dra-plugin run");
+    let _kubelet = register(&node, &mut child).await;
+
+    let deadline = Instant::now() + WAIT;
+    while node.api.slices().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let devices: Vec<_> = node
+        .api
+        .slices()
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .collect();
+    // grouped by NUMA node, as the file says (the test node was made
+    // individual, so the file's mode is the one in force).
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "cpudevnuma000",
+            "cpudevnuma001",
+            "cpudevnuma002",
+            "cpudevnuma003"
+        ]
+    );
+    // 128 CPUs less the 4 reserved ones are published.
+    let published: i64 = devices
+        .iter()
+        .flat_map(|d| d.capacity.clone().unwrap_or_default().into_values())
+        .map(|c| c.value.0.parse::<i64>().expect("integer capacity"))
+        .sum();
+    assert_eq!(published, 124);
+    // Upstream's default: no KEP-5517 mapping without the key.
+    assert!(
+        devices
+            .iter()
+            .all(|d| d.node_allocatable_resources.is_none()),
+        "{devices:?}"
+    );
+    let (status, metrics) = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+        .await
+        .expect("get");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.lines().any(|l| l == "dra_cpu_reserved_cpus 4"),
+        "{metrics}"
+    );
+
+    let output = terminate(child).await;
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn a_mixed_config_file_is_refused_naming_the_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(
+        &config_file,
+        format!("{UPSTREAM_EXAMPLE_CONFIG}state-dir: /var/lib/dra-cpu\n"),
+    )
+    .expect("config file");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config_file)
+        .arg("--node-name=n")
+        .env_remove("NODE_NAME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run dra-plugin");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("state-dir") && stderr.contains("apiVersion"),
+        "{stderr}"
+    );
+}
