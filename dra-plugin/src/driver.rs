@@ -15,7 +15,9 @@
 
 use crate::cdi::{device_id, CdiDir};
 use crate::metrics::Metrics;
-use crate::prepare::{parse_claim, resolve_cpus, ClaimRef, DeviceCatalog, PrepareError};
+use crate::prepare::{
+    opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef, DeviceCatalog, PrepareError,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::store::{AssignmentStore, StoreError, StoreOp};
@@ -443,9 +445,11 @@ impl Driver {
             .map(|(uid, a)| (uid.clone(), a.cpus.clone()))
             .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
             .collect();
-        let cpus = resolve_cpus(
+        let cpusets = opaque_cpusets(claim, object, &parsed, &self.options.driver_name)?;
+        let cpus = resolve_cpus_configured(
             claim,
             &parsed,
+            &cpusets,
             &self.catalog,
             &self.allocator,
             &held,

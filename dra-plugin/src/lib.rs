@@ -10,6 +10,7 @@ pub mod driver;
 pub mod http;
 pub mod inspect_state;
 pub mod metrics;
+pub mod opaque_config;
 pub mod prepare;
 pub mod publisher;
 pub mod registration;

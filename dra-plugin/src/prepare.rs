@@ -7,6 +7,7 @@
 //! holds. Nothing here touches the store, the disk or the network, so every
 //! refusal can be tested directly, with its message.
 
+use crate::opaque_config::{cpusets_by_request, validate, NodeCpus, OpaqueConfigError};
 use crate::slices::{plan_devices, DeviceMode, DeviceOptions, GroupBy, SliceError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{AllocError, Allocator, Policy};
@@ -24,6 +25,8 @@ pub struct DeviceCatalog {
     mode: DeviceMode,
     devices: BTreeMap<String, CpuSet>,
     allocatable: CpuSet,
+    online: CpuSet,
+    reserved: CpuSet,
 }
 
 impl DeviceCatalog {
@@ -50,7 +53,17 @@ impl DeviceCatalog {
             mode,
             devices,
             allocatable: topology.online().difference(reserved),
+            online: topology.online().clone(),
+            reserved: reserved.clone(),
         })
+    }
+
+    /// What an opaque cpuset config is checked against.
+    pub fn node_cpus(&self) -> NodeCpus<'_> {
+        NodeCpus {
+            online: &self.online,
+            reserved: &self.reserved,
+        }
     }
 
     pub fn mode(&self) -> DeviceMode {
@@ -189,6 +202,12 @@ pub enum PrepareError {
         devices: usize,
         limit: usize,
     },
+    #[error("claim {claim}: opaque cpuset config: {source}")]
+    OpaqueConfig {
+        claim: String,
+        #[source]
+        source: OpaqueConfigError,
+    },
     #[error("claim {claim}: store failure: {reason}")]
     Store { claim: String, reason: String },
     #[error("claim {claim}: writing its CDI spec failed: {reason}")]
@@ -216,6 +235,7 @@ impl PrepareError {
             PrepareError::TooFewFree { .. } => "too_few_free",
             PrepareError::Allocation { .. } => "allocation",
             PrepareError::TooManyDevices { .. } => "too_many_devices",
+            PrepareError::OpaqueConfig { .. } => "opaque_config",
             PrepareError::Store { .. } => "store",
             PrepareError::Cdi { .. } => "cdi",
             PrepareError::Internal { .. } => "internal",
@@ -387,6 +407,52 @@ pub fn resolve_cpus(
     held: &BTreeMap<String, CpuSet>,
     policy: Policy,
 ) -> Result<CpuSet, PrepareError> {
+    resolve_cpus_configured(
+        claim,
+        parsed,
+        &BTreeMap::new(),
+        catalog,
+        allocator,
+        held,
+        policy,
+    )
+}
+
+/// The opaque cpuset each request of this driver is given by the claim's
+/// `status.allocation.devices.config[]` (see [`crate::opaque_config`]).
+pub fn opaque_cpusets(
+    claim: &ClaimRef,
+    object: &ResourceClaim,
+    parsed: &ParsedClaim,
+    driver: &str,
+) -> Result<BTreeMap<String, CpuSet>, PrepareError> {
+    let configs = object
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+    let mut requests: Vec<&str> = parsed.devices.iter().map(|d| d.request.as_str()).collect();
+    requests.sort_unstable();
+    requests.dedup();
+    cpusets_by_request(configs, driver, &requests).map_err(|source| PrepareError::OpaqueConfig {
+        claim: claim.to_string(),
+        source,
+    })
+}
+
+/// [`resolve_cpus`], with the CPUs of requests that an opaque config sets
+/// (grouped devices only) taken from `cpusets` once they are checked.
+pub fn resolve_cpus_configured(
+    claim: &ClaimRef,
+    parsed: &ParsedClaim,
+    cpusets: &BTreeMap<String, CpuSet>,
+    catalog: &DeviceCatalog,
+    allocator: &Allocator,
+    held: &BTreeMap<String, CpuSet>,
+    policy: Policy,
+) -> Result<CpuSet, PrepareError> {
     let name = claim.to_string();
     let mut taken = CpuSet::new();
     for (holder, cpus) in held {
@@ -424,6 +490,41 @@ pub fn resolve_cpus(
                         claim: name.clone(),
                         device: device.device.clone(),
                     })? as usize;
+                if let Some(cpus) = cpusets.get(&device.request) {
+                    let opaque_error = |source| PrepareError::OpaqueConfig {
+                        claim: name.clone(),
+                        source,
+                    };
+                    let devices = parsed
+                        .devices
+                        .iter()
+                        .filter(|d| d.request == device.request)
+                        .count();
+                    if devices != 1 {
+                        return Err(opaque_error(OpaqueConfigError::SeveralDevices {
+                            request: device.request.clone(),
+                            devices,
+                        }));
+                    }
+                    validate(
+                        &device.request,
+                        cpus,
+                        count,
+                        catalog.node_cpus(),
+                        (&device.device, group),
+                        &taken.union(&chosen),
+                        |clash| {
+                            if clash.is_disjoint(&chosen) {
+                                format!("claim {}", holder_of(held, &claim.uid, clash))
+                            } else {
+                                "another request of this claim".to_string()
+                            }
+                        },
+                    )
+                    .map_err(opaque_error)?;
+                    chosen = chosen.union(cpus);
+                    continue;
+                }
                 let free = group.difference(&taken).difference(&chosen);
                 if count > free.len() {
                     return Err(PrepareError::TooFewFree {
