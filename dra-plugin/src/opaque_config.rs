@@ -297,6 +297,14 @@ mod tests {
         json!({"apiVersion": "v1alpha1", "cpuConfig": {"cpuset": cpuset}})
     }
 
+    /// Name, configs, the claim's requests, the answer.
+    type ParseCase = (
+        &'static str,
+        Vec<DeviceAllocationConfiguration>,
+        &'static [&'static str],
+        Result<BTreeMap<String, CpuSet>, OpaqueConfigError>,
+    );
+
     #[test]
     fn parse_table() {
         let ok = |pairs: &[(&str, &str)]| {
@@ -305,12 +313,7 @@ mod tests {
                 .map(|(r, c)| (r.to_string(), set(c)))
                 .collect::<BTreeMap<_, _>>())
         };
-        let cases: Vec<(
-            &str,
-            Vec<DeviceAllocationConfiguration>,
-            &[&str],
-            Result<BTreeMap<String, CpuSet>, OpaqueConfigError>,
-        )> = vec![
+        let cases: Vec<ParseCase> = vec![
             ("none", vec![], &["a"], ok(&[])),
             (
                 "one request named",

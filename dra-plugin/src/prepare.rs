@@ -205,8 +205,9 @@ pub enum PrepareError {
     #[error("claim {claim}: opaque cpuset config: {source}")]
     OpaqueConfig {
         claim: String,
+        /// Boxed: the CPU sets it names would make every result large.
         #[source]
-        source: OpaqueConfigError,
+        source: Box<OpaqueConfigError>,
     },
     #[error("claim {claim}: store failure: {reason}")]
     Store { claim: String, reason: String },
@@ -438,7 +439,7 @@ pub fn opaque_cpusets(
     requests.dedup();
     cpusets_by_request(configs, driver, &requests).map_err(|source| PrepareError::OpaqueConfig {
         claim: claim.to_string(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -493,7 +494,7 @@ pub fn resolve_cpus_configured(
                 if let Some(cpus) = cpusets.get(&device.request) {
                     let opaque_error = |source| PrepareError::OpaqueConfig {
                         claim: name.clone(),
-                        source,
+                        source: Box::new(source),
                     };
                     let devices = parsed
                         .devices
