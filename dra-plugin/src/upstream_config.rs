@@ -328,6 +328,11 @@ mod tests {
     #[test]
     fn parse_file_refuses_mixed_and_unknown_keys_by_name() {
         for (text, names) in [
+            // Upstream refuses a repeated key rather than keep one at random.
+            (
+                "apiVersion: v1alpha1\nreservedCPUs: \"0-1\"\nreservedCPUs: \"2-3\"\n",
+                ["reservedCPUs", "duplicate"],
+            ),
             (
                 "apiVersion: v1alpha1\nstate-dir: /s\n",
                 ["apiVersion", "state-dir"],
