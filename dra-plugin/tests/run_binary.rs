@@ -475,6 +475,24 @@ fn sample_value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, 
 /// upstream series by name, type, help and labels, and the values after one
 /// prepare of 2 CPUs on a 128-CPU node with nothing reserved.
 fn upstream_series_are_served(text: &str) {
+    // As Prometheus itself reads it: its Go parser.
+    match dra_cpu_tests::prom_text::parse(text) {
+        Ok(families) => {
+            for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
+                let family = families
+                    .get(name)
+                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
+                assert_eq!(
+                    (family.kind.as_str(), family.help.as_str()),
+                    (kind, help),
+                    "{name}"
+                );
+                assert_eq!(family.labels, labels, "{name} labels");
+            }
+        }
+        Err(e) if e.is_missing_tool() => dra_cpu_tests::skip::skip_or_fail_in_ci(e),
+        Err(e) => panic!("{e}"),
+    }
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("the /metrics text parses");
     for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {

@@ -464,6 +464,24 @@ async fn upstream_nri_callback_series_are_served() {
 
     let addr = node.layout().nri_metrics;
     let text = metrics_text(addr).await;
+    // As Prometheus itself reads it: its Go parser.
+    match dra_cpu_tests::prom_text::parse(&text) {
+        Ok(families) => {
+            for (name, help, labels) in UPSTREAM_NRI_SERIES {
+                let family = families
+                    .get(name)
+                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
+                assert_eq!(
+                    (family.kind.as_str(), family.help.as_str()),
+                    ("histogram", help),
+                    "{name}"
+                );
+                assert_eq!(family.labels, labels, "{name} labels");
+            }
+        }
+        Err(e) if e.is_missing_tool() => skip_or_fail_in_ci(e),
+        Err(e) => panic!("{e}"),
+    }
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("the /metrics text parses");
     for (name, help, labels) in UPSTREAM_NRI_SERIES {

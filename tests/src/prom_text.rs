@@ -192,7 +192,10 @@ mod tests {
                 series: 2,
             })
         );
-        assert_eq!(families.get("h").map(|f| f.kind.as_str()), Some("histogram"));
+        assert_eq!(
+            families.get("h").map(|f| f.kind.as_str()),
+            Some("histogram")
+        );
         assert_eq!(families.get("h").map(|f| f.labels.len()), Some(0));
         // A second TYPE line for one family is an error to Prometheus.
         let twice = "# TYPE a counter\n# TYPE a counter\na 1\n";
