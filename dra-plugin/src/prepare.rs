@@ -7,6 +7,7 @@
 //! holds. Nothing here touches the store, the disk or the network, so every
 //! refusal can be tested directly, with its message.
 
+use crate::opaque_config::{cpusets_by_request, validate, NodeCpus, OpaqueConfigError};
 use crate::slices::{plan_devices, DeviceMode, DeviceOptions, GroupBy, SliceError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{AllocError, Allocator, Policy};
@@ -23,6 +24,8 @@ pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
 pub struct DeviceCatalog {
     devices: BTreeMap<String, (DeviceMode, CpuSet)>,
     allocatable: CpuSet,
+    online: CpuSet,
+    reserved: CpuSet,
 }
 
 impl DeviceCatalog {
@@ -63,6 +66,8 @@ impl DeviceCatalog {
         Ok(DeviceCatalog {
             devices,
             allocatable: topology.online().difference(reserved),
+            online: topology.online().clone(),
+            reserved: reserved.clone(),
         })
     }
 
@@ -70,6 +75,14 @@ impl DeviceCatalog {
     /// capacity (grouped).
     pub fn mode_of(&self, device: &str) -> Option<DeviceMode> {
         self.devices.get(device).map(|(mode, _)| *mode)
+    }
+
+    /// What an opaque cpuset config is checked against.
+    pub fn node_cpus(&self) -> NodeCpus<'_> {
+        NodeCpus {
+            online: &self.online,
+            reserved: &self.reserved,
+        }
     }
 
     /// Online CPUs minus reserved ones.
@@ -204,6 +217,13 @@ pub enum PrepareError {
         devices: usize,
         limit: usize,
     },
+    #[error("claim {claim}: opaque cpuset config: {source}")]
+    OpaqueConfig {
+        claim: String,
+        /// Boxed: the CPU sets it names would make every result large.
+        #[source]
+        source: Box<OpaqueConfigError>,
+    },
     #[error("claim {claim}: store failure: {reason}")]
     Store { claim: String, reason: String },
     #[error("claim {claim}: writing its CDI spec failed: {reason}")]
@@ -231,6 +251,7 @@ impl PrepareError {
             PrepareError::TooFewFree { .. } => "too_few_free",
             PrepareError::Allocation { .. } => "allocation",
             PrepareError::TooManyDevices { .. } => "too_many_devices",
+            PrepareError::OpaqueConfig { .. } => "opaque_config",
             PrepareError::Store { .. } => "store",
             PrepareError::Cdi { .. } => "cdi",
             PrepareError::Internal { .. } => "internal",
@@ -402,6 +423,52 @@ pub fn resolve_cpus(
     held: &BTreeMap<String, CpuSet>,
     policy: Policy,
 ) -> Result<CpuSet, PrepareError> {
+    resolve_cpus_configured(
+        claim,
+        parsed,
+        &BTreeMap::new(),
+        catalog,
+        allocator,
+        held,
+        policy,
+    )
+}
+
+/// The opaque cpuset each request of this driver is given by the claim's
+/// `status.allocation.devices.config[]` (see [`crate::opaque_config`]).
+pub fn opaque_cpusets(
+    claim: &ClaimRef,
+    object: &ResourceClaim,
+    parsed: &ParsedClaim,
+    driver: &str,
+) -> Result<BTreeMap<String, CpuSet>, PrepareError> {
+    let configs = object
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+    let mut requests: Vec<&str> = parsed.devices.iter().map(|d| d.request.as_str()).collect();
+    requests.sort_unstable();
+    requests.dedup();
+    cpusets_by_request(configs, driver, &requests).map_err(|source| PrepareError::OpaqueConfig {
+        claim: claim.to_string(),
+        source: Box::new(source),
+    })
+}
+
+/// [`resolve_cpus`], with the CPUs of requests that an opaque config sets
+/// (grouped devices only) taken from `cpusets` once they are checked.
+pub fn resolve_cpus_configured(
+    claim: &ClaimRef,
+    parsed: &ParsedClaim,
+    cpusets: &BTreeMap<String, CpuSet>,
+    catalog: &DeviceCatalog,
+    allocator: &Allocator,
+    held: &BTreeMap<String, CpuSet>,
+    policy: Policy,
+) -> Result<CpuSet, PrepareError> {
     let name = claim.to_string();
     let mut taken = CpuSet::new();
     for (holder, cpus) in held {
@@ -440,6 +507,41 @@ pub fn resolve_cpus(
                         claim: name.clone(),
                         device: device.device.clone(),
                     })? as usize;
+                if let Some(cpus) = cpusets.get(&device.request) {
+                    let opaque_error = |source| PrepareError::OpaqueConfig {
+                        claim: name.clone(),
+                        source: Box::new(source),
+                    };
+                    let devices = parsed
+                        .devices
+                        .iter()
+                        .filter(|d| d.request == device.request)
+                        .count();
+                    if devices != 1 {
+                        return Err(opaque_error(OpaqueConfigError::SeveralDevices {
+                            request: device.request.clone(),
+                            devices,
+                        }));
+                    }
+                    validate(
+                        &device.request,
+                        cpus,
+                        count,
+                        catalog.node_cpus(),
+                        (&device.device, group),
+                        &taken.union(&chosen),
+                        |clash| {
+                            if clash.is_disjoint(&chosen) {
+                                format!("claim {}", holder_of(held, &claim.uid, clash))
+                            } else {
+                                "another request of this claim".to_string()
+                            }
+                        },
+                    )
+                    .map_err(opaque_error)?;
+                    chosen = chosen.union(cpus);
+                    continue;
+                }
                 let free = group.difference(&taken).difference(&chosen);
                 if count > free.len() {
                     return Err(PrepareError::TooFewFree {

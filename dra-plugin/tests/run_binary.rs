@@ -103,6 +103,7 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
         metrics.contains("dra_cpu_shared_pool_cpus 126"),
         "{metrics}"
     );
+    upstream_series_are_served(&metrics);
 
     // The publisher put this node's pool on the API server.
     let deadline = Instant::now() + WAIT;
@@ -533,6 +534,248 @@ async fn an_https_kubeconfig_without_a_ca_and_no_system_certificates_is_refused_
     );
     assert!(
         stderr.contains("No CA certificates were loaded"),
+        "{stderr}"
+    );
+}
+
+/// The upstream Go driver's series of dra-plugin, as its `pkg/metrics`
+/// declares them: name, type, help, label names.
+const UPSTREAM_DRIVER_SERIES: [(&str, &str, &str, &[&str]); 9] = [
+    ("dra_cpu_allocated_cpus", "gauge", "Number of CPUs currently allocated to prepared resource claims.", &[]),
+    ("dra_cpu_available_cpus", "gauge", "Number of CPUs available for allocation after reserved and active claim CPUs are excluded.", &[]),
+    ("dra_cpu_reserved_cpus", "gauge", "Number of CPUs reserved and excluded from DRA management.", &[]),
+    ("dra_cpu_resource_claims_active", "gauge", "Number of resource claims currently recorded as active by the allocation store.", &[]),
+    ("dra_cpu_prepare_claims_total", "counter", "Total number of per-claim PrepareResourceClaims results.", &["result"]),
+    ("dra_cpu_unprepare_claims_total", "counter", "Total number of per-claim UnprepareResourceClaims results.", &["result"]),
+    ("dra_cpu_prepare_claim_duration_seconds", "histogram", "Duration of per-claim prepare operations in seconds.", &[]),
+    ("dra_cpu_unprepare_claim_duration_seconds", "histogram", "Duration of per-claim unprepare operations in seconds.", &[]),
+    ("dra_cpu_claim_allocated_cpus", "histogram", "Number of CPUs allocated for each newly successful claim allocation.", &[]),
+];
+
+fn kind_of(value: &prometheus_parse::Value) -> &'static str {
+    match value {
+        prometheus_parse::Value::Counter(_) => "counter",
+        prometheus_parse::Value::Gauge(_) => "gauge",
+        prometheus_parse::Value::Histogram(_) => "histogram",
+        prometheus_parse::Value::Summary(_) => "summary",
+        prometheus_parse::Value::Untyped(_) => "untyped",
+    }
+}
+
+/// One sample's plain value (counter or gauge), by name and labels.
+fn sample_value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+    match sample.value {
+        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+        ref other => panic!("{name} is {other:?}"),
+    }
+}
+
+/// Parse `/metrics` with a Prometheus text-format parser and check every
+/// upstream series by name, type, help and labels, and the values after one
+/// prepare of 2 CPUs on a 128-CPU node with nothing reserved.
+fn upstream_series_are_served(text: &str) {
+    // As Prometheus itself reads it: its Go parser.
+    match dra_cpu_tests::prom_text::parse(text) {
+        Ok(families) => {
+            for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
+                let family = families
+                    .get(name)
+                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
+                assert_eq!(
+                    (family.kind.as_str(), family.help.as_str()),
+                    (kind, help),
+                    "{name}"
+                );
+                assert_eq!(family.labels, labels, "{name} labels");
+            }
+        }
+        Err(e) if e.is_missing_tool() => dra_cpu_tests::skip::skip_or_fail_in_ci(e),
+        Err(e) => panic!("{e}"),
+    }
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics text parses");
+    for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
+        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
+        assert!(!samples.is_empty(), "no {name} in\n{text}");
+        for sample in samples {
+            assert_eq!(kind_of(&sample.value), kind, "{name}");
+            let mut got: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
+            got.sort_unstable();
+            assert_eq!(got, labels, "{name} labels");
+        }
+        assert_eq!(
+            scrape.docs.get(name).map(String::as_str),
+            Some(help),
+            "{name} help"
+        );
+    }
+    for result in ["success", "error", "unknown"] {
+        for name in [
+            "dra_cpu_prepare_claims_total",
+            "dra_cpu_unprepare_claims_total",
+        ] {
+            let want = if (name, result) == ("dra_cpu_prepare_claims_total", "success") {
+                1.0
+            } else {
+                0.0
+            };
+            assert_eq!(
+                sample_value(&scrape, name, &[("result", result)]),
+                want,
+                "{name} {result}"
+            );
+        }
+    }
+    for (name, want) in [
+        ("dra_cpu_allocated_cpus", 2.0),
+        ("dra_cpu_available_cpus", 126.0),
+        ("dra_cpu_reserved_cpus", 0.0),
+        ("dra_cpu_resource_claims_active", 1.0),
+    ] {
+        assert_eq!(sample_value(&scrape, name, &[]), want, "{name}");
+    }
+    let allocated = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "dra_cpu_claim_allocated_cpus")
+        .map(|s| s.value.clone());
+    let Some(prometheus_parse::Value::Histogram(buckets)) = allocated else {
+        panic!("dra_cpu_claim_allocated_cpus: {allocated:?}");
+    };
+    let count_at = |bound: f64| {
+        buckets
+            .iter()
+            .find(|b| b.less_than == bound)
+            .map(|b| b.count)
+    };
+    assert_eq!(count_at(1.0), Some(0.0), "{buckets:?}");
+    assert_eq!(count_at(2.0), Some(1.0), "{buckets:?}");
+    assert_eq!(count_at(f64::INFINITY), Some(1.0), "{buckets:?}");
+}
+
+/// Upstream's example config, the `driverConfig` of its
+/// docs/user/configuration.md ("#### Example"), which its chart writes as
+/// the file passed to `--config`.
+const UPSTREAM_EXAMPLE_CONFIG: &str = "apiVersion: v1alpha1
+cpuDeviceMode: grouped
+groupBy: numanode
+reservedCPUs: \"0-3\"
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
+    let node = Node::new(DeviceMode::Individual);
+    let port = free_port();
+    let config_file = node.dir.path().join("config.yaml");
+    std::fs::write(&config_file, UPSTREAM_EXAMPLE_CONFIG).expect("config file");
+    let c = &node.config;
+    // Flags say where things are on this test node and nothing the file says.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config_file)
+        .arg(format!("--node-name={}", c.node_name))
+        .arg(format!(
+            "--kubeconfig={}",
+            c.kubeconfig.as_ref().expect("kubeconfig").display()
+        ))
+        .arg(format!(
+            "--kubelet-root-dir={}",
+            c.kubelet_root_dir.display()
+        ))
+        .arg(format!("--state-dir={}", c.state_dir.display()))
+        .arg(format!("--cdi-dir={}", c.cdi_dir.display()))
+        .arg(format!("--sysfs-root={}", c.sysfs_root.display()))
+        .arg(format!("--metrics-address=127.0.0.1:{port}"))
+        .env_remove("NODE_NAME")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn dra-plugin run");
+    let _kubelet = register(&node, &mut child).await;
+
+    let deadline = Instant::now() + WAIT;
+    while node.api.slices().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let devices: Vec<_> = node
+        .api
+        .slices()
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .collect();
+    // grouped by NUMA node, as the file says (the test node was made
+    // individual, so the file's mode is the one in force).
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "cpudevnuma000",
+            "cpudevnuma001",
+            "cpudevnuma002",
+            "cpudevnuma003"
+        ]
+    );
+    // 128 CPUs less the 4 reserved ones are published.
+    let published: i64 = devices
+        .iter()
+        .flat_map(|d| d.capacity.clone().unwrap_or_default().into_values())
+        .map(|c| c.value.0.parse::<i64>().expect("integer capacity"))
+        .sum();
+    assert_eq!(published, 124);
+    // Upstream's default: no KEP-5517 mapping without the key.
+    assert!(
+        devices
+            .iter()
+            .all(|d| d.node_allocatable_resources.is_none()),
+        "{devices:?}"
+    );
+    let (status, metrics) = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+        .await
+        .expect("get");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.lines().any(|l| l == "dra_cpu_reserved_cpus 4"),
+        "{metrics}"
+    );
+
+    let output = terminate(child).await;
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn a_mixed_config_file_is_refused_naming_the_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(
+        &config_file,
+        format!("{UPSTREAM_EXAMPLE_CONFIG}state-dir: /var/lib/dra-cpu\n"),
+    )
+    .expect("config file");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config_file)
+        .arg("--node-name=n")
+        .env_remove("NODE_NAME")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run dra-plugin");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("state-dir") && stderr.contains("apiVersion"),
         "{stderr}"
     );
 }

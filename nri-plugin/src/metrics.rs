@@ -72,6 +72,8 @@ pub struct Metrics {
     pub over_committed: AtomicU64,
     pub coordination_connected: AtomicBool,
     pub nri_registered: AtomicBool,
+    /// The upstream Go driver's NRI callback series, exported as well.
+    pub upstream: shared_state::upstream_metrics::NriMetrics,
 }
 
 impl Metrics {
@@ -203,6 +205,7 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} gauge");
             let _ = writeln!(out, "{name} {value}");
         }
+        self.upstream.render(&mut out);
         out
     }
 }

@@ -18,7 +18,9 @@ use dra_cpu_proto::nri::api::{
 use dra_cpu_proto::nri::{
     ContainerCreation, ContainerUpdates, EventMask, NriPlugin, NriUpdater, PluginError, RuntimeInfo,
 };
+use shared_state::claim_env::parse_claim_env;
 use shared_state::pool::Update;
+use shared_state::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
 use shared_state::{ClaimAssignment, CpuSet};
 
 use crate::config::UnsolicitedUpdates;
@@ -262,6 +264,12 @@ pub fn container_info(pod: &PodSandbox, container: &Container) -> ContainerInfo 
     }
 }
 
+/// Upstream's `cpu_allocation_mode` of a container: by the claims its
+/// environment names, unknown when that environment does not parse.
+fn allocation_mode(container: &Container) -> CpuAllocationMode {
+    CpuAllocationMode::of_claim_count(parse_claim_env(&container.env).ok().map(|c| c.len()))
+}
+
 /// The NRI plugin of dra-cpu.
 pub struct DraCpuPlugin {
     enforcer: Arc<Enforcer>,
@@ -277,6 +285,23 @@ impl DraCpuPlugin {
         self.enforcer
             .metrics
             .event(event, result, started.elapsed());
+    }
+
+    /// Upstream's callback duration series, labelled by the container's
+    /// claims as upstream labels them.
+    fn upstream_container(
+        &self,
+        callback: NriCallback,
+        result: OpResult,
+        container: &Container,
+        started: Instant,
+    ) {
+        self.enforcer.metrics.upstream.record_container(
+            callback,
+            result,
+            allocation_mode(container),
+            started.elapsed(),
+        );
     }
 
     /// Pending updates sent in a reply: record them as applied.
@@ -357,6 +382,10 @@ impl NriPlugin for DraCpuPlugin {
             .nri_registered
             .store(true, Ordering::Relaxed);
         self.finish("Synchronize", "ok", started);
+        self.enforcer
+            .metrics
+            .upstream
+            .record_synchronize(OpResult::Success, started.elapsed());
         Ok(to_nri_updates(&outcome.updates))
     }
 
@@ -392,12 +421,24 @@ impl NriPlugin for DraCpuPlugin {
                     )
                 });
                 self.finish("CreateContainer", "ok", started);
+                self.upstream_container(
+                    NriCallback::CreateContainer,
+                    OpResult::Success,
+                    &container,
+                    started,
+                );
                 Ok(reply)
             }
             Err(refusal) => {
                 span.in_scope(|| tracing::warn!(reason = refusal.reason(), error = %refusal, "container refused"));
                 self.enforcer.metrics.refused(refusal.reason());
                 self.finish("CreateContainer", "refused", started);
+                self.upstream_container(
+                    NriCallback::CreateContainer,
+                    OpResult::Error,
+                    &container,
+                    started,
+                );
                 Err(PluginError::failed(refusal.to_string()))
             }
         }
@@ -434,6 +475,12 @@ impl NriPlugin for DraCpuPlugin {
         self.send_in_reply(&updates);
         tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
         self.finish("StopContainer", "ok", started);
+        self.upstream_container(
+            NriCallback::StopContainer,
+            OpResult::Success,
+            &container,
+            started,
+        );
         Ok(to_nri_updates(&updates))
     }
 
@@ -448,6 +495,12 @@ impl NriPlugin for DraCpuPlugin {
         self.enforcer.refresh(&view);
         drop(view);
         self.finish("RemoveContainer", "ok", started);
+        self.upstream_container(
+            NriCallback::RemoveContainer,
+            OpResult::Success,
+            &container,
+            started,
+        );
         Ok(())
     }
 }
@@ -456,6 +509,27 @@ impl NriPlugin for DraCpuPlugin {
 mod tests {
     use super::*;
     use shared_state::pool::ContainerKind;
+
+    #[test]
+    fn upstream_allocation_mode_follows_the_claim_env() {
+        let claim = "a1a1a1a1-0000-4000-8000-000000000001";
+        let cases: [(Vec<String>, CpuAllocationMode); 3] = [
+            (vec!["PATH=/bin".into()], CpuAllocationMode::Shared),
+            (
+                vec![shared_state::claim_env::cdi_env_var(claim, &set("2-3"))],
+                CpuAllocationMode::Exclusive,
+            ),
+            (
+                vec![format!("DRA_CPUSET_{claim}=not-a-cpulist")],
+                CpuAllocationMode::Unknown,
+            ),
+        ];
+        for (env, want) in cases {
+            let mut container = Container::new();
+            container.env = env.clone();
+            assert_eq!(allocation_mode(&container), want, "{env:?}");
+        }
+    }
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse_cpulist(s).expect("set")

@@ -377,3 +377,163 @@ async fn restarts_of_every_process_keep_or_repair_cpusets() {
         .await
         .expect("pinned by the reconnected plugin");
 }
+
+async fn metrics_text(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to /metrics");
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// The upstream Go driver's NRI callback series, as its `pkg/metrics`
+/// declares them: name, help, label names. All are histograms.
+const UPSTREAM_NRI_SERIES: [(&str, &str, &[&str]); 4] = [
+    (
+        "dra_cpu_nri_synchronize_duration_seconds",
+        "Duration of the NRI Synchronize callbacks in seconds.",
+        &["result"],
+    ),
+    (
+        "dra_cpu_nri_create_container_duration_seconds",
+        "Duration of the NRI CreateContainer callbacks in seconds.",
+        &["cpu_allocation_mode", "result"],
+    ),
+    (
+        "dra_cpu_nri_stop_container_duration_seconds",
+        "Duration of the NRI StopContainer callbacks in seconds.",
+        &["cpu_allocation_mode", "result"],
+    ),
+    (
+        "dra_cpu_nri_remove_container_duration_seconds",
+        "Duration of the NRI RemoveContainer callbacks in seconds.",
+        &["cpu_allocation_mode", "result"],
+    ),
+];
+
+/// Observations of one labelled histogram series (its `+Inf` bucket).
+fn histogram_count(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == name
+                && s.labels.len() == labels.len()
+                && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+        })
+        .unwrap_or_else(|| panic!("no series {name} {labels:?}"));
+    let prometheus_parse::Value::Histogram(buckets) = &sample.value else {
+        panic!("{name} is not a histogram: {:?}", sample.value);
+    };
+    buckets
+        .iter()
+        .find(|b| b.less_than == f64::INFINITY)
+        .map(|b| b.count)
+        .unwrap_or_else(|| panic!("{name} {labels:?} has no +Inf bucket"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_nri_callback_series_are_served() {
+    let Some(mut node) = node(false).await else {
+        return;
+    };
+    let shared_pod = PodIdentity::new("web");
+    node.start_pod(&shared_pod, &[ContainerSpec::sleeper("web")])
+        .await
+        .expect("shared pod");
+    let claim_pod = PodIdentity::new("excl");
+    let claim = node
+        .create_claim("claim-a", 1, &claim_pod)
+        .await
+        .expect("claim");
+    let running = node
+        .start_pod(&claim_pod, &[claim_container("app", &claim)])
+        .await
+        .expect("claim pod");
+    node.wait_cpus(running.id("app"), &claim.cpus)
+        .await
+        .expect("exclusive cpuset");
+    node.delete_pod(&running).await.expect("delete claim pod");
+
+    let addr = node.layout().nri_metrics;
+    let text = metrics_text(addr).await;
+    // As Prometheus itself reads it: its Go parser.
+    match dra_cpu_tests::prom_text::parse(&text) {
+        Ok(families) => {
+            for (name, help, labels) in UPSTREAM_NRI_SERIES {
+                let family = families
+                    .get(name)
+                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
+                assert_eq!(
+                    (family.kind.as_str(), family.help.as_str()),
+                    ("histogram", help),
+                    "{name}"
+                );
+                assert_eq!(family.labels, labels, "{name} labels");
+            }
+        }
+        Err(e) if e.is_missing_tool() => skip_or_fail_in_ci(e),
+        Err(e) => panic!("{e}"),
+    }
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("the /metrics text parses");
+    for (name, help, labels) in UPSTREAM_NRI_SERIES {
+        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
+        assert!(!samples.is_empty(), "no {name} in\n{text}");
+        for sample in samples {
+            assert!(
+                matches!(sample.value, prometheus_parse::Value::Histogram(_)),
+                "{name} is {:?}",
+                sample.value
+            );
+            let mut got: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
+            got.sort_unstable();
+            assert_eq!(got, labels, "{name} labels");
+        }
+        assert_eq!(
+            scrape.docs.get(name).map(String::as_str),
+            Some(help),
+            "{name} help"
+        );
+    }
+    // The runtime synchronized once at registration; each container was
+    // labelled by the claims its environment names.
+    let create = "dra_cpu_nri_create_container_duration_seconds";
+    let exclusive = [("result", "success"), ("cpu_allocation_mode", "exclusive")];
+    let shared = [("result", "success"), ("cpu_allocation_mode", "shared")];
+    assert_eq!(
+        histogram_count(
+            &scrape,
+            "dra_cpu_nri_synchronize_duration_seconds",
+            &[("result", "success")]
+        ),
+        1.0
+    );
+    assert_eq!(histogram_count(&scrape, create, &exclusive), 1.0, "{text}");
+    assert!(histogram_count(&scrape, create, &shared) >= 1.0, "{text}");
+    assert_eq!(
+        histogram_count(
+            &scrape,
+            create,
+            &[("result", "error"), ("cpu_allocation_mode", "shared")]
+        ),
+        0.0
+    );
+    for name in [
+        "dra_cpu_nri_stop_container_duration_seconds",
+        "dra_cpu_nri_remove_container_duration_seconds",
+    ] {
+        assert_eq!(
+            histogram_count(&scrape, name, &exclusive),
+            1.0,
+            "{name}\n{text}"
+        );
+    }
+}

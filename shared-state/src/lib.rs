@@ -9,6 +9,7 @@ pub mod cpuset;
 pub mod pool;
 pub mod store;
 pub mod topology;
+pub mod upstream_metrics;
 
 pub use assignment::{AllocatedDevice, ClaimAssignment};
 pub use cpuset::{CpuSet, CpuSetError};
