@@ -127,6 +127,12 @@ pub struct NodeOptions {
     pub containerd: ContainerdOptions,
     /// The fake API server keeps `nodeAllocatableResources` (feature gate on).
     pub api_keeps_node_allocatable: bool,
+    /// `--reserved-cpus` on both processes (a cpulist; none when empty).
+    pub reserved_cpus: String,
+    /// `--allocation-policy` of dra-plugin (its default when `None`).
+    pub allocation_policy: Option<String>,
+    /// `--align-memory` on nri-plugin.
+    pub align_memory: bool,
 }
 
 impl Default for NodeOptions {
@@ -138,6 +144,9 @@ impl Default for NodeOptions {
             dra_version: DraVersion::V1,
             containerd: ContainerdOptions::default(),
             api_keeps_node_allocatable: true,
+            reserved_cpus: String::new(),
+            allocation_policy: None,
+            align_memory: false,
         }
     }
 }
@@ -211,7 +220,21 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
         !options.node_allocatable_mapping,
         "--disable-node-allocatable-mapping",
     ));
+    args.extend(reserved_cpus_args(options));
+    if let Some(policy) = &options.allocation_policy {
+        args.extend(["--allocation-policy".to_string(), policy.clone()]);
+    }
     args
+}
+
+/// `--reserved-cpus <list>`, the same on both processes; nothing when none
+/// are reserved.
+fn reserved_cpus_args(options: &NodeOptions) -> Vec<String> {
+    if options.reserved_cpus.is_empty() {
+        Vec::new()
+    } else {
+        vec!["--reserved-cpus".to_string(), options.reserved_cpus.clone()]
+    }
 }
 
 /// The flags of `nri-plugin` for a node.
@@ -235,6 +258,8 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
         options.mixed_allocation_mode,
         "--mixed-allocation-mode",
     ));
+    args.extend(reserved_cpus_args(options));
+    args.extend(flag(options.align_memory, "--align-memory"));
     args
 }
 
@@ -280,6 +305,19 @@ pub fn allocated_claim(
     pod_name: &str,
     pod_uid: &str,
 ) -> Result<ResourceClaim, serde_json::Error> {
+    allocated_claim_on(name, node, GROUPED_DEVICE, cpus, pod_name, pod_uid)
+}
+
+/// Like [`allocated_claim`], from grouped device `device` (e.g.
+/// `cpudevnuma001`, the second NUMA node's).
+pub fn allocated_claim_on(
+    name: &str,
+    node: &str,
+    device: &str,
+    cpus: u32,
+    pod_name: &str,
+    pod_uid: &str,
+) -> Result<ResourceClaim, serde_json::Error> {
     serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -297,7 +335,7 @@ pub fn allocated_claim(
                     "request": "cpus",
                     "driver": DRIVER_NAME,
                     "pool": node,
-                    "device": GROUPED_DEVICE,
+                    "device": device,
                     "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
                 }]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
@@ -818,11 +856,30 @@ impl Node {
         cpus: u32,
         pod: &PodIdentity,
     ) -> Result<Claim, NodeError> {
-        let object = allocated_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
-            .map_err(|e| NodeError::ClaimObject {
-                name: name.to_string(),
-                reason: e.to_string(),
-            })?;
+        self.allocate_claim_on(name, GROUPED_DEVICE, cpus, pod)
+    }
+
+    /// Plays the scheduler: a ResourceClaim `name` of `cpus` CPUs from
+    /// this node's grouped device `device`, allocated and reserved for `pod`.
+    pub fn allocate_claim_on(
+        &self,
+        name: &str,
+        device: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+    ) -> Result<Claim, NodeError> {
+        let object = allocated_claim_on(
+            name,
+            &self.options.node_name,
+            device,
+            cpus,
+            &pod.name,
+            &pod.uid,
+        )
+        .map_err(|e| NodeError::ClaimObject {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
         let stored = self.api.insert_claim(object)?;
         let uid = stored.metadata.uid.ok_or_else(|| NodeError::ClaimObject {
             name: name.to_string(),
@@ -881,6 +938,19 @@ impl Node {
         pod: &PodIdentity,
     ) -> Result<PreparedClaim, NodeError> {
         let claim = self.allocate_claim(name, cpus, pod)?;
+        self.prepare(&claim).await
+    }
+
+    /// Scheduler then kubelet: a claim of `cpus` CPUs from grouped device
+    /// `device`.
+    pub async fn create_claim_on(
+        &self,
+        name: &str,
+        device: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+    ) -> Result<PreparedClaim, NodeError> {
+        let claim = self.allocate_claim_on(name, device, cpus, pod)?;
         self.prepare(&claim).await
     }
 
@@ -1044,9 +1114,19 @@ impl Node {
         }
     }
 
-    /// The CPUs every container may use: online CPUs (nothing is reserved).
+    /// The CPUs containers may use: online CPUs but the reserved ones.
     pub fn allocatable(&self) -> Result<CpuSet, NodeError> {
-        Ok(cgroup::online_cpus()?)
+        let online = cgroup::online_cpus()?;
+        if self.options.reserved_cpus.is_empty() {
+            return Ok(online);
+        }
+        let reserved = CpuSet::parse_cpulist(&self.options.reserved_cpus).map_err(|e| {
+            NodeError::ClaimObject {
+                name: "--reserved-cpus".into(),
+                reason: format!("{:?}: {e}", self.options.reserved_cpus),
+            }
+        })?;
+        Ok(online.difference(&reserved))
     }
 }
 
@@ -1130,6 +1210,49 @@ mod tests {
                 value_after(&nri, "--metrics-address")
             );
         }
+    }
+
+    #[test]
+    fn policy_reserved_cpus_and_memory_alignment_reach_the_right_process() {
+        // (reserved, policy, align) -> what each process gets.
+        let cases = [
+            ("", None, false),
+            ("0,4", None, false),
+            ("", Some("full-pcpus-only"), false),
+            ("1", Some("distribute-across-numa"), true),
+        ];
+        for (reserved, policy, align) in cases {
+            let options = NodeOptions {
+                reserved_cpus: reserved.to_string(),
+                allocation_policy: policy.map(str::to_string),
+                align_memory: align,
+                ..Default::default()
+            };
+            let dra = dra_plugin_args(&layout(), &options);
+            let nri = nri_plugin_args(&layout(), &options);
+            let want_reserved = (!reserved.is_empty()).then(|| reserved.to_string());
+            assert_eq!(value_after(&dra, "--reserved-cpus"), want_reserved);
+            assert_eq!(value_after(&nri, "--reserved-cpus"), want_reserved);
+            assert_eq!(
+                value_after(&dra, "--allocation-policy").as_deref(),
+                policy
+            );
+            assert!(!nri.contains(&"--allocation-policy".to_string()));
+            assert_eq!(nri.contains(&"--align-memory".to_string()), align);
+            assert!(!dra.contains(&"--align-memory".to_string()));
+        }
+    }
+
+    #[test]
+    fn claim_from_a_named_device() {
+        let claim = allocated_claim_on("c1", "node-a", "cpudevnuma001", 2, "p", "u").unwrap();
+        let results = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap();
+        assert_eq!(results[0].device, "cpudevnuma001");
     }
 
     #[test]
