@@ -133,6 +133,8 @@ pub struct NodeOptions {
     pub allocation_policy: Option<String>,
     /// `--align-memory` on nri-plugin.
     pub align_memory: bool,
+    /// `--group-by` of dra-plugin's grouped devices (its default when `None`).
+    pub group_by: Option<String>,
 }
 
 impl Default for NodeOptions {
@@ -147,6 +149,7 @@ impl Default for NodeOptions {
             reserved_cpus: String::new(),
             allocation_policy: None,
             align_memory: false,
+            group_by: None,
         }
     }
 }
@@ -223,6 +226,9 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     args.extend(reserved_cpus_args(options));
     if let Some(policy) = &options.allocation_policy {
         args.extend(["--allocation-policy".to_string(), policy.clone()]);
+    }
+    if let Some(group_by) = &options.group_by {
+        args.extend(["--group-by".to_string(), group_by.clone()]);
     }
     args
 }
@@ -1214,18 +1220,19 @@ mod tests {
 
     #[test]
     fn policy_reserved_cpus_and_memory_alignment_reach_the_right_process() {
-        // (reserved, policy, align) -> what each process gets.
+        // (reserved, policy, align, group by) -> what each process gets.
         let cases = [
-            ("", None, false),
-            ("0,4", None, false),
-            ("", Some("full-pcpus-only"), false),
-            ("1", Some("distribute-across-numa"), true),
+            ("", None, false, None),
+            ("0,4", None, false, Some("socket")),
+            ("", Some("full-pcpus-only"), false, None),
+            ("1", Some("distribute-across-numa"), true, Some("machine")),
         ];
-        for (reserved, policy, align) in cases {
+        for (reserved, policy, align, group_by) in cases {
             let options = NodeOptions {
                 reserved_cpus: reserved.to_string(),
                 allocation_policy: policy.map(str::to_string),
                 align_memory: align,
+                group_by: group_by.map(str::to_string),
                 ..Default::default()
             };
             let dra = dra_plugin_args(&layout(), &options);
@@ -1238,6 +1245,8 @@ mod tests {
                 policy
             );
             assert!(!nri.contains(&"--allocation-policy".to_string()));
+            assert_eq!(value_after(&dra, "--group-by").as_deref(), group_by);
+            assert!(!nri.contains(&"--group-by".to_string()));
             assert_eq!(nri.contains(&"--align-memory".to_string()), align);
             assert!(!dra.contains(&"--align-memory".to_string()));
         }
