@@ -353,9 +353,24 @@ async fn d_distribute_across_numa_spreads_four_cpus_evenly() {
     let kernel = vm_node();
     let started = Instant::now();
     // Spreading needs a device that spans the NUMA nodes: the machine's.
+    // The policy spreads over the fewest NUMA nodes that can hold the
+    // request (as kubelet's distribute-cpus-across-numa does), so with the
+    // first CPU of every node reserved no single node holds 4 CPUs.
+    let reserved: CpuSet = kernel.numa.values().filter_map(CpuSet::first).collect();
+    let largest = kernel
+        .numa
+        .values()
+        .map(|cpus| cpus.difference(&reserved).len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest < 4 && largest * kernel.numa.len() >= 4,
+        "a shape where 4 CPUs need every NUMA node: {kernel:?}"
+    );
     let mut node = node(NodeOptions {
         allocation_policy: Some("distribute-across-numa".into()),
         group_by: Some("machine".into()),
+        reserved_cpus: reserved.to_cpulist(),
         ..Default::default()
     })
     .await;
