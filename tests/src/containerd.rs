@@ -12,7 +12,12 @@
 //! its directory. A run that crashed leaves its directory with an `owner` file
 //! naming a dead process: the next start reaps it.
 //!
-//! Pods get the kubelet cgroup parent `/kubepods/pod<uid>`; pod UIDs are
+//! Pods get the kubelet cgroup parent `/kubepods/pod<uid>` (runc, driven by
+//! containerd's cgroupfs driver, puts a container at
+//! `<cgroup root>/kubepods/pod<uid>/<container id>`: under
+//! `/sys/fs/cgroup/cpuset` and each other v1 hierarchy on a v1 host, under
+//! `/sys/fs/cgroup` on a v2 host, where `start` first lists `+cpuset` in the
+//! root's `cgroup.subtree_control`); pod UIDs are
 //! unique, so concurrent instances never share a pod cgroup. The empty
 //! `/kubepods` directories themselves are left in place: they are shared, and
 //! removing one could race with another instance creating a pod under it.
@@ -79,6 +84,8 @@ pub enum ContainerdError {
     Cri(#[from] crate::cri::CriError),
     #[error("cleanup of {dir} incomplete: {problems:?}")]
     Cleanup { dir: PathBuf, problems: Vec<String> },
+    #[error("pods cannot get a cpuset cgroup on this host: {0}")]
+    Cgroup(#[from] cgroup::CgroupError),
 }
 
 /// How to run a private containerd.
@@ -471,6 +478,9 @@ impl Containerd {
                 });
             }
         }
+        // On cgroup v2 the pod cgroups under /kubepods get cpuset files only
+        // when the hierarchy's root enables the controller for its children.
+        cgroup::enable_cpuset_for_pods()?;
         reap_stale_instances(&options.parent_dir);
         let dir = tempfile::Builder::new()
             .prefix(INSTANCE_PREFIX)

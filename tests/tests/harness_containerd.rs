@@ -1,5 +1,5 @@
 //! The node harness against the real containerd and real cgroups: pods run on
-//! a private containerd, cpusets are read back from cgroup v1 and from inside
+//! a private containerd, cpusets are read back from cgroups (v1 or v2) and from inside
 //! the containers, CDI specs reach container environments, and cleanup leaves
 //! nothing behind. Needs root and `scripts/install-deps.sh`.
 
@@ -31,15 +31,9 @@ fn online() -> CpuSet {
     cgroup::online_cpus().expect("online CPUs")
 }
 
-/// `cpuset.mems` of the root cpuset cgroup: every memory node.
+/// The memory nodes of the root cpuset cgroup: every memory node.
 fn all_mems() -> CpuSet {
-    let dir = cgroup::cgroup_mounts()
-        .unwrap()
-        .into_iter()
-        .find(|m| m.controllers.iter().any(|c| c == "cpuset"))
-        .expect("cpuset hierarchy")
-        .mount_point;
-    cgroup::read_cpuset_dir(&dir).unwrap().mems
+    cgroup::all_memory_nodes().expect("memory nodes of the root cpuset cgroup")
 }
 
 /// Writes a CDI spec the way the driver does: temp file, fsync, rename.
@@ -124,16 +118,11 @@ async fn pod_with_two_containers_runs_and_cpusets_read_back() {
         assert_eq!(cpus.allowed_inside, online(), "Cpus_allowed_list of {id}");
         assert_eq!(cpus.cgroup.mems, all_mems(), "cgroup mems of {id}");
     }
-    // Kubelet's shares reached the cgroup: 100m is 102 shares, none is 2.
+    // Kubelet's shares reached the cgroup: 100m is 102 shares (v1
+    // `cpu.shares`; on v2 runc's conversion of them in `cpu.weight`).
     let pid = cri.container_pid(&first).await.unwrap();
-    let cpuset_dir = cgroup::cpuset_dir_of(pid).unwrap();
-    let cpu_dir = PathBuf::from(
-        cpuset_dir
-            .to_string_lossy()
-            .replace("/cgroup/cpuset/", "/cgroup/cpu/"),
-    );
-    let shares = std::fs::read_to_string(cpu_dir.join("cpu.shares")).unwrap();
-    assert_eq!(shares.trim(), "102");
+    let weight = cgroup::cpu_weight_of(pid).unwrap();
+    assert!(weight.matches_shares(102), "{weight:?}");
 
     cri.delete_pod(&pod.id).await.unwrap();
     assert!(cri.list_containers(Some(&pod.id)).await.unwrap().is_empty());

@@ -72,16 +72,32 @@ impl Demo {
             .iter()
             .map(|s| (s.pod.clone(), s.container.clone(), s.kind, s.id.clone()))
             .collect();
+        let mut effective_shown = false;
         for (pod, container, kind, id) in shown {
             let cpus = self.node.cpus(&id).await?;
+            // On cgroup v2 an unset cpuset.cpus is empty: its effective set
+            // is shown instead, marked.
+            let from_effective =
+                cpus.cgroup.cpus_detail.source == dra_cpu_tests::cgroup::CpusetSource::Effective;
+            effective_shown |= from_effective;
             let _ = writeln!(
                 out,
                 "  {:<14} {:<10} {:<10} {:<12} {:<18}",
                 pod,
                 container,
                 kind,
-                cpus.cgroup.cpus.to_cpulist(),
+                format!(
+                    "{}{}",
+                    cpus.cgroup.cpus.to_cpulist(),
+                    if from_effective { "*" } else { "" }
+                ),
                 cpus.allowed_inside.to_cpulist()
+            );
+        }
+        if effective_shown {
+            let _ = writeln!(
+                out,
+                "  * cpuset.cpus is empty (never set): cpuset.cpus.effective is shown"
             );
         }
         print!("{out}");
