@@ -1240,10 +1240,7 @@ mod tests {
             let want_reserved = (!reserved.is_empty()).then(|| reserved.to_string());
             assert_eq!(value_after(&dra, "--reserved-cpus"), want_reserved);
             assert_eq!(value_after(&nri, "--reserved-cpus"), want_reserved);
-            assert_eq!(
-                value_after(&dra, "--allocation-policy").as_deref(),
-                policy
-            );
+            assert_eq!(value_after(&dra, "--allocation-policy").as_deref(), policy);
             assert!(!nri.contains(&"--allocation-policy".to_string()));
             assert_eq!(value_after(&dra, "--group-by").as_deref(), group_by);
             assert!(!nri.contains(&"--group-by".to_string()));

@@ -63,7 +63,10 @@ impl KernelTopology {
         let nodes = std::fs::read_dir("/sys/devices/system/node").must("NUMA nodes in sysfs");
         for entry in nodes.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(id) = name.strip_prefix("node").and_then(|n| n.parse::<u32>().ok()) else {
+            let Some(id) = name
+                .strip_prefix("node")
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
                 continue;
             };
             numa.insert(
@@ -117,10 +120,7 @@ fn vm_node() -> KernelTopology {
 }
 
 fn timed(name: &str, started: Instant) {
-    eprintln!(
-        "scenario {name}: {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("scenario {name}: {:.1} s", started.elapsed().as_secs_f64());
 }
 
 fn devices(slices: &[Value]) -> Vec<Value> {
@@ -133,11 +133,7 @@ fn devices(slices: &[Value]) -> Vec<Value> {
 }
 
 fn int_attribute(device: &Value, name: &str) -> Option<i64> {
-    device
-        .get("attributes")?
-        .get(name)?
-        .get("int")?
-        .as_i64()
+    device.get("attributes")?.get(name)?.get("int")?.as_i64()
 }
 
 fn numa_device(node: u32) -> String {
@@ -272,7 +268,9 @@ async fn b_full_pcpus_only_claim_gets_both_threads_of_one_core() {
     .await;
     let all = node.allocatable().must("allocatable CPUs");
     let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
-    node.wait_cpus(&shared, &all).await.must("shared on every CPU");
+    node.wait_cpus(&shared, &all)
+        .await
+        .must("shared on every CPU");
 
     let (claim, _pod, id) = claim_pod(&mut node, "whole-core", &numa_device(0), 2, None).await;
     let first = claim.cpus.first().must_some("a claimed CPU");
@@ -382,9 +380,14 @@ async fn d_distribute_across_numa_spreads_four_cpus_evenly() {
         .iter()
         .map(|(n, cpus)| (*n, cpus.intersection(&claim.cpus).len()))
         .collect();
-    eprintln!("distribute-across-numa 4 CPUs: {} per node {per_node:?}", claim.cpus);
+    eprintln!(
+        "distribute-across-numa 4 CPUs: {} per node {per_node:?}",
+        claim.cpus
+    );
     assert!(
-        per_node.iter().all(|(_, count)| *count == 4 / kernel.numa.len()),
+        per_node
+            .iter()
+            .all(|(_, count)| *count == 4 / kernel.numa.len()),
         "4 CPUs split evenly over the NUMA nodes, got {} ({per_node:?})",
         claim.cpus
     );
@@ -428,8 +431,14 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
     let numa_ids: Vec<u32> = kernel.numa.keys().copied().collect();
     let mut claims = Vec::new();
     for (i, numa) in [numa_ids[0], numa_ids[1], numa_ids[1]].iter().enumerate() {
-        let (claim, pod, id) =
-            claim_pod(&mut node, &format!("claim-{i}"), &numa_device(*numa), 1, None).await;
+        let (claim, pod, id) = claim_pod(
+            &mut node,
+            &format!("claim-{i}"),
+            &numa_device(*numa),
+            1,
+            None,
+        )
+        .await;
         assert!(
             claim.cpus.is_subset(&kernel.numa[numa]) && claim.cpus.is_disjoint(&reserved),
             "claim {i} on node {numa} got {}",
@@ -504,7 +513,10 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
         Ok(id) => panic!("a shared container {id} was created with no shared CPU left"),
         Err(e) => e.to_string(),
     };
-    assert!(text.contains("dra-cpu refuses container"), "CRI error {text:?}");
+    assert!(
+        text.contains("dra-cpu refuses container"),
+        "CRI error {text:?}"
+    );
     node.wait_log(true, "container refused")
         .await
         .must("refusal log line");
@@ -538,11 +550,21 @@ async fn f_kill_9_of_each_process_and_a_containerd_restart() {
     .await;
     let all = node.allocatable().must("allocatable CPUs");
     let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
-    let second = kernel.numa.keys().nth(1).copied().must_some("a second NUMA node");
+    let second = kernel
+        .numa
+        .keys()
+        .nth(1)
+        .copied()
+        .must_some("a second NUMA node");
     let (a, _pa, a_id) = claim_pod(&mut node, "excl", &numa_device(second), 2, None).await;
     let (m, _pm, m_id) = claim_pod(&mut node, "mixed", &numa_device(0), 1, Some(250)).await;
     let pool = all.difference(&a.cpus).difference(&m.cpus);
-    for step in ["start", "dra-plugin kill -9", "nri-plugin kill -9", "containerd restart"] {
+    for step in [
+        "start",
+        "dra-plugin kill -9",
+        "nri-plugin kill -9",
+        "containerd restart",
+    ] {
         let t = Instant::now();
         match step {
             "dra-plugin kill -9" => node.restart_dra_plugin().await.must(step),
