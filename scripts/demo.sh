@@ -4,8 +4,19 @@
 # server, dra-plugin, nri-plugin), runs a shared, an exclusive and a mixed pod
 # and prints each container's cpuset as it changes. Cleans up after itself.
 # Needs root (containerd and cgroups).
+#
+#   scripts/demo.sh        on this machine
+#   scripts/demo.sh --vm   inside the VM node of scripts/vm-node.sh: 8 CPUs
+#                          in 2 sockets and 2 NUMA nodes with SMT, cgroup v2
 set -euo pipefail
 cd "$(dirname "$0")/.."
+in_vm=0
+case "${1:-}" in
+  --vm) in_vm=1 ;;
+  "") ;;
+  -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "demo: unknown argument $1 (--vm or nothing)" >&2; exit 2 ;;
+esac
 if [ "$(id -u)" -ne 0 ]; then
   echo "demo: must run as root (containerd and cgroups need it)" >&2
   exit 1
@@ -13,7 +24,10 @@ fi
 scripts/install-deps.sh
 echo "demo: building dra-plugin, nri-plugin and the demo (a first build takes a few minutes)"
 cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugin --bin nri-plugin --bin node-demo
-target_dir="${CARGO_TARGET_DIR:-target}"
+target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
 export DRA_PLUGIN_BIN="${DRA_PLUGIN_BIN:-$target_dir/debug/dra-plugin}"
 export NRI_PLUGIN_BIN="${NRI_PLUGIN_BIN:-$target_dir/debug/nri-plugin}"
+if [ "$in_vm" -eq 1 ]; then
+  exec scripts/vm-node.sh -- "$target_dir/debug/node-demo"
+fi
 exec "$target_dir/debug/node-demo"
