@@ -501,6 +501,17 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
             .must("mixed on its claim and what is left");
     }
     assert!(follow(&held).is_empty(), "every allocatable CPU is claimed");
+    node.wait_cpus(&mixed, &mixed_claim.cpus)
+        .await
+        .must("mixed on its claim alone once the shared pool is empty");
+    // The shared container cannot be given an empty cpuset (NRI reads that
+    // as "unchanged"): it stays on the CPUs it last had.
+    let stranded = node.cpus(&shared).await.must("the shared container");
+    eprintln!(
+        "shared pool empty: the shared container stays on {} (cgroup) / {} (inside)",
+        stranded.cgroup.cpus, stranded.allowed_inside
+    );
+    assert!(!stranded.cgroup.cpus.is_empty());
     let late = PodIdentity::new("late");
     let sandbox = node
         .cri
