@@ -214,11 +214,15 @@ build_image() {
   echo "vm-node: image built in $(calc "$ended - $started") s: $image_dir"
 }
 
+# One build at a time: a second run waits for the first one's image.
+exec 9>"$cache_root/build.lock"
+flock 9
 if [ "$rebuild" -eq 1 ] || [ ! -f "$image_dir/manifest" ]; then
   build_image
 else
   echo "vm-node: cached image $image_dir ($(awk '/^kernel:/ {print "kernel " $2} /^containerd:/ {print ", containerd " $2}' "$image_dir/manifest" | tr -d '\n'))"
 fi
+flock -u 9
 [ "$build_only" -eq 0 ] || exit 0
 
 # --- the job -----------------------------------------------------------------
