@@ -296,7 +296,7 @@ timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
   -drive "$drive" \
   -virtfs "local,path=$job,mount_tag=job,security_model=none,id=job" "${virtfs[@]}" \
   -nic none -display none -monitor none -serial stdio -no-reboot \
-  </dev/null 2>"$job/qemu.err" | tr -d '\r'
+  </dev/null 2>"$job/qemu.err" | sed -u 's/\r$//'
 qemu_status=${PIPESTATUS[0]}
 set -e
 ended=$(date +%s.%N)
