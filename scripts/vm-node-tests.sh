@@ -55,10 +55,11 @@ if [ "$e2e" -eq 1 ]; then
   [ ${#e2e_bins[@]} -eq ${#e2e_names[@]} ] || { echo "vm-node-tests: not every e2e test binary was built" >&2; exit 1; }
 fi
 # Runs every e2e binary, one test at a time; fails when any failed.
-e2e_command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 || rc=1; done; exit $rc' e2e "${e2e_bins[@]}")
+e2e_command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 --color=never || rc=1; done; exit $rc' e2e "${e2e_bins[@]}")
 target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
 export DRA_PLUGIN_BIN="$target_dir/debug/dra-plugin" NRI_PLUGIN_BIN="$target_dir/debug/nri-plugin"
-scenarios=("$test_bin" --ignored --test-threads=1 --nocapture "$@")
+# The guest's console is a terminal: no colour codes in the logs.
+scenarios=("$test_bin" --ignored --test-threads=1 --nocapture --color=never "$@")
 
 failed=()
 run() {
