@@ -157,7 +157,8 @@ pub struct CreateDecision {
     pub kind: ContainerKind,
     /// The container's cpuset; never empty.
     pub cpuset: CpuSet,
-    /// NUMA nodes for `cpuset.mems` (`--align-memory`, claim containers only).
+    /// NUMA nodes for `cpuset.mems` (`--align-memory`, claim containers only):
+    /// those of every CPU in `cpuset`.
     pub mems: Option<CpuSet>,
     /// Cpusets of other containers to change in the same reply.
     pub updates: Vec<Update>,
@@ -326,16 +327,13 @@ impl NodeView {
                     source,
                 }),
             })?;
+        // The memory nodes of every CPU the container runs on: an exclusive
+        // container's claim, a mixed container's claim and the shared pool
+        // (its memory must not be confined to the claim's node while it
+        // also runs on the others).
         let mems = match (admission.kind, &self.numa) {
             (ContainerKind::Shared, _) | (_, None) => None,
-            (_, Some(numa)) => {
-                let own = self
-                    .pool
-                    .container(&info.id)
-                    .map(|c| c.claim_cpus.clone())
-                    .unwrap_or_default();
-                numa.nodes_of(&own)
-            }
+            (_, Some(numa)) => numa.nodes_of(&admission.cpuset),
         };
         Ok(CreateDecision {
             kind: admission.kind,
@@ -948,10 +946,27 @@ mod tests {
         let mut v = NodeView::new(set("0-7"), set(""), true, Some(numa));
         v.apply_prepared(1, claim(CLAIM_1, "5-6", POD_A))
             .expect("claim");
+        v.apply_prepared(2, claim(CLAIM_2, "7", POD_B))
+            .expect("claim");
         let excl = v
-            .create(&container("e", POD_A, &[&env(CLAIM_1, "5-6")], Some(100)))
+            .create(&container("e", POD_A, &[&env(CLAIM_1, "5-6")], None))
+            .expect("exclusive");
+        assert_eq!(excl.kind, ContainerKind::Exclusive);
+        assert_eq!(
+            excl.mems,
+            Some(set("1")),
+            "an exclusive container: its claim's node"
+        );
+        let mixed = v
+            .create(&container("m", POD_B, &[&env(CLAIM_2, "7")], Some(100)))
             .expect("mixed");
-        assert_eq!(excl.mems, Some(set("1")));
+        assert_eq!(mixed.kind, ContainerKind::Mixed);
+        assert_eq!(mixed.cpuset, set("0-4,7"));
+        assert_eq!(
+            mixed.mems,
+            Some(set("0-1")),
+            "a mixed container: its claim's node and the shared pool's nodes"
+        );
         let shared = v.create(&container("s", POD_B, &[], None)).expect("shared");
         assert_eq!(shared.mems, None);
     }

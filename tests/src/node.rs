@@ -133,6 +133,14 @@ pub struct NodeOptions {
     pub api: FakeApiServerOptions,
     /// `--cpu-device-mode` of dra-plugin; its default (auto) when unset.
     pub cpu_device_mode: Option<String>,
+    /// `--reserved-cpus` on both processes (a cpulist; none when empty).
+    pub reserved_cpus: String,
+    /// `--allocation-policy` of dra-plugin (its default when `None`).
+    pub allocation_policy: Option<String>,
+    /// `--align-memory` on nri-plugin.
+    pub align_memory: bool,
+    /// `--group-by` of dra-plugin's grouped devices (its default when `None`).
+    pub group_by: Option<String>,
 }
 
 impl Default for NodeOptions {
@@ -146,6 +154,10 @@ impl Default for NodeOptions {
             api_keeps_node_allocatable: true,
             api: FakeApiServerOptions::default(),
             cpu_device_mode: None,
+            reserved_cpus: String::new(),
+            allocation_policy: None,
+            align_memory: false,
+            group_by: None,
         }
     }
 }
@@ -222,7 +234,24 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     if let Some(mode) = &options.cpu_device_mode {
         args.push(format!("--cpu-device-mode={mode}"));
     }
+    args.extend(reserved_cpus_args(options));
+    if let Some(policy) = &options.allocation_policy {
+        args.extend(["--allocation-policy".to_string(), policy.clone()]);
+    }
+    if let Some(group_by) = &options.group_by {
+        args.extend(["--group-by".to_string(), group_by.clone()]);
+    }
     args
+}
+
+/// `--reserved-cpus <list>`, the same on both processes; nothing when none
+/// are reserved.
+fn reserved_cpus_args(options: &NodeOptions) -> Vec<String> {
+    if options.reserved_cpus.is_empty() {
+        Vec::new()
+    } else {
+        vec!["--reserved-cpus".to_string(), options.reserved_cpus.clone()]
+    }
 }
 
 /// The flags of `nri-plugin` for a node.
@@ -246,6 +275,8 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
         options.mixed_allocation_mode,
         "--mixed-allocation-mode",
     ));
+    args.extend(reserved_cpus_args(options));
+    args.extend(flag(options.align_memory, "--align-memory"));
     args
 }
 
@@ -291,6 +322,19 @@ pub fn allocated_claim(
     pod_name: &str,
     pod_uid: &str,
 ) -> Result<ResourceClaim, serde_json::Error> {
+    allocated_claim_on(name, node, GROUPED_DEVICE, cpus, pod_name, pod_uid)
+}
+
+/// Like [`allocated_claim`], from grouped device `device` (e.g.
+/// `cpudevnuma001`, the second NUMA node's).
+pub fn allocated_claim_on(
+    name: &str,
+    node: &str,
+    device: &str,
+    cpus: u32,
+    pod_name: &str,
+    pod_uid: &str,
+) -> Result<ResourceClaim, serde_json::Error> {
     serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -308,7 +352,7 @@ pub fn allocated_claim(
                     "request": "cpus",
                     "driver": DRIVER_NAME,
                     "pool": node,
-                    "device": GROUPED_DEVICE,
+                    "device": device,
                     "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
                 }]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
@@ -927,19 +971,48 @@ impl Node {
             .flatten()
             .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_string))
             .collect();
-        let object = if published.is_empty() || published.iter().any(|d| d == GROUPED_DEVICE) {
-            allocated_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
-        } else {
-            let taken = self.api.allocated_devices();
-            let mut free: Vec<String> = published
-                .into_iter()
-                .filter(|d| !taken.contains(d))
-                .collect();
-            free.sort();
-            free.truncate(usize::try_from(cpus).unwrap_or(usize::MAX));
-            allocated_individual_claim(name, &self.options.node_name, &free, &pod.name, &pod.uid)
+        if published.is_empty() || published.iter().any(|d| d == GROUPED_DEVICE) {
+            return self.allocate_claim_on(name, GROUPED_DEVICE, cpus, pod);
         }
-        .map_err(|e| NodeError::ClaimObject {
+        let taken = self.api.allocated_devices();
+        let mut free: Vec<String> = published
+            .into_iter()
+            .filter(|d| !taken.contains(d))
+            .collect();
+        free.sort();
+        free.truncate(usize::try_from(cpus).unwrap_or(usize::MAX));
+        let object =
+            allocated_individual_claim(name, &self.options.node_name, &free, &pod.name, &pod.uid);
+        self.store_claim(name, object)
+    }
+
+    /// Plays the scheduler: a ResourceClaim `name` of `cpus` CPUs from
+    /// this node's grouped device `device`, allocated and reserved for `pod`.
+    pub fn allocate_claim_on(
+        &self,
+        name: &str,
+        device: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+    ) -> Result<Claim, NodeError> {
+        let object = allocated_claim_on(
+            name,
+            &self.options.node_name,
+            device,
+            cpus,
+            &pod.name,
+            &pod.uid,
+        );
+        self.store_claim(name, object)
+    }
+
+    /// Stores a claim the scheduler allocated, as the API server holds it.
+    fn store_claim(
+        &self,
+        name: &str,
+        object: Result<ResourceClaim, serde_json::Error>,
+    ) -> Result<Claim, NodeError> {
+        let object = object.map_err(|e| NodeError::ClaimObject {
             name: name.to_string(),
             reason: e.to_string(),
         })?;
@@ -1038,6 +1111,19 @@ impl Node {
         pod: &PodIdentity,
     ) -> Result<PreparedClaim, NodeError> {
         let claim = self.allocate_claim(name, cpus, pod)?;
+        self.prepare(&claim).await
+    }
+
+    /// Scheduler then kubelet: a claim of `cpus` CPUs from grouped device
+    /// `device`.
+    pub async fn create_claim_on(
+        &self,
+        name: &str,
+        device: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+    ) -> Result<PreparedClaim, NodeError> {
+        let claim = self.allocate_claim_on(name, device, cpus, pod)?;
         self.prepare(&claim).await
     }
 
@@ -1201,9 +1287,19 @@ impl Node {
         }
     }
 
-    /// The CPUs every container may use: online CPUs (nothing is reserved).
+    /// The CPUs containers may use: online CPUs but the reserved ones.
     pub fn allocatable(&self) -> Result<CpuSet, NodeError> {
-        Ok(cgroup::online_cpus()?)
+        let online = cgroup::online_cpus()?;
+        if self.options.reserved_cpus.is_empty() {
+            return Ok(online);
+        }
+        let reserved = CpuSet::parse_cpulist(&self.options.reserved_cpus).map_err(|e| {
+            NodeError::ClaimObject {
+                name: "--reserved-cpus".into(),
+                reason: format!("{:?}: {e}", self.options.reserved_cpus),
+            }
+        })?;
+        Ok(online.difference(&reserved))
     }
 }
 
@@ -1287,6 +1383,49 @@ mod tests {
                 value_after(&nri, "--metrics-address")
             );
         }
+    }
+
+    #[test]
+    fn policy_reserved_cpus_and_memory_alignment_reach_the_right_process() {
+        // (reserved, policy, align, group by) -> what each process gets.
+        let cases = [
+            ("", None, false, None),
+            ("0,4", None, false, Some("socket")),
+            ("", Some("full-pcpus-only"), false, None),
+            ("1", Some("distribute-across-numa"), true, Some("machine")),
+        ];
+        for (reserved, policy, align, group_by) in cases {
+            let options = NodeOptions {
+                reserved_cpus: reserved.to_string(),
+                allocation_policy: policy.map(str::to_string),
+                align_memory: align,
+                group_by: group_by.map(str::to_string),
+                ..Default::default()
+            };
+            let dra = dra_plugin_args(&layout(), &options);
+            let nri = nri_plugin_args(&layout(), &options);
+            let want_reserved = (!reserved.is_empty()).then(|| reserved.to_string());
+            assert_eq!(value_after(&dra, "--reserved-cpus"), want_reserved);
+            assert_eq!(value_after(&nri, "--reserved-cpus"), want_reserved);
+            assert_eq!(value_after(&dra, "--allocation-policy").as_deref(), policy);
+            assert!(!nri.contains(&"--allocation-policy".to_string()));
+            assert_eq!(value_after(&dra, "--group-by").as_deref(), group_by);
+            assert!(!nri.contains(&"--group-by".to_string()));
+            assert_eq!(nri.contains(&"--align-memory".to_string()), align);
+            assert!(!dra.contains(&"--align-memory".to_string()));
+        }
+    }
+
+    #[test]
+    fn claim_from_a_named_device() {
+        let claim = allocated_claim_on("c1", "node-a", "cpudevnuma001", 2, "p", "u").unwrap();
+        let results = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap();
+        assert_eq!(results[0].device, "cpudevnuma001");
     }
 
     #[test]

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The scenarios of tests/tests/vm_node.rs inside the VM node
+# (scripts/vm-node.sh: 2 sockets x 2 cores x 2 threads, 2 NUMA nodes,
+# cgroup v2), on containerd 1.7 (trixie, in the image) and on containerd 2.x
+# (Debian sid's, from scripts/containerd2.sh, bound over the guest's
+# /usr/bin in a private mount namespace as on the host).
+#
+#   scripts/vm-node-tests.sh [--runtime 1.7|2|both] [--demo] [--e2e] [-- TEST FILTER...]
+#
+# --demo also runs the node demo in the VM first (scripts/demo.sh --vm does
+# only that); --e2e also runs the host's end-to-end tests (tests/tests/e2e_*)
+# in the VM, on cgroup v2 and the VM's topology (about as long again as the
+# scenarios, so CI leaves it out). Builds on the host, runs in the guest; exits non-zero when a
+# scenario fails on either runtime. When containerd 2.x cannot be had (no
+# sid), says why and runs 1.7 only, as scripts/e2e-containerd2.sh does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runtimes=both demo=0 e2e=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runtime) runtimes="$2"; shift 2 ;;
+    --demo) demo=1; shift ;;
+    --e2e) e2e=1; shift ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; break ;;
+    *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$runtimes" in 1.7 | 2 | both) ;; *) echo "vm-node-tests: --runtime 1.7, 2 or both" >&2; exit 2 ;; esac
+[ "$(id -u)" -eq 0 ] || { echo "vm-node-tests: must run as root" >&2; exit 1; }
+
+echo "vm-node-tests: building dra-plugin, nri-plugin, node-demo and the VM scenarios"
+cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugin --bin nri-plugin --bin node-demo
+# The executables of the named integration tests of dra-cpu-tests, one a line.
+test_binaries() {
+  local args=() name
+  for name in "$@"; do args+=(--test "$name"); done
+  cargo test --quiet -p dra-cpu-tests "${args[@]}" --no-run --message-format=json |
+    python3 -c '
+import json, sys
+wanted = set(sys.argv[1:])
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in wanted:
+        print(m["executable"])' "$@"
+}
+test_bin="$(test_binaries vm_node)"
+[ -x "$test_bin" ] || { echo "vm-node-tests: the vm_node test binary was not built" >&2; exit 1; }
+e2e_bins=()
+if [ "$e2e" -eq 1 ]; then
+  e2e_names=()
+  for file in tests/tests/e2e_*.rs; do e2e_names+=("$(basename "$file" .rs)"); done
+  mapfile -t e2e_bins < <(test_binaries "${e2e_names[@]}")
+  [ ${#e2e_bins[@]} -eq ${#e2e_names[@]} ] || { echo "vm-node-tests: not every e2e test binary was built" >&2; exit 1; }
+fi
+# Runs every e2e binary, one test at a time; fails when any failed.
+e2e_command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 --color=never || rc=1; done; exit $rc' e2e "${e2e_bins[@]}")
+target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+export DRA_PLUGIN_BIN="$target_dir/debug/dra-plugin" NRI_PLUGIN_BIN="$target_dir/debug/nri-plugin"
+# The guest's console is a terminal: no colour codes in the logs.
+scenarios=("$test_bin" --ignored --test-threads=1 --nocapture --color=never "$@")
+
+failed=()
+run() {
+  local what="$1" started
+  shift
+  echo "vm-node-tests: === $what"
+  started=$(date +%s)
+  if scripts/vm-node.sh "$@"; then
+    echo "vm-node-tests: === $what: passed in $(($(date +%s) - started)) s"
+  else
+    echo "vm-node-tests: === $what: FAILED after $(($(date +%s) - started)) s" >&2
+    failed+=("$what")
+  fi
+}
+
+if [ "$runtimes" != 2 ]; then
+  if [ "$demo" -eq 1 ]; then
+    run "node demo, containerd 1.7" -- "$target_dir/debug/node-demo"
+  fi
+  run "scenarios, containerd 1.7" -- "${scenarios[@]}"
+  if [ "$e2e" -eq 1 ]; then
+    run "end-to-end tests, containerd 1.7" -- "${e2e_command[@]}"
+  fi
+fi
+if [ "$runtimes" != 1.7 ]; then
+  status=0
+  bin="$(scripts/containerd2.sh fetch)" || status=$?
+  if [ "$status" -eq 3 ]; then
+    echo "vm-node-tests: containerd 2.x SKIPPED, it cannot be had here (reason above)" >&2
+  elif [ "$status" -ne 0 ]; then
+    failed+=("fetching containerd 2.x")
+  else
+    run "scenarios, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
+      scripts/containerd2.sh run "$bin" "${scenarios[@]}"
+    if [ "$e2e" -eq 1 ]; then
+      run "end-to-end tests, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
+        scripts/containerd2.sh run "$bin" "${e2e_command[@]}"
+    fi
+  fi
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "vm-node-tests: FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "vm-node-tests: every VM node run passed"

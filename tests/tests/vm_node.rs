@@ -1,0 +1,607 @@
+//! Scenarios only a bigger node shows, run inside the VM node of
+//! `scripts/vm-node.sh` (a real kernel with 2 sockets, 2 NUMA nodes and SMT,
+//! cgroup v2): every expectation is derived from the sysfs the guest's
+//! kernel wrote, and every cpuset is read from the container's cgroup v2
+//! files and from inside the container.
+//!
+//! The tests are `#[ignore]`d so a workspace run on a host skips them;
+//! `scripts/vm-node-tests.sh` runs them with `--ignored` inside the VM, whose
+//! init sets `DRA_CPU_VM_NODE`. Run anywhere else, they refuse.
+
+mod e2e_common;
+
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{
+    log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
+};
+use e2e_common::{node, shared_pod, Must};
+use serde_json::Value;
+use shared_state::CpuSet;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+/// Set by the VM node's init to the shape it booted (e.g. `2x2x2,numa=2`).
+const VM_NODE_ENV: &str = "DRA_CPU_VM_NODE";
+
+/// The topology as the guest's kernel reports it in sysfs.
+#[derive(Debug)]
+struct KernelTopology {
+    online: CpuSet,
+    /// NUMA node -> its CPUs (`/sys/devices/system/node/nodeN/cpulist`).
+    numa: BTreeMap<u32, CpuSet>,
+    /// CPU -> its package (`topology/physical_package_id`).
+    package: BTreeMap<u32, u32>,
+    /// CPU -> the hardware threads of its core (`topology/thread_siblings_list`).
+    siblings: BTreeMap<u32, CpuSet>,
+    /// `/sys/devices/system/cpu/smt/active`.
+    smt_active: bool,
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
+        .trim()
+        .to_string()
+}
+
+fn cpulist(path: &str) -> CpuSet {
+    let text = read(path);
+    CpuSet::parse_cpulist(&text).unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+fn number(path: &str) -> u32 {
+    let text = read(path);
+    text.parse()
+        .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+impl KernelTopology {
+    fn read() -> Self {
+        let online = cpulist("/sys/devices/system/cpu/online");
+        let mut numa = BTreeMap::new();
+        let nodes = std::fs::read_dir("/sys/devices/system/node").must("NUMA nodes in sysfs");
+        for entry in nodes.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(id) = name
+                .strip_prefix("node")
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            numa.insert(
+                id,
+                cpulist(&format!("/sys/devices/system/node/{name}/cpulist")),
+            );
+        }
+        let mut package = BTreeMap::new();
+        let mut siblings = BTreeMap::new();
+        for cpu in online.iter() {
+            let dir = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+            package.insert(cpu, number(&format!("{dir}/physical_package_id")));
+            siblings.insert(cpu, cpulist(&format!("{dir}/thread_siblings_list")));
+        }
+        let smt_active = Path::new("/sys/devices/system/cpu/smt/active").exists()
+            && read("/sys/devices/system/cpu/smt/active") == "1";
+        KernelTopology {
+            online,
+            numa,
+            package,
+            siblings,
+            smt_active,
+        }
+    }
+
+    fn numa_of(&self, cpus: &CpuSet) -> CpuSet {
+        self.numa
+            .iter()
+            .filter(|(_, node_cpus)| !node_cpus.is_disjoint(cpus))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+}
+
+/// Refuses to run outside the VM node; returns its topology, checked to be
+/// a shape these scenarios mean something on.
+fn vm_node() -> KernelTopology {
+    let shape = std::env::var(VM_NODE_ENV).unwrap_or_else(|_| {
+        panic!(
+            "refusing to run outside the VM node (${VM_NODE_ENV} unset): \
+             run scripts/vm-node-tests.sh, which boots it and runs these tests inside"
+        )
+    });
+    let topology = KernelTopology::read();
+    assert!(
+        topology.numa.len() >= 2 && topology.smt_active,
+        "VM node {shape}: these scenarios need 2 or more NUMA nodes and SMT, the kernel reports {topology:?}"
+    );
+    eprintln!("VM node {shape}: kernel topology {topology:?}");
+    topology
+}
+
+fn timed(name: &str, started: Instant) {
+    eprintln!("scenario {name}: {:.1} s", started.elapsed().as_secs_f64());
+}
+
+fn devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+fn int_attribute(device: &Value, name: &str) -> Option<i64> {
+    device.get("attributes")?.get(name)?.get("int")?.as_i64()
+}
+
+fn numa_device(node: u32) -> String {
+    format!("cpudevnuma{node:03}")
+}
+
+async fn claim_pod(
+    node: &mut Node,
+    name: &str,
+    device: &str,
+    cpus: u32,
+    request_milli: Option<i64>,
+) -> (PreparedClaim, RunningPod, String) {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .create_claim_on(&format!("{name}-cpu"), device, cpus, &pod)
+        .await
+        .must(&format!("preparing the claim of {name} on {device}"));
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&claim.cdi_device)
+        .with_cpu(request_milli, None);
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must(&format!("starting {name}"));
+    let id = running.id("app").to_string();
+    (claim, running, id)
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn a_published_slices_match_the_kernels_topology() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    // One reserved CPU, so the capacity must leave it out.
+    let reserved = kernel.online.first().must_some("an online CPU");
+    let mut node = node(NodeOptions {
+        reserved_cpus: reserved.to_string(),
+        ..Default::default()
+    })
+    .await;
+    let slices = node.wait_slices().await.must("slices");
+    let devices = devices(&slices);
+    assert_eq!(
+        devices.len(),
+        kernel.numa.len(),
+        "one grouped device per NUMA node: {devices:?}"
+    );
+    for (numa, cpus) in &kernel.numa {
+        let name = numa_device(*numa);
+        let device = devices
+            .iter()
+            .find(|d| d.get("name").and_then(Value::as_str) == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("no device {name} for NUMA node {numa}: {devices:?}"));
+        let allocatable: CpuSet = cpus.iter().filter(|c| *c != reserved).collect();
+        let want = i64::try_from(allocatable.len()).must("CPU count");
+        for attr in [
+            "resource.kubernetes.io/numaNode",
+            "dra.cpu/numaNodeID",
+            "dra.net/numaNode",
+        ] {
+            assert_eq!(
+                int_attribute(device, attr),
+                Some(i64::from(*numa)),
+                "{name} {attr}: {device}"
+            );
+        }
+        let packages: Vec<u32> = cpus
+            .iter()
+            .filter_map(|c| kernel.package.get(&c).copied())
+            .collect();
+        assert!(
+            packages.windows(2).all(|w| w[0] == w[1]),
+            "NUMA node {numa} spans packages {packages:?}"
+        );
+        assert_eq!(
+            int_attribute(device, "dra.cpu/socketID"),
+            packages.first().map(|p| i64::from(*p)),
+            "{name} socketID: {device}"
+        );
+        assert_eq!(
+            int_attribute(device, "dra.cpu/numCPUs"),
+            Some(want),
+            "{name}: {device}"
+        );
+        assert_eq!(
+            device
+                .pointer(&format!(
+                    "/capacity/{}/value",
+                    CPU_CAPACITY.replace('/', "~1")
+                ))
+                .and_then(Value::as_str),
+            Some(want.to_string().as_str()),
+            "{name} capacity: {device}"
+        );
+        assert_eq!(
+            device
+                .pointer("/attributes/dra.cpu~1smtEnabled/bool")
+                .and_then(Value::as_bool),
+            Some(kernel.smt_active),
+            "{name} smtEnabled: {device}"
+        );
+        let mapping = device
+            .pointer("/nodeAllocatableResources/cpu/mapping")
+            .unwrap_or_else(|| panic!("{name}: no KEP-5517 mapping: {device}"));
+        assert_eq!(
+            mapping.get("capacityKey").and_then(Value::as_str),
+            Some(CPU_CAPACITY),
+            "{name}: {mapping}"
+        );
+        assert_eq!(
+            mapping
+                .get("capacityMultiplier")
+                .map(|q| q.to_string().trim_matches('"').to_string())
+                .as_deref(),
+            Some("1"),
+            "{name}: {mapping}"
+        );
+    }
+    timed("a (slices)", started);
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn b_full_pcpus_only_claim_gets_both_threads_of_one_core() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let mut node = node(NodeOptions {
+        allocation_policy: Some("full-pcpus-only".into()),
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("allocatable CPUs");
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+    node.wait_cpus(&shared, &all)
+        .await
+        .must("shared on every CPU");
+
+    let (claim, _pod, id) = claim_pod(&mut node, "whole-core", &numa_device(0), 2, None).await;
+    let first = claim.cpus.first().must_some("a claimed CPU");
+    assert_eq!(
+        Some(&claim.cpus),
+        kernel.siblings.get(&first),
+        "a 2-CPU full-pcpus-only claim is one core's threads (kernel siblings of {first})"
+    );
+    node.wait_cpus(&id, &claim.cpus)
+        .await
+        .must("the claim container on the core");
+    node.wait_cpus(&shared, &all.difference(&claim.cpus))
+        .await
+        .must("the shared container loses exactly those two");
+    timed("b (full-pcpus-only)", started);
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn c_claim_on_the_second_numa_node_with_aligned_memory() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let (second, second_cpus) = kernel
+        .numa
+        .iter()
+        .nth(1)
+        .map(|(id, cpus)| (*id, cpus.clone()))
+        .must_some("a second NUMA node");
+    let mut node = node(NodeOptions {
+        mixed_allocation_mode: true,
+        align_memory: true,
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("allocatable CPUs");
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+
+    let (exclusive, _pod, exclusive_id) =
+        claim_pod(&mut node, "exclusive", &numa_device(second), 2, None).await;
+    assert!(
+        exclusive.cpus.is_subset(&second_cpus),
+        "a claim on {} got {}, not CPUs of NUMA node {second} ({second_cpus})",
+        numa_device(second),
+        exclusive.cpus
+    );
+    let pinned = node
+        .wait_cpus(&exclusive_id, &exclusive.cpus)
+        .await
+        .must("the exclusive container on its claim");
+    assert_eq!(
+        pinned.cgroup.mems,
+        std::iter::once(second).collect::<CpuSet>(),
+        "--align-memory: cpuset.mems of the exclusive container is its claim's node"
+    );
+
+    let (mixed, _pod, mixed_id) =
+        claim_pod(&mut node, "mixed", &numa_device(second), 1, Some(250)).await;
+    assert!(mixed.cpus.is_subset(&second_cpus));
+    let pool = all.difference(&exclusive.cpus).difference(&mixed.cpus);
+    let now = node
+        .wait_cpus(&mixed_id, &mixed.cpus.union(&pool))
+        .await
+        .must("the mixed container on its claim and the shared pool");
+    let want_mems = kernel.numa_of(&mixed.cpus.union(&pool));
+    assert_eq!(
+        now.cgroup.mems, want_mems,
+        "a mixed container's cpuset.mems covers its claim's node and the shared pool's nodes"
+    );
+    node.wait_cpus(&shared, &pool)
+        .await
+        .must("the shared container on the shared pool");
+    timed("c (NUMA node and memory)", started);
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn d_distribute_across_numa_spreads_four_cpus_evenly() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    // Spreading needs a device that spans the NUMA nodes: the machine's.
+    // The policy spreads over the fewest NUMA nodes that can hold the
+    // request (as kubelet's distribute-cpus-across-numa does), so with the
+    // first CPU of every node reserved no single node holds 4 CPUs.
+    let reserved: CpuSet = kernel.numa.values().filter_map(CpuSet::first).collect();
+    let largest = kernel
+        .numa
+        .values()
+        .map(|cpus| cpus.difference(&reserved).len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest < 4 && largest * kernel.numa.len() >= 4,
+        "a shape where 4 CPUs need every NUMA node: {kernel:?}"
+    );
+    let mut node = node(NodeOptions {
+        allocation_policy: Some("distribute-across-numa".into()),
+        group_by: Some("machine".into()),
+        reserved_cpus: reserved.to_cpulist(),
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("allocatable CPUs");
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+    let (claim, _pod, id) = claim_pod(&mut node, "spread", "cpudevmachine", 4, None).await;
+    let per_node: Vec<(u32, usize)> = kernel
+        .numa
+        .iter()
+        .map(|(n, cpus)| (*n, cpus.intersection(&claim.cpus).len()))
+        .collect();
+    eprintln!(
+        "distribute-across-numa 4 CPUs: {} per node {per_node:?}",
+        claim.cpus
+    );
+    assert!(
+        per_node
+            .iter()
+            .all(|(_, count)| *count == 4 / kernel.numa.len()),
+        "4 CPUs split evenly over the NUMA nodes, got {} ({per_node:?})",
+        claim.cpus
+    );
+    node.wait_cpus(&id, &claim.cpus).await.must("claim pinned");
+    node.wait_cpus(&shared, &all.difference(&claim.cpus))
+        .await
+        .must("shared shrinks");
+    timed("d (distribute-across-numa)", started);
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    // The first CPU of each NUMA node is reserved.
+    let reserved: CpuSet = kernel.numa.values().filter_map(CpuSet::first).collect();
+    let mut node = node(NodeOptions {
+        mixed_allocation_mode: true,
+        reserved_cpus: reserved.to_cpulist(),
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("allocatable CPUs");
+    assert!(all.is_disjoint(&reserved));
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+    node.wait_cpus(&shared, &all)
+        .await
+        .must("shared on every CPU but the reserved");
+    let (mixed_claim, _mixed_pod, mixed) =
+        claim_pod(&mut node, "mixed", &numa_device(0), 1, Some(250)).await;
+    let mut held = mixed_claim.cpus.clone();
+    let follow = |held: &CpuSet| all.difference(held);
+    node.wait_cpus(&shared, &follow(&held))
+        .await
+        .must("shared after the mixed claim");
+    node.wait_cpus(&mixed, &mixed_claim.cpus.union(&follow(&held)))
+        .await
+        .must("mixed after its claim");
+
+    let numa_ids: Vec<u32> = kernel.numa.keys().copied().collect();
+    let mut claims = Vec::new();
+    for (i, numa) in [numa_ids[0], numa_ids[1], numa_ids[1]].iter().enumerate() {
+        let (claim, pod, id) = claim_pod(
+            &mut node,
+            &format!("claim-{i}"),
+            &numa_device(*numa),
+            1,
+            None,
+        )
+        .await;
+        assert!(
+            claim.cpus.is_subset(&kernel.numa[numa]) && claim.cpus.is_disjoint(&reserved),
+            "claim {i} on node {numa} got {}",
+            claim.cpus
+        );
+        assert!(claim.cpus.is_disjoint(&held), "claim {i}: no CPU twice");
+        held = held.union(&claim.cpus);
+        node.wait_cpus(&id, &claim.cpus).await.must("claim pinned");
+        node.wait_cpus(&shared, &follow(&held))
+            .await
+            .must(&format!("shared after claim {i}"));
+        node.wait_cpus(&mixed, &mixed_claim.cpus.union(&follow(&held)))
+            .await
+            .must(&format!("mixed after claim {i}"));
+        claims.push((claim, pod, id));
+    }
+
+    // Claims of every CPU left, node by node. dra-plugin prepares them (it
+    // does not see containers); what runs on the shared pool must then be
+    // refused with its reason, and nothing running may lose its CPUs.
+    for (i, numa) in numa_ids.iter().enumerate() {
+        let left = follow(&held).intersection(&kernel.numa[numa]);
+        if left.is_empty() {
+            continue;
+        }
+        let pod = PodIdentity::new(&format!("taker-{i}"));
+        let claim = node
+            .create_claim_on(
+                &format!("taker-{i}-cpu"),
+                &numa_device(*numa),
+                u32::try_from(left.len()).must("count"),
+                &pod,
+            )
+            .await
+            .must(&format!("the claim of NUMA node {numa}'s CPUs left"));
+        assert_eq!(claim.cpus, left, "the claim takes node {numa}'s CPUs left");
+        let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+        let sandbox = node
+            .cri
+            .run_pod(&pod.name, "default", &pod.uid)
+            .await
+            .must("taker sandbox");
+        let result = node.cri.run_container(&sandbox, &spec).await;
+        held = held.union(&claim.cpus);
+        eprintln!(
+            "claim of node {numa}'s last CPUs {}: container {result:?}; shared pool now {:?}",
+            claim.cpus,
+            follow(&held).to_cpulist()
+        );
+        if follow(&held).is_empty() {
+            break;
+        }
+        let id = result.must("the taker container while shared CPUs remain");
+        node.wait_cpus(&id, &claim.cpus).await.must("taker pinned");
+        node.wait_cpus(&shared, &follow(&held))
+            .await
+            .must("shared on what is left");
+        node.wait_cpus(&mixed, &mixed_claim.cpus.union(&follow(&held)))
+            .await
+            .must("mixed on its claim and what is left");
+    }
+    assert!(follow(&held).is_empty(), "every allocatable CPU is claimed");
+    node.wait_cpus(&mixed, &mixed_claim.cpus)
+        .await
+        .must("mixed on its claim alone once the shared pool is empty");
+    // The shared container cannot be given an empty cpuset (NRI reads that
+    // as "unchanged"): it stays on the CPUs it last had.
+    let stranded = node.cpus(&shared).await.must("the shared container");
+    eprintln!(
+        "shared pool empty: the shared container stays on {} (cgroup) / {} (inside)",
+        stranded.cgroup.cpus, stranded.allowed_inside
+    );
+    assert!(!stranded.cgroup.cpus.is_empty());
+    let late = PodIdentity::new("late");
+    let sandbox = node
+        .cri
+        .run_pod(&late.name, "default", &late.uid)
+        .await
+        .must("late sandbox");
+    let spec = ContainerSpec::sleeper("app").with_cpu(Some(100), None);
+    let refused = node.cri.create_container(&sandbox, &spec).await;
+    let text = match refused {
+        Ok(id) => panic!("a shared container {id} was created with no shared CPU left"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        text.contains("dra-cpu refuses container"),
+        "CRI error {text:?}"
+    );
+    node.wait_log(true, "container refused")
+        .await
+        .must("refusal log line");
+    let reasons: Vec<String> = log_messages_with(&node.nri_log(), "container refused")
+        .iter()
+        .filter_map(|v| v.pointer("/fields/reason").and_then(Value::as_str))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        reasons.last().map(String::as_str),
+        Some("empty-shared-pool"),
+        "{reasons:?}"
+    );
+    for (claim, _pod, id) in &claims {
+        node.wait_cpus(id, &claim.cpus)
+            .await
+            .must("claim containers keep their CPUs");
+    }
+    timed("e (three claims, reserved CPUs)", started);
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn f_kill_9_of_each_process_and_a_containerd_restart() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let mut node = node(NodeOptions {
+        mixed_allocation_mode: true,
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("allocatable CPUs");
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+    let second = kernel
+        .numa
+        .keys()
+        .nth(1)
+        .copied()
+        .must_some("a second NUMA node");
+    let (a, _pa, a_id) = claim_pod(&mut node, "excl", &numa_device(second), 2, None).await;
+    let (m, _pm, m_id) = claim_pod(&mut node, "mixed", &numa_device(0), 1, Some(250)).await;
+    let pool = all.difference(&a.cpus).difference(&m.cpus);
+    for step in [
+        "start",
+        "dra-plugin kill -9",
+        "nri-plugin kill -9",
+        "containerd restart",
+    ] {
+        let t = Instant::now();
+        match step {
+            "dra-plugin kill -9" => node.restart_dra_plugin().await.must(step),
+            "nri-plugin kill -9" => node.restart_nri_plugin().await.must(step),
+            "containerd restart" => node.restart_containerd().await.must(step),
+            _ => {}
+        }
+        node.wait_cpus(&a_id, &a.cpus).await.must(step);
+        node.wait_cpus(&m_id, &m.cpus.union(&pool)).await.must(step);
+        node.wait_cpus(&shared, &pool).await.must(step);
+        eprintln!(
+            "after {step}: every cpuset right in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    assert!(a.cpus.is_subset(&kernel.numa[&second]));
+    timed("f (kill -9 and containerd restart)", started);
+}
+
+/// `Option` to a value, or a test failure naming what was missing.
+trait MustSome<T> {
+    fn must_some(self, what: &str) -> T;
+}
+
+impl<T> MustSome<T> for Option<T> {
+    fn must_some(self, what: &str) -> T {
+        self.unwrap_or_else(|| panic!("no {what}"))
+    }
+}
