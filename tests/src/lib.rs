@@ -9,4 +9,5 @@ pub mod image;
 pub mod kubelet_dra;
 pub mod node;
 pub mod perf;
+pub mod real_clients;
 pub mod skip;
