@@ -41,10 +41,10 @@ import (
 // (pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go), DRA
 // calls 45 s (pkg/kubelet/cm/dra/plugin, defaultClientCallTimeout).
 const (
-	dialTimeout   = 10 * time.Second
-	getInfoTimout = 1 * time.Second
-	notifyTimeout = 5 * time.Second
-	draCallTimout = 45 * time.Second
+	dialTimeout    = 10 * time.Second
+	getInfoTimeout = 1 * time.Second
+	notifyTimeout  = 5 * time.Second
+	draCallTimeout = 45 * time.Second
 )
 
 // rawCodec sends and receives messages already encoded as protobuf bytes.
@@ -220,7 +220,7 @@ func register(ctx context.Context, socket string) string {
 		fail("dial registration", err)
 	}
 	defer conn.Close()
-	reply, err := invoke(ctx, conn, getInfoTimout, "/pluginregistration.Registration/GetInfo", nil)
+	reply, err := invoke(ctx, conn, getInfoTimeout, "/pluginregistration.Registration/GetInfo", nil)
 	if err != nil {
 		fail("GetInfo", err)
 	}
@@ -248,7 +248,7 @@ func register(ctx context.Context, socket string) string {
 
 func prepareAndUnprepare(ctx context.Context, conn *grpc.ClientConn, namespace, uid, name string) {
 	const service = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
-	reply, err := invoke(ctx, conn, draCallTimout, service+"NodePrepareResources", claimsRequest(namespace, uid, name))
+	reply, err := invoke(ctx, conn, draCallTimeout, service+"NodePrepareResources", claimsRequest(namespace, uid, name))
 	if err != nil {
 		fail("NodePrepareResources", err)
 	}
@@ -279,7 +279,7 @@ func prepareAndUnprepare(ctx context.Context, conn *grpc.ClientConn, namespace, 
 		"claim_error":    first(result[2]),
 	})
 
-	reply, err = invoke(ctx, conn, draCallTimout, service+"NodeUnprepareResources", claimsRequest(namespace, uid, name))
+	reply, err = invoke(ctx, conn, draCallTimeout, service+"NodeUnprepareResources", claimsRequest(namespace, uid, name))
 	if err != nil {
 		fail("NodeUnprepareResources", err)
 	}
@@ -303,7 +303,7 @@ func prepareAndUnprepare(ctx context.Context, conn *grpc.ClientConn, namespace, 
 // {pool_name = 1, device_name = 2}, health = 2}.
 func watchHealth(ctx context.Context, conn *grpc.ClientConn) {
 	const step = "NodeWatchResources"
-	ctx, cancel := context.WithTimeout(ctx, draCallTimout)
+	ctx, cancel := context.WithTimeout(ctx, draCallTimeout)
 	defer cancel()
 	desc := &grpc.StreamDesc{StreamName: "NodeWatchResources", ServerStreams: true}
 	stream, err := conn.NewStream(ctx, desc, "/v1alpha1.DRAResourceHealth/NodeWatchResources", grpc.ForceCodec(rawCodec{}))
