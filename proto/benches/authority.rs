@@ -10,7 +10,13 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 fn frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len();
-    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, frame_type, flags];
+    let mut out = vec![
+        (len >> 16) as u8,
+        (len >> 8) as u8,
+        len as u8,
+        frame_type,
+        flags,
+    ];
     out.extend_from_slice(&stream.to_be_bytes());
     out.extend_from_slice(payload);
     out
@@ -27,7 +33,10 @@ fn indexed_literal(name: &str, value: &str) -> Vec<u8> {
 
 /// The fields grpc-go sends for a unary call to kubelet's registration socket.
 const FIELDS: [(&str, &str); 6] = [
-    (":authority", "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdra.cpu-reg.sock"),
+    (
+        ":authority",
+        "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdra.cpu-reg.sock",
+    ),
     (":path", "/pluginregistration.Registration/GetInfo"),
     ("content-type", "application/grpc"),
     ("user-agent", "grpc-go/1.64.0"),
