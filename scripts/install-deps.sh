@@ -7,6 +7,10 @@
 #   - the Python package kubernetes-validate (checks objects against the real
 #     Kubernetes OpenAPI schemas),
 #   - the Python package cel-python (evaluates the chart's admission policy).
+#   - Go 1.24 with Debian's grpc-go and protobuf sources, and the Python
+#     package grpcio: the real gRPC clients of tests/tests/real_grpc_clients.rs
+#     (a grpc-go program dialing as kubelet does, built offline in GOPATH
+#     mode, and a grpcio script).
 # Idempotent and quiet: skips what is already there, logs to a file and prints
 # that log only when a step fails, with the reason.
 set -euo pipefail
@@ -142,6 +146,30 @@ else
   echo "install-deps: installed containerd $(dpkg-query -W -f='${Version}' containerd), runc $(dpkg-query -W -f='${Version}' runc), busybox-static, protobuf-compiler"
 fi
 
+# --- Go and grpc-go (tests/go/kubelet-client, built offline in GOPATH mode) ---
+# From trixie: bookworm's grpc-go (1.33) predates the kubelet's. These are Go
+# source packages (Architecture: all); -t trixie lets their golang-*
+# dependencies come from trixie too, which the trixie grpc-go needs.
+go_packages=(golang-1.24-go golang-google-grpc-dev golang-google-protobuf-dev)
+go_done() {
+  [ -x /usr/lib/go-1.24/bin/go ] &&
+    [ -f /usr/share/gocode/src/google.golang.org/grpc/version.go ] &&
+    [ -d /usr/share/gocode/src/google.golang.org/protobuf/encoding/protowire ] &&
+    dpkg --compare-versions "$(dpkg-query -W -f='${Version}' golang-google-grpc-dev 2>/dev/null || echo 0)" ge 1.64
+}
+if go_done; then
+  echo "install-deps: go 1.24 and grpc-go $(dpkg-query -W -f='${Version}' golang-google-grpc-dev) already installed"
+else
+  write_trixie_source
+  export DEBIAN_FRONTEND=noninteractive
+  step "apt-get update" apt-get -q update
+  step "apt-get install (Go)" apt-get -q -y --no-install-recommends -t trixie \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+    install "${go_packages[@]}"
+  go_done || fail "Go packages installed but /usr/lib/go-1.24/bin/go or grpc-go >= 1.64 still missing"
+  echo "install-deps: installed go 1.24 and grpc-go $(dpkg-query -W -f='${Version}' golang-google-grpc-dev)"
+fi
+
 python="$(command -v python3 || true)"
 [ -n "$python" ] || fail "python3 not found (needed for kubernetes-validate)"
 if "$python" -c 'import kubernetes_validate' >/dev/null 2>&1; then
@@ -157,6 +185,13 @@ if "$python" -c 'import celpy' >/dev/null 2>&1; then
 else
   step "pip install cel-python" "$python" -m pip install -q --disable-pip-version-check cel-python
   echo "install-deps: installed cel-python"
+fi
+if "$python" -c 'import grpc' >/dev/null 2>&1; then
+  echo "install-deps: grpcio $("$python" -c 'import grpc; print(grpc.__version__)') already installed"
+else
+  step "pip install grpcio" "$python" -m pip install -q --disable-pip-version-check grpcio
+  "$python" -c 'import grpc' >/dev/null 2>&1 || fail "grpcio installed but 'import grpc' fails for $python"
+  echo "install-deps: installed grpcio $("$python" -c 'import grpc; print(grpc.__version__)')"
 fi
 validator="$(command -v kubernetes-validate || true)"
 if [ -z "$validator" ]; then

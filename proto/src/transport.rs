@@ -4,7 +4,12 @@
 //!
 //! Servers bind with [`bind_unix`] and serve [`incoming_with_peer_check`]
 //! through `tonic::transport::Server::serve_with_incoming`; clients get a
-//! channel from [`connect_unix`] or [`connect_unix_lazy`].
+//! channel from [`connect_unix`] or [`connect_unix_lazy`]. Every accepted
+//! connection is wrapped in [`authority::AnyAuthority`], so Go and C-core
+//! clients, which send an `:authority` h2 refuses, are served too.
+
+pub mod authority;
+pub mod hpack;
 
 use std::collections::BTreeSet;
 use std::io;
@@ -269,11 +274,12 @@ pub enum PeerRefusal {
 ///
 /// A refused peer is logged and its connection closed before any byte is
 /// read, so it never reaches a service. Accept failures are logged and
-/// retried; the stream never ends on its own.
+/// retried; the stream never ends on its own. Admitted connections accept any
+/// `:authority` ([`authority::AnyAuthority`]).
 pub fn incoming_with_peer_check(
     listener: UnixListener,
     policy: PeerPolicy,
-) -> impl Stream<Item = io::Result<UnixStream>> + Send + 'static {
+) -> impl Stream<Item = io::Result<authority::AnyAuthority<UnixStream>>> + Send + 'static {
     let socket = listener
         .local_addr()
         .ok()
@@ -295,6 +301,7 @@ pub fn incoming_with_peer_check(
                                     socket = %socket.display(), uid = peer.uid, pid = ?peer.pid,
                                     "peer admitted"
                                 );
+                                let stream = authority::AnyAuthority::new(stream);
                                 return Some((Ok(stream), (listener, policy, socket)));
                             }
                             Err(refusal) => {

@@ -10,4 +10,5 @@ pub mod kubelet_dra;
 pub mod node;
 pub mod perf;
 pub mod prom_text;
+pub mod real_clients;
 pub mod skip;
