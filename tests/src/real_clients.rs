@@ -41,16 +41,11 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// The `go` command: `go` on PATH, else the newest Debian `/usr/lib/go-1.N`.
+/// The `go` command: the newest Debian `/usr/lib/go-1.N` (what
+/// `scripts/install-deps.sh` installs, 1.24: trixie's protobuf sources need
+/// it), else `go` on PATH. An older `go` on PATH (bookworm's 1.19) cannot
+/// build them, so it comes last.
 pub fn go_command() -> Result<PathBuf, RealClientError> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("go"))
-        .find(|go| go.is_file());
-    if let Some(go) = on_path {
-        return Ok(go);
-    }
     let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib")
         .into_iter()
         .flatten()
@@ -63,7 +58,15 @@ pub fn go_command() -> Result<PathBuf, RealClientError> {
         })
         .collect();
     debian.sort();
-    debian.pop().map(|(_, go)| go).ok_or(RealClientError::NoGo)
+    if let Some((_, go)) = debian.pop() {
+        return Ok(go);
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
+        .map(|dir| dir.join("go"))
+        .find(|go| go.is_file())
+        .ok_or(RealClientError::NoGo)
 }
 
 fn modified(path: &Path) -> Option<SystemTime> {
