@@ -1086,21 +1086,8 @@ impl Node {
         pod: &PodIdentity,
     ) -> Result<Claim, NodeError> {
         let object =
-            first_available_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid)
-                .map_err(|e| NodeError::ClaimObject {
-                    name: name.to_string(),
-                    reason: e.to_string(),
-                })?;
-        let stored = self.api.insert_claim(object)?;
-        let uid = stored.metadata.uid.ok_or_else(|| NodeError::ClaimObject {
-            name: name.to_string(),
-            reason: "stored without a uid".into(),
-        })?;
-        Ok(Claim {
-            namespace: NAMESPACE.to_string(),
-            name: name.to_string(),
-            uid,
-        })
+            first_available_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid);
+        self.store_claim(name, object)
     }
 
     /// Scheduler then kubelet: allocate and prepare a claim of `cpus` CPUs.
