@@ -104,6 +104,7 @@ fn main() -> anyhow::Result<()> {
             reserved: CpuSet::new(),
             policy: Policy::Packed,
             mixed_allocation_mode: false,
+            min_shared_cpus: dra_plugin::config::DEFAULT_MIN_SHARED_CPUS,
         },
         catalog,
         &topology,

@@ -26,6 +26,8 @@ pub const COORDINATION_SOCKET_NAME: &str = "coordination.sock";
 /// Directory of the sled store inside the state directory.
 pub const STORE_DIR_NAME: &str = "store";
 pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9440";
+/// The shared pool keeps at least this many CPUs unless configured.
+pub const DEFAULT_MIN_SHARED_CPUS: u32 = 1;
 /// Environment variable holding the node name (the Downward API sets it).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
@@ -97,6 +99,12 @@ pub struct Settings {
     /// hands out exclusive CPUs of its own.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub allow_kubelet_static_cpu_manager: Option<bool>,
+    /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
+    /// is refused (default 1). Every container without a claim (this
+    /// driver's own among them) runs there; 0 lets claims take every CPU
+    /// and leaves nri-plugin to refuse shared containers.
+    #[arg(long)]
+    pub min_shared_cpus: Option<u32>,
 }
 
 /// Why the settings could not be turned into a [`Config`].
@@ -151,6 +159,7 @@ pub struct Config {
     pub metrics_address: SocketAddr,
     pub log_format: LogFormat,
     pub allow_kubelet_static_cpu_manager: bool,
+    pub min_shared_cpus: u32,
 }
 
 /// Parse a config file's text.
@@ -220,6 +229,7 @@ impl Settings {
             allow_kubelet_static_cpu_manager: self
                 .allow_kubelet_static_cpu_manager
                 .or(fallback.allow_kubelet_static_cpu_manager),
+            min_shared_cpus: self.min_shared_cpus.or(fallback.min_shared_cpus),
         }
     }
 
@@ -278,6 +288,7 @@ impl Settings {
             allow_kubelet_static_cpu_manager: self
                 .allow_kubelet_static_cpu_manager
                 .unwrap_or(false),
+            min_shared_cpus: self.min_shared_cpus.unwrap_or(DEFAULT_MIN_SHARED_CPUS),
         })
     }
 }

@@ -16,7 +16,8 @@
 use crate::cdi::{device_id, CdiDir};
 use crate::metrics::Metrics;
 use crate::prepare::{
-    opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef, DeviceCatalog, PrepareError,
+    check_shared_pool_floor, opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef,
+    DeviceCatalog, PrepareError,
 };
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
@@ -66,6 +67,8 @@ pub struct DriverOptions {
     pub reserved: CpuSet,
     pub policy: Policy,
     pub mixed_allocation_mode: bool,
+    /// A prepare that would leave the shared pool fewer CPUs is refused.
+    pub min_shared_cpus: u32,
 }
 
 /// Most threads writing or removing the CDI specs of one batch at once:
@@ -454,6 +457,13 @@ impl Driver {
             &self.allocator,
             &held,
             self.options.policy,
+        )?;
+        check_shared_pool_floor(
+            claim,
+            &cpus,
+            self.catalog.allocatable(),
+            &held,
+            self.options.min_shared_cpus,
         )?;
         let assignment = ClaimAssignment {
             claim_uid: claim.uid.clone(),

@@ -16,8 +16,9 @@ use shared_state::topology::Topology;
 use shared_state::{AllocatedDevice, CpuSet};
 use std::collections::BTreeMap;
 
-/// The consumable capacity a grouped device counts CPUs in.
-pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+/// The consumable capacity a grouped device counts CPUs in (the one the
+/// slices publish).
+pub use crate::slices::CPU_CAPACITY;
 
 /// Which CPUs each device of this node stands for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,6 +225,18 @@ pub enum PrepareError {
         #[source]
         source: Box<OpaqueConfigError>,
     },
+    #[error(
+        "claim {claim}: taking CPUs {cpus} would leave {} CPU(s) ({left}) in the shared pool, \
+         fewer than the {min} that containers without a claim (this driver's own among them) \
+         keep (--min-shared-cpus); the claim waits until other claims free CPUs",
+        .left.len()
+    )]
+    SharedPoolFloor {
+        claim: String,
+        cpus: CpuSet,
+        left: CpuSet,
+        min: u32,
+    },
     #[error("claim {claim}: store failure: {reason}")]
     Store { claim: String, reason: String },
     #[error("claim {claim}: writing its CDI spec failed: {reason}")]
@@ -252,6 +265,7 @@ impl PrepareError {
             PrepareError::Allocation { .. } => "allocation",
             PrepareError::TooManyDevices { .. } => "too_many_devices",
             PrepareError::OpaqueConfig { .. } => "opaque_config",
+            PrepareError::SharedPoolFloor { .. } => "shared_pool_floor",
             PrepareError::Store { .. } => "store",
             PrepareError::Cdi { .. } => "cdi",
             PrepareError::Internal { .. } => "internal",
@@ -432,6 +446,38 @@ pub fn resolve_cpus(
         held,
         policy,
     )
+}
+
+/// Refuse `cpus` for `claim` when they would leave the shared pool
+/// (allocatable CPUs no claim holds) with fewer than `min` CPUs.
+///
+/// dra-plugin does not see containers, but every node runs some without a
+/// claim (the CNI, kube-proxy, this driver's own pods), and an empty pool
+/// can only be answered by refusing them or by leaving them on CPUs a claim
+/// now holds exclusively. So the last CPUs are kept back at prepare, where
+/// the pod waits with a reason, instead of breaking exclusivity later.
+pub fn check_shared_pool_floor(
+    claim: &ClaimRef,
+    cpus: &CpuSet,
+    allocatable: &CpuSet,
+    held: &BTreeMap<String, CpuSet>,
+    min: u32,
+) -> Result<(), PrepareError> {
+    let mut left = allocatable.difference(cpus);
+    for (holder, taken) in held {
+        if holder != &claim.uid {
+            left = left.difference(taken);
+        }
+    }
+    if left.len() >= min as usize {
+        return Ok(());
+    }
+    Err(PrepareError::SharedPoolFloor {
+        claim: claim.to_string(),
+        cpus: cpus.clone(),
+        left,
+        min,
+    })
 }
 
 /// The opaque cpuset each request of this driver is given by the claim's
@@ -616,6 +662,73 @@ pub(crate) mod tests {
             name: "c".into(),
             uid: uid.into(),
         }
+    }
+
+    #[test]
+    fn the_shared_pool_keeps_its_floor_of_cpus() {
+        // (allocatable, other claims, this claim's CPUs, floor, refused with left)
+        type Case<'a> = (&'a str, &'a [&'a str], &'a str, u32, Option<&'a str>);
+        let cases: &[Case] = &[
+            ("0-7", &[], "0-6", 1, None),
+            ("0-7", &[], "0-7", 1, Some("")),
+            ("0-7", &["0-3"], "4-6", 1, None),
+            ("0-7", &["0-3"], "4-7", 1, Some("")),
+            ("0-7", &["0-3"], "4-5", 3, Some("6-7")),
+            ("0-7", &["0-3"], "4-5", 2, None),
+            // A floor of 0 lets a claim take every CPU.
+            ("0-7", &["0-3"], "4-7", 0, None),
+            // The claim's own earlier CPUs (a retried prepare) are not
+            // counted twice.
+            ("0-3", &[UID_A], "2", 1, None),
+        ];
+        for (allocatable, others, cpus, min, refused) in cases {
+            let mut held = BTreeMap::new();
+            for (i, other) in others.iter().enumerate() {
+                if *other == UID_A {
+                    held.insert(UID_A.to_string(), set(cpus));
+                } else {
+                    held.insert(format!("other-{i}"), set(other));
+                }
+            }
+            let result = check_shared_pool_floor(
+                &claim_ref(UID_A),
+                &set(cpus),
+                &set(allocatable),
+                &held,
+                *min,
+            );
+            match (refused, result) {
+                (None, Ok(())) => {}
+                (
+                    Some(left),
+                    Err(PrepareError::SharedPoolFloor {
+                        left: got,
+                        min: m,
+                        cpus: c,
+                        ..
+                    }),
+                ) => {
+                    assert_eq!(got, set(left), "{allocatable} {others:?} {cpus} {min}");
+                    assert_eq!((m, c), (*min, set(cpus)));
+                }
+                (want, got) => {
+                    panic!("{allocatable} {others:?} {cpus} {min}: want {want:?}, got {got:?}")
+                }
+            }
+        }
+        let message = check_shared_pool_floor(
+            &claim_ref(UID_A),
+            &set("0-3"),
+            &set("0-3"),
+            &BTreeMap::new(),
+            1,
+        )
+        .expect_err("every CPU")
+        .to_string();
+        assert!(
+            message.contains("leave 0 CPU(s)") && message.contains("--min-shared-cpus"),
+            "{message}"
+        );
     }
 
     /// (driver, pool, device, consumed capacity)

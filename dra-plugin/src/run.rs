@@ -115,6 +115,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         config.group_by,
     )
     .context("planning the node's devices")?;
+    let allocatable = catalog.allocatable().len();
+    if config.min_shared_cpus as usize >= allocatable {
+        // Still served: slices, health and unprepare of claims already
+        // prepared work, and each prepare says why it is refused.
+        tracing::warn!(
+            min_shared_cpus = config.min_shared_cpus,
+            allocatable,
+            "--min-shared-cpus keeps every allocatable CPU in the shared pool: every claim will be refused at prepare (lower it, or reserve fewer CPUs)"
+        );
+    }
     // The client is built (no request made) before anything is served, so
     // a configuration it cannot use stops the start with nothing to undo.
     let client = crate::api_client::kube_client(config.kubeconfig.as_deref()).await?;
@@ -132,6 +142,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 reserved: config.reserved_cpus.clone(),
                 policy: config.allocation_policy,
                 mixed_allocation_mode: config.mixed_allocation_mode,
+                min_shared_cpus: config.min_shared_cpus,
             },
             catalog,
             &topology,

@@ -93,6 +93,7 @@ fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
         reserved: CpuSet::new(),
         policy: Policy::Packed,
         mixed_allocation_mode: false,
+        min_shared_cpus: dra_plugin::config::DEFAULT_MIN_SHARED_CPUS,
     };
     Arc::new(
         Driver::open(

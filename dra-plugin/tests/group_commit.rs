@@ -132,6 +132,9 @@ fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
         reserved: CpuSet::new(),
         policy: Policy::Packed,
         mixed_allocation_mode: false,
+        // The bursts claim every CPU of the node; the shared pool's floor
+        // is another test's subject.
+        min_shared_cpus: 0,
     };
     Arc::new(
         Driver::open(

@@ -22,6 +22,9 @@ async fn node(mixed: bool) -> Option<Node> {
     std::env::set_var("NRI_PLUGIN_BIN", env!("CARGO_BIN_EXE_nri-plugin"));
     let options = NodeOptions {
         mixed_allocation_mode: mixed,
+        // These tests drive the shared pool empty to see what nri-plugin
+        // does then; dra-plugin's floor would refuse that claim first.
+        min_shared_cpus: Some(0),
         ..Default::default()
     };
     match Node::start(options).await {
@@ -159,12 +162,16 @@ async fn claims_shrink_and_grow_shared_and_mixed_containers() {
     let pool_b = all.difference(&claim_b.cpus);
     node.wait_cpus(&web_id, &pool_b).await.expect("web shrinks");
 
-    // Another claim takes the last shared CPU: the mixed container shrinks to
-    // its claim, web keeps its old cpuset (never an empty one) and the node
-    // reports itself over-committed.
+    // Another claim takes the last shared CPUs: the mixed container shrinks
+    // to its claim, web keeps its old cpuset (never an empty one) and the
+    // node reports itself over-committed.
     let pod_c = PodIdentity::new("excl-c");
     let claim_c = node
-        .create_claim("claim-c", 1, &pod_c)
+        .create_claim(
+            "claim-c",
+            u32::try_from(pool_b.len()).expect("CPU count"),
+            &pod_c,
+        )
         .await
         .expect("claim c");
     let running_c = node

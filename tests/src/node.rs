@@ -114,6 +114,8 @@ pub enum NodeError {
     },
     #[error("{0} did not happen within {1:?}")]
     Timeout(String, Duration),
+    #[error("reading dra-plugin's claims on its coordination socket: {0}")]
+    Coordination(String),
 }
 
 /// How to run a node.
@@ -141,6 +143,8 @@ pub struct NodeOptions {
     pub align_memory: bool,
     /// `--group-by` of dra-plugin's grouped devices (its default when `None`).
     pub group_by: Option<String>,
+    /// `--min-shared-cpus` of dra-plugin (its default when `None`).
+    pub min_shared_cpus: Option<u32>,
 }
 
 impl Default for NodeOptions {
@@ -158,6 +162,7 @@ impl Default for NodeOptions {
             allocation_policy: None,
             align_memory: false,
             group_by: None,
+            min_shared_cpus: None,
         }
     }
 }
@@ -240,6 +245,9 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     }
     if let Some(group_by) = &options.group_by {
         args.extend(["--group-by".to_string(), group_by.clone()]);
+    }
+    if let Some(min) = options.min_shared_cpus {
+        args.extend(["--min-shared-cpus".to_string(), min.to_string()]);
     }
     args
 }
@@ -1112,6 +1120,39 @@ impl Node {
     ) -> Result<PreparedClaim, NodeError> {
         let claim = self.allocate_claim_on(name, device, cpus, pod)?;
         self.prepare(&claim).await
+    }
+
+    /// The claims dra-plugin's store holds, from the first event (the
+    /// snapshot) of a coordination Watch.
+    pub async fn stored_claims(
+        &self,
+    ) -> Result<Vec<dra_cpu_proto::coordination::v1::Claim>, NodeError> {
+        use dra_cpu_proto::coordination::v1 as coord;
+        let failed =
+            |what: &str, e: &dyn std::fmt::Display| NodeError::Coordination(format!("{what}: {e}"));
+        let channel = dra_cpu_proto::transport::connect_unix(&self.layout().coordination_socket())
+            .await
+            .map_err(|e| failed("connecting", &e))?;
+        let mut client = coord::coordination_client::CoordinationClient::new(channel);
+        let mut stream = client
+            .watch(coord::WatchRequest {
+                from_revision: 0,
+                subscriber: "test-node".into(),
+            })
+            .await
+            .map_err(|e| failed("Watch", &e))?
+            .into_inner();
+        match stream
+            .message()
+            .await
+            .map_err(|e| failed("first event", &e))?
+            .and_then(|e| e.event)
+        {
+            Some(coord::watch_event::Event::Snapshot(s)) => Ok(s.claims),
+            other => Err(NodeError::Coordination(format!(
+                "the first event is not a snapshot: {other:?}"
+            ))),
+        }
     }
 
     /// Plays kubelet: NodeUnprepareResources for one claim.

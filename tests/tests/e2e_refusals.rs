@@ -6,10 +6,12 @@
 mod e2e_common;
 
 use dra_cpu_tests::cri::{new_uid, ContainerSpec, CriError};
-use dra_cpu_tests::node::{log_messages_with, Node, PodIdentity, PreparedClaim};
-use e2e_common::{node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim};
+use e2e_common::{node, node_with_mixed_mode, shared_pod, Must};
 use serde_json::Value;
+use shared_state::topology::Topology;
 use shared_state::CpuSet;
+use std::path::Path;
 
 /// What the user gets back from CreateContainer.
 fn refusal_text(result: Result<String, CriError>, what: &str) -> String {
@@ -183,29 +185,143 @@ async fn a_claim_named_by_two_containers_is_refused_for_the_second() {
     assert_eq!(snapshot(&mut node, &[&first_id]).await, before);
 }
 
+/// Claims of the CPUs of `free` but the `keep` highest, one claim per NUMA
+/// node's grouped device (a claim cannot span devices): how a scheduler
+/// would hand them out on any node shape.
+async fn claim_all_but(
+    node: &Node,
+    prefix: &str,
+    free: &CpuSet,
+    keep: usize,
+    pod: &PodIdentity,
+) -> Vec<PreparedClaim> {
+    let topology = Topology::discover(Path::new("/")).must("the host's CPU topology");
+    let ids: Vec<u32> = free.iter().collect();
+    let kept: CpuSet = ids[ids.len().saturating_sub(keep)..]
+        .iter()
+        .copied()
+        .collect();
+    let mut claims = Vec::new();
+    for numa in topology.numa_nodes() {
+        let take = topology
+            .cpus_in_numa(numa)
+            .intersection(free)
+            .difference(&kept);
+        if take.is_empty() {
+            continue;
+        }
+        let claim = node
+            .create_claim_on(
+                &format!("{prefix}-{numa}"),
+                &format!("cpudevnuma{numa:03}"),
+                u32::try_from(take.len()).must("CPU count"),
+                pod,
+            )
+            .await
+            .must(&format!("the claim of NUMA node {numa}'s free CPUs {take}"));
+        claims.push(claim);
+    }
+    claims
+}
+
 #[tokio::test]
-async fn an_exhausted_shared_pool_refuses_new_shared_containers_and_changes_nothing() {
+async fn the_last_shared_cpu_is_kept_back_at_prepare_and_a_refused_claim_prepares_once_cpus_are_freed(
+) {
     let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    node.wait_cpus(&a, &all).await.must("A on every CPU");
+    let pool = all.clone();
+
+    // Claims of every CPU but one are prepared; the shared pool is then
+    // its floor (--min-shared-cpus, default 1).
+    let taker = PodIdentity::new("pod-x");
+    let claims = claim_all_but(&node, "pod-x-cpu", &pool, 1, &taker).await;
+    assert!(!claims.is_empty(), "a node of {all} has CPUs to claim");
+    let held = claims
+        .iter()
+        .fold(CpuSet::new(), |held, c| held.union(&c.cpus));
+    let last = all.difference(&held);
+    assert_eq!(last.len(), 1, "one CPU left in the shared pool: {last}");
+    // An NRI event carries the pool change where the runtime takes no
+    // unsolicited updates (containerd 1.7).
+    node.nudge().await.must("an NRI event");
+    node.wait_cpus(&a, &last)
+        .await
+        .must("A on the last shared CPU");
+    let before = snapshot(&mut node, &[&a]).await;
+
+    // The claim of that last CPU is refused at prepare, with its reason.
+    let late = PodIdentity::new("pod-late");
+    let topology = Topology::discover(Path::new("/")).must("the host's CPU topology");
+    let numa = topology
+        .numa_nodes()
+        .into_iter()
+        .find(|n| !topology.cpus_in_numa(*n).is_disjoint(&last));
+    let numa = numa
+        .ok_or("no NUMA node holds it")
+        .must("the NUMA node of the last CPU");
+    let late_claim = node
+        .allocate_claim_on("pod-late-cpu", &format!("cpudevnuma{numa:03}"), 1, &late)
+        .must("allocating the claim of the last CPU");
+    let error = match node.prepare(&late_claim).await {
+        Ok(prepared) => panic!("the last shared CPU was handed out: {}", prepared.cpus),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        error.contains("in the shared pool") && error.contains("--min-shared-cpus"),
+        "the refusal names the floor: {error}"
+    );
+    assert_eq!(
+        snapshot(&mut node, &[&a]).await,
+        before,
+        "the shared container keeps the last CPU"
+    );
+    let stored: Vec<String> = node
+        .stored_claims()
+        .await
+        .must("stored claims")
+        .into_iter()
+        .map(|c| c.uid)
+        .collect();
+    assert!(
+        !stored.contains(&late_claim.uid),
+        "a refused claim is not stored: {stored:?}"
+    );
+
+    // Kubelet retries; once a claim frees CPUs the same claim prepares.
+    node.unprepare(&claims[0].claim).await.must("unpreparing");
+    let prepared = node
+        .prepare(&late_claim)
+        .await
+        .must("the refused claim, retried after CPUs were freed");
+    assert_eq!(prepared.cpus.len(), 1);
+    node.nudge().await.must("an NRI event");
+    let pool = all.difference(&held.difference(&claims[0].cpus).union(&prepared.cpus));
+    node.wait_cpus(&a, &pool).await.must("A follows the pool");
+}
+
+#[tokio::test]
+async fn with_no_floor_an_exhausted_shared_pool_refuses_new_shared_containers_and_changes_nothing()
+{
+    let mut node = node(NodeOptions {
+        min_shared_cpus: Some(0),
+        ..Default::default()
+    })
+    .await;
     let all = node.allocatable().must("online CPUs");
     let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
     let (_b, first, b) = claim_pod(&mut node, "pod-b").await;
     let pool = all.difference(&first.cpus);
     node.wait_cpus(&a, &pool).await.must("A off B's CPU");
 
-    // Claims of every CPU left: the shared pool is empty.
+    // --min-shared-cpus 0: claims of every CPU left are prepared (dra-plugin
+    // does not know the containers); the refusal is nri-plugin's, at the
+    // first shared container that would get an empty cpuset.
     let taker = PodIdentity::new("pod-x");
-    let rest = u32::try_from(pool.len()).must("CPU count");
-    // dra-plugin does not know the containers; the refusal is nri-plugin's,
-    // at the first shared container that would get an empty cpuset.
-    let second = node
-        .create_claim("pod-x-cpu", rest, &taker)
-        .await
-        .must("preparing the claim of every CPU left");
-    assert_eq!(second.cpus, pool, "the claim takes every CPU left");
-    eprintln!(
-        "claim {} prepared with the last CPUs {}",
-        second.claim.uid, second.cpus
-    );
+    let claims = claim_all_but(&node, "pod-x-cpu", &pool, 0, &taker).await;
+    let taken = claims.iter().fold(CpuSet::new(), |t, c| t.union(&c.cpus));
+    assert_eq!(taken, pool, "the claims take every CPU left");
     let before = snapshot(&mut node, &[&a, &b]).await;
 
     let late = PodIdentity::new("pod-late");
@@ -236,8 +352,10 @@ async fn an_exhausted_shared_pool_refuses_new_shared_containers_and_changes_noth
         "running containers keep their cpusets"
     );
 
-    // Once the claim goes, shared containers start again.
-    node.unprepare(&second.claim).await.must("unpreparing");
+    // Once the claims go, shared containers start again.
+    for claim in &claims {
+        node.unprepare(&claim.claim).await.must("unpreparing");
+    }
     let id = node
         .cri
         .run_container(&sandbox, &spec)

@@ -17,6 +17,8 @@ use dra_cpu_tests::node::{
 };
 use e2e_common::{node, Must};
 use serde_json::Value;
+use shared_state::topology::Topology;
+use std::path::Path;
 
 fn devices(slices: &[Value]) -> Vec<Value> {
     slices
@@ -68,20 +70,37 @@ async fn published_slices_carry_the_node_allocatable_mapping_by_default() {
     let all = node.allocatable().must("online CPUs");
     let slices = node.wait_slices().await.must("slices");
     let devices = devices(&slices);
+    // One grouped device per NUMA node, each with that node's allocatable
+    // CPUs as capacity: together, every allocatable CPU.
+    let topology = Topology::discover(Path::new("/")).must("the host's CPU topology");
+    let capacity_of = |d: &Value| {
+        d.pointer(&format!(
+            "/capacity/{}/value",
+            CPU_CAPACITY.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    };
+    let mut total = 0;
+    for numa in topology.numa_nodes() {
+        let name = format!("cpudevnuma{numa:03}");
+        let device = devices
+            .iter()
+            .find(|d| d.get("name").and_then(Value::as_str) == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("no {name} in {devices:?}"));
+        let cpus = topology.cpus_in_numa(numa).intersection(&all).len();
+        assert_eq!(
+            capacity_of(device),
+            Some(cpus.to_string()),
+            "capacity of {name} is NUMA node {numa}'s allocatable CPUs: {device}"
+        );
+        total += cpus;
+    }
+    assert_eq!(total, all.len(), "the groups cover every allocatable CPU");
     let grouped = devices
         .iter()
         .find(|d| d.get("name").and_then(Value::as_str) == Some(GROUPED_DEVICE))
         .unwrap_or_else(|| panic!("no {GROUPED_DEVICE} in {devices:?}"));
-    assert_eq!(
-        grouped
-            .pointer(&format!(
-                "/capacity/{}/value",
-                CPU_CAPACITY.replace('/', "~1")
-            ))
-            .and_then(Value::as_str),
-        Some(all.len().to_string().as_str()),
-        "capacity is every allocatable CPU: {grouped}"
-    );
     assert!(maps_cpu_capacity(grouped), "mapping missing: {grouped}");
     assert!(devices.iter().all(maps_cpu_capacity), "{devices:?}");
     validate_k8s_objects(&node.api().received_objects("ResourceSlice"), &["1.37.0"])

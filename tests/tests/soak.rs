@@ -12,8 +12,6 @@
 
 mod e2e_common;
 
-use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::transport::connect_unix;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
 use e2e_common::{node, shared_pod, Must};
@@ -54,31 +52,6 @@ fn pids(node: &Node) -> (u32, u32) {
         node.dra_plugin_pid().expect("dra-plugin runs"),
         node.nri_plugin_pid().expect("nri-plugin runs"),
     )
-}
-
-/// The claims dra-plugin's store holds, from the coordination snapshot.
-async fn stored_claims(node: &Node) -> Vec<coord::Claim> {
-    let channel = connect_unix(&node.layout().coordination_socket())
-        .await
-        .must("connecting to the coordination socket");
-    let mut client = coord::coordination_client::CoordinationClient::new(channel);
-    let mut stream = client
-        .watch(coord::WatchRequest {
-            from_revision: 0,
-            subscriber: "soak".into(),
-        })
-        .await
-        .must("Watch")
-        .into_inner();
-    match stream
-        .message()
-        .await
-        .must("first event")
-        .and_then(|e| e.event)
-    {
-        Some(coord::watch_event::Event::Snapshot(s)) => s.claims,
-        other => panic!("first event is not a snapshot: {other:?}"),
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -226,7 +199,7 @@ async fn pod_cycles_leave_nothing_behind_and_keep_every_cpuset_right() {
         );
     }
     // Nothing left: no claim in the store, no spec, no pod cgroup.
-    let claims = stored_claims(&node).await;
+    let claims = node.stored_claims().await.must("stored claims");
     assert!(claims.is_empty(), "claims left in the store: {claims:?}");
     let specs: Vec<_> = std::fs::read_dir(&node.layout().cdi_dir)
         .map(|d| {

@@ -12,7 +12,7 @@ mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{
-    log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
+    Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
 };
 use e2e_common::{node, shared_pod, Must};
 use serde_json::Value;
@@ -456,42 +456,31 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
         claims.push((claim, pod, id));
     }
 
-    // Claims of every CPU left, node by node. dra-plugin prepares them (it
-    // does not see containers); what runs on the shared pool must then be
-    // refused with its reason, and nothing running may lose its CPUs.
+    // Claims of every CPU left but one, node by node: each is prepared and
+    // pinned, and the shared and mixed containers follow down to that one.
+    let last: CpuSet = follow(&held).iter().last().into_iter().collect();
     for (i, numa) in numa_ids.iter().enumerate() {
-        let left = follow(&held).intersection(&kernel.numa[numa]);
+        let left = follow(&held)
+            .intersection(&kernel.numa[numa])
+            .difference(&last);
         if left.is_empty() {
             continue;
         }
-        let pod = PodIdentity::new(&format!("taker-{i}"));
-        let claim = node
-            .create_claim_on(
-                &format!("taker-{i}-cpu"),
-                &numa_device(*numa),
-                u32::try_from(left.len()).must("count"),
-                &pod,
-            )
-            .await
-            .must(&format!("the claim of NUMA node {numa}'s CPUs left"));
+        let (claim, _pod, id) = claim_pod(
+            &mut node,
+            &format!("taker-{i}"),
+            &numa_device(*numa),
+            u32::try_from(left.len()).must("count"),
+            None,
+        )
+        .await;
         assert_eq!(claim.cpus, left, "the claim takes node {numa}'s CPUs left");
-        let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
-        let sandbox = node
-            .cri
-            .run_pod(&pod.name, "default", &pod.uid)
-            .await
-            .must("taker sandbox");
-        let result = node.cri.run_container(&sandbox, &spec).await;
         held = held.union(&claim.cpus);
         eprintln!(
-            "claim of node {numa}'s last CPUs {}: container {result:?}; shared pool now {:?}",
+            "claim of node {numa}'s CPUs {}: shared pool now {:?}",
             claim.cpus,
             follow(&held).to_cpulist()
         );
-        if follow(&held).is_empty() {
-            break;
-        }
-        let id = result.must("the taker container while shared CPUs remain");
         node.wait_cpus(&id, &claim.cpus).await.must("taker pinned");
         node.wait_cpus(&shared, &follow(&held))
             .await
@@ -499,48 +488,37 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
         node.wait_cpus(&mixed, &mixed_claim.cpus.union(&follow(&held)))
             .await
             .must("mixed on its claim and what is left");
+        claims.push((claim, _pod, id));
     }
-    assert!(follow(&held).is_empty(), "every allocatable CPU is claimed");
-    node.wait_cpus(&mixed, &mixed_claim.cpus)
-        .await
-        .must("mixed on its claim alone once the shared pool is empty");
-    // The shared container cannot be given an empty cpuset (NRI reads that
-    // as "unchanged"): it stays on the CPUs it last had.
-    let stranded = node.cpus(&shared).await.must("the shared container");
-    eprintln!(
-        "shared pool empty: the shared container stays on {} (cgroup) / {} (inside)",
-        stranded.cgroup.cpus, stranded.allowed_inside
-    );
-    assert!(!stranded.cgroup.cpus.is_empty());
+    assert_eq!(follow(&held), last, "one shared CPU left");
+
+    // The claim of that last CPU is refused at prepare (the shared pool
+    // keeps --min-shared-cpus, default 1), with its reason, and nothing
+    // running changes.
+    let numa = numa_ids
+        .iter()
+        .find(|n| !kernel.numa[*n].is_disjoint(&last))
+        .ok_or("no NUMA node holds it")
+        .must("the NUMA node of the last CPU");
     let late = PodIdentity::new("late");
-    let sandbox = node
-        .cri
-        .run_pod(&late.name, "default", &late.uid)
-        .await
-        .must("late sandbox");
-    let spec = ContainerSpec::sleeper("app").with_cpu(Some(100), None);
-    let refused = node.cri.create_container(&sandbox, &spec).await;
-    let text = match refused {
-        Ok(id) => panic!("a shared container {id} was created with no shared CPU left"),
+    let late_claim = node
+        .allocate_claim_on("late-cpu", &numa_device(*numa), 1, &late)
+        .must("allocating the claim of the last CPU");
+    let error = match node.prepare(&late_claim).await {
+        Ok(prepared) => panic!("the last shared CPU was handed out: {}", prepared.cpus),
         Err(e) => e.to_string(),
     };
+    eprintln!("the claim of the last shared CPU {last}: {error}");
     assert!(
-        text.contains("dra-cpu refuses container"),
-        "CRI error {text:?}"
+        error.contains("in the shared pool") && error.contains("--min-shared-cpus"),
+        "the refusal names the floor: {error}"
     );
-    node.wait_log(true, "container refused")
+    node.wait_cpus(&shared, &last)
         .await
-        .must("refusal log line");
-    let reasons: Vec<String> = log_messages_with(&node.nri_log(), "container refused")
-        .iter()
-        .filter_map(|v| v.pointer("/fields/reason").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect();
-    assert_eq!(
-        reasons.last().map(String::as_str),
-        Some("empty-shared-pool"),
-        "{reasons:?}"
-    );
+        .must("the shared container keeps the last CPU");
+    node.wait_cpus(&mixed, &mixed_claim.cpus.union(&last))
+        .await
+        .must("mixed keeps its claim and the last CPU");
     for (claim, _pod, id) in &claims {
         node.wait_cpus(id, &claim.cpus)
             .await

@@ -83,6 +83,7 @@ reserved-cpus: {{ . | quote }}
 cpu-device-mode: {{ $p.cpuDeviceMode }}
 group-by: {{ $p.groupBy }}
 allocation-policy: {{ $p.allocationPolicy }}
+min-shared-cpus: {{ int $p.minSharedCpus }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
 disable-node-allocatable-mapping: {{ $p.disableNodeAllocatableMapping }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
