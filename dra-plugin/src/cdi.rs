@@ -14,57 +14,20 @@
 //! ones, then fsyncing the directory once) before it registers with kubelet,
 //! so no claim container can be created from a lost or stale entry.
 
-use shared_state::claim_env::{cdi_env_var, is_claim_uid};
+pub use shared_state::cdi_spec::{
+    claim_uid_of_file, device_id, device_name, spec_file_name, CDI_KIND, CDI_VERSION,
+    SPEC_FILE_PREFIX,
+};
+use shared_state::cdi_spec::{parse_claim_spec, ClaimSpec};
+use shared_state::claim_env::is_claim_uid;
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The CDI kind (vendor/class) of every device this driver writes.
-pub const CDI_KIND: &str = "dra.k8s.io/cpu";
-/// A spec version containerd 1.7's CDI library (v0.5/0.6) accepts.
-pub const CDI_VERSION: &str = "0.6.0";
-/// Every spec file of ours starts with this (the kind with `/` made safe).
-pub const SPEC_FILE_PREFIX: &str = "dra.k8s.io-cpu_claim-";
-const SPEC_FILE_SUFFIX: &str = ".json";
 /// Temporary files end in `.tmp`, which the runtime's CDI scan skips.
 const TEMP_SUFFIX: &str = ".tmp";
-
-/// The CDI device name of a claim.
-pub fn device_name(claim_uid: &str) -> String {
-    format!("claim-{claim_uid}")
-}
-
-/// The fully qualified CDI device id kubelet hands to the runtime.
-pub fn device_id(claim_uid: &str) -> String {
-    format!("{CDI_KIND}={}", device_name(claim_uid))
-}
-
-/// The spec file name of a claim.
-pub fn spec_file_name(claim_uid: &str) -> String {
-    format!("{SPEC_FILE_PREFIX}{claim_uid}{SPEC_FILE_SUFFIX}")
-}
-
-/// The claim UID a spec file name of ours belongs to.
-pub fn claim_uid_of_file(file_name: &str) -> Option<&str> {
-    file_name
-        .strip_prefix(SPEC_FILE_PREFIX)?
-        .strip_suffix(SPEC_FILE_SUFFIX)
-        .filter(|uid| is_claim_uid(uid))
-}
-
-/// The spec document of a claim.
-pub fn spec_json(claim_uid: &str, cpus: &CpuSet) -> serde_json::Value {
-    serde_json::json!({
-        "cdiVersion": CDI_VERSION,
-        "kind": CDI_KIND,
-        "devices": [{
-            "name": device_name(claim_uid),
-            "containerEdits": {"env": [cdi_env_var(claim_uid, cpus)]},
-        }],
-    })
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
@@ -119,12 +82,7 @@ impl CdiDir {
         let temp_path = self
             .dir
             .join(format!(".{}{TEMP_SUFFIX}", spec_file_name(claim_uid)));
-        let body =
-            serde_json::to_vec_pretty(&spec_json(claim_uid, cpus)).map_err(|e| CdiError::Io {
-                path: final_path.clone(),
-                operation: "encode",
-                source: std::io::Error::other(e),
-            })?;
+        let body = ClaimSpec::new(claim_uid, cpus).to_json();
         let result = (|| {
             let mut file = File::create(&temp_path).map_err(self.io(&temp_path, "create"))?;
             file.write_all(&body)
@@ -171,16 +129,11 @@ impl CdiDir {
         Ok(uids)
     }
 
-    /// The CPUs a claim's spec on disk names, if it is one of ours and reads.
+    /// The CPUs a claim's spec on disk proves (the same strict reading
+    /// nri-plugin does), if it is there and reads.
     pub fn read_cpus(&self, claim_uid: &str) -> Option<CpuSet> {
         let text = std::fs::read(self.spec_path(claim_uid)).ok()?;
-        let doc: serde_json::Value = serde_json::from_slice(&text).ok()?;
-        let env = doc
-            .pointer("/devices/0/containerEdits/env/0")?
-            .as_str()?
-            .to_string();
-        let (_, cpus) = env.split_once('=')?;
-        CpuSet::parse_cpulist(cpus).ok()
+        parse_claim_spec(&text, claim_uid).ok()
     }
 
     fn sync_dir(&self) -> Result<(), CdiError> {
@@ -255,33 +208,6 @@ mod tests {
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse_cpulist(s).unwrap_or_default()
-    }
-
-    #[test]
-    fn spec_shape() {
-        let spec = spec_json(UID, &set("2-3,8"));
-        assert_eq!(spec["cdiVersion"], "0.6.0");
-        assert_eq!(spec["kind"], "dra.k8s.io/cpu");
-        assert_eq!(spec["devices"][0]["name"], format!("claim-{UID}"));
-        assert_eq!(
-            spec["devices"][0]["containerEdits"]["env"][0],
-            format!("DRA_CPUSET_{UID}=2-3,8")
-        );
-        assert_eq!(device_id(UID), format!("dra.k8s.io/cpu=claim-{UID}"));
-    }
-
-    #[test]
-    fn file_names_round_trip() {
-        assert_eq!(claim_uid_of_file(&spec_file_name(UID)), Some(UID));
-        for other in [
-            "other-vendor.json",
-            "dra.k8s.io-cpu_claim-.json",
-            "dra.k8s.io-cpu_claim-XYZ.json",
-            &format!(".{}.tmp", spec_file_name(UID)),
-            &format!("dra.k8s.io-cpu_claim-{UID}.yaml"),
-        ] {
-            assert_eq!(claim_uid_of_file(other), None, "{other}");
-        }
     }
 
     #[test]

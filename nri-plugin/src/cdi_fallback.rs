@@ -11,14 +11,12 @@
 
 use std::path::{Path, PathBuf};
 
-use shared_state::claim_env::{is_claim_uid, parse_claim_env};
+pub use shared_state::cdi_spec::CDI_KIND;
+use shared_state::cdi_spec::{
+    claim_uid_of_file, parse_claim_spec, spec_file_name, SpecError, MAX_SPEC_BYTES,
+};
+use shared_state::claim_env::is_claim_uid;
 use shared_state::CpuSet;
-
-/// The CDI kind dra-plugin's specs carry.
-pub const CDI_KIND: &str = "dra.k8s.io/cpu";
-const SPEC_FILE_PREFIX: &str = "dra.k8s.io-cpu_claim-";
-/// Specs larger than this are not ours; reading stops there.
-const MAX_SPEC_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
@@ -34,51 +32,17 @@ pub enum CdiError {
     },
     #[error("CDI spec {path} is larger than {MAX_SPEC_BYTES} bytes")]
     TooLarge { path: PathBuf },
-    #[error("CDI spec {path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    #[error("CDI spec {path}: {source}")]
+    Invalid {
+        path: PathBuf,
+        #[source]
+        source: SpecError,
+    },
 }
 
 /// Where dra-plugin writes the spec of a claim.
 pub fn spec_path(cdi_dir: &Path, claim_uid: &str) -> PathBuf {
-    cdi_dir.join(format!("{SPEC_FILE_PREFIX}{claim_uid}.json"))
-}
-
-/// The CPUs of `claim_uid` from the spec text, checking kind, device name and
-/// that the device's env names exactly this claim.
-pub fn parse_spec(path: &Path, text: &str, claim_uid: &str) -> Result<CpuSet, CdiError> {
-    let invalid = |reason: String| CdiError::Invalid {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let doc: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?;
-    let kind = doc.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
-    if kind != CDI_KIND {
-        return Err(invalid(format!("kind {kind:?} is not {CDI_KIND:?}")));
-    }
-    let device_name = format!("claim-{claim_uid}");
-    let device = doc
-        .get("devices")
-        .and_then(|d| d.as_array())
-        .and_then(|devices| {
-            devices
-                .iter()
-                .find(|d| d.get("name").and_then(|n| n.as_str()) == Some(device_name.as_str()))
-        })
-        .ok_or_else(|| invalid(format!("no device {device_name:?}")))?;
-    let env: Vec<&str> = device
-        .get("containerEdits")
-        .and_then(|e| e.get("env"))
-        .and_then(|e| e.as_array())
-        .map(|list| list.iter().filter_map(|v| v.as_str()).collect())
-        .unwrap_or_default();
-    let refs = parse_claim_env(&env).map_err(|e| invalid(e.to_string()))?;
-    match refs.as_slice() {
-        [only] if only.claim_uid == claim_uid => Ok(only.cpus.clone()),
-        _ => Err(invalid(format!(
-            "device {device_name:?} must set exactly DRA_CPUSET_{claim_uid}"
-        ))),
-    }
+    cdi_dir.join(spec_file_name(claim_uid))
 }
 
 /// Read the CPUs of `claim_uid` from its spec in `cdi_dir`.
@@ -100,11 +64,11 @@ pub fn read_claim_cpus(cdi_dir: &Path, claim_uid: &str) -> Result<CpuSet, CdiErr
     if meta.len() > MAX_SPEC_BYTES {
         return Err(CdiError::TooLarge { path });
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| CdiError::Read {
+    let text = std::fs::read(&path).map_err(|source| CdiError::Read {
         path: path.clone(),
         source,
     })?;
-    parse_spec(&path, &text, claim_uid)
+    parse_claim_spec(&text, claim_uid).map_err(|source| CdiError::Invalid { path, source })
 }
 
 /// Every claim with a readable spec in `cdi_dir`, for the view nri-plugin
@@ -117,7 +81,7 @@ pub fn scan_claims(cdi_dir: &Path) -> Vec<(String, CpuSet)> {
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let uid = name.strip_prefix(SPEC_FILE_PREFIX)?.strip_suffix(".json")?;
+            let uid = claim_uid_of_file(&name)?;
             match read_claim_cpus(cdi_dir, uid) {
                 Ok(cpus) => Some((uid.to_string(), cpus)),
                 Err(err) => {
@@ -147,42 +111,23 @@ mod tests {
     }
 
     #[test]
-    fn parse_table() {
-        let good_env = format!("DRA_CPUSET_{UID}=2-3");
+    fn an_invalid_spec_names_its_file() {
+        let dir = tempfile::tempdir().expect("dir");
         let other = "DRA_CPUSET_7f3e2d1c-0b9a-4876-a5b4-c3d2e1f0a9b8=4";
-        let dev = format!("claim-{UID}");
-        let cases: Vec<(String, Result<&str, &str>)> = vec![
-            (spec(CDI_KIND, &dev, &[&good_env]), Ok("2-3")),
-            (
-                spec("nvidia.com/gpu", &dev, &[&good_env]),
-                Err("is not \"dra.k8s.io/cpu\""),
-            ),
-            (
-                spec(CDI_KIND, "claim-other", &[&good_env]),
-                Err("no device"),
-            ),
-            (spec(CDI_KIND, &dev, &[other]), Err("must set exactly")),
-            (
-                spec(CDI_KIND, &dev, &[&good_env, other]),
-                Err("must set exactly"),
-            ),
-            (
-                spec(CDI_KIND, &dev, &[&format!("DRA_CPUSET_{UID}=x")]),
-                Err("bad cpulist"),
-            ),
-            ("{".to_string(), Err("not JSON")),
-        ];
-        for (text, want) in cases {
-            let got = parse_spec(Path::new("/cdi/x.json"), &text, UID);
-            match (got, want) {
-                (Ok(cpus), Ok(w)) => assert_eq!(cpus.to_cpulist(), w),
-                (Err(e), Err(w)) => {
-                    assert!(e.to_string().contains(w), "{e}");
-                    assert!(e.to_string().contains("/cdi/x.json"), "{e}");
-                }
-                (got, want) => panic!("{text}: {got:?} vs {want:?}"),
-            }
-        }
+        let path = spec_path(dir.path(), UID);
+        std::fs::write(&path, spec(CDI_KIND, &format!("claim-{UID}"), &[other])).expect("write");
+        let err = read_claim_cpus(dir.path(), UID).expect_err("another claim's env");
+        assert!(matches!(err, CdiError::Invalid { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&path.display().to_string()) && text.contains("must set exactly"),
+            "{text}"
+        );
+        std::fs::write(&path, vec![b' '; MAX_SPEC_BYTES as usize + 1]).expect("write");
+        assert!(matches!(
+            read_claim_cpus(dir.path(), UID),
+            Err(CdiError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -194,7 +139,12 @@ mod tests {
             spec(CDI_KIND, &format!("claim-{UID}"), &[&env]),
         )
         .expect("write");
-        std::fs::write(dir.path().join(format!("{SPEC_FILE_PREFIX}zz.json")), "{}").expect("junk");
+        std::fs::write(
+            dir.path()
+                .join(spec_file_name("7f3e2d1c-0b9a-4876-a5b4-c3d2e1f0a9b9")),
+            "{}",
+        )
+        .expect("junk");
         std::fs::write(dir.path().join("other-vendor.json"), "{}").expect("other");
         assert_eq!(
             read_claim_cpus(dir.path(), UID).expect("cpus").to_cpulist(),

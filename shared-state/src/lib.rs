@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod assignment;
+pub mod cdi_spec;
 pub mod claim_env;
 pub mod cpuset;
 pub mod pool;
