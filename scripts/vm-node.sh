@@ -51,8 +51,10 @@ Options:
   --drive-cache MODE QEMU's cache mode for --disk (default none: the guest's
                      flushes reach the host's disk, and unflushed writes are
                      lost when QEMU is killed)
-  --accel tcg|kvm    QEMU accelerator (default tcg: a nested KVM guest hangs
-                     in early boot on the machines this was built on)
+  --accel auto|tcg|kvm QEMU accelerator (default auto: KVM where a probe guest
+                     boots and runs a command under it within 30 s, else
+                     TCG; a nested KVM guest hangs in early boot on the
+                     machines this was built on; the verdict is cached)
   --timeout SECONDS  kill the VM after this long (default 3600)
   --build-only       build (or find) the cached image and exit
   --rebuild          build the image even when a cached one exists
@@ -64,7 +66,7 @@ EOF
 }
 
 sockets=2 cores=2 threads=2 numa_nodes="" memory=3072
-shares=() envs=() disk="" drive_cache=none accel=tcg timeout_s=3600
+shares=() envs=() disk="" drive_cache=none accel=auto timeout_s=3600
 build_only=0 rebuild=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -105,7 +107,7 @@ is_count "$numa_nodes" || fail "--numa-nodes must be a positive whole number, go
 cpus=$((sockets * cores * threads))
 [ $((cpus % numa_nodes)) -eq 0 ] || fail "$cpus CPUs do not split evenly into $numa_nodes NUMA nodes"
 [ $((memory % numa_nodes)) -eq 0 ] || fail "$memory MiB do not split evenly into $numa_nodes NUMA nodes"
-case "$accel" in tcg | kvm) ;; *) fail "--accel must be tcg or kvm, got '$accel'" ;; esac
+case "$accel" in auto | tcg | kvm) ;; *) fail "--accel must be auto, tcg or kvm, got '$accel'" ;; esac
 [ "$build_only" -eq 1 ] || [ $# -gt 0 ] || fail "no command given (see --help)"
 [ "$(id -u)" -eq 0 ] || fail "must run as root (apt-get, debootstrap and the image build need it)"
 
@@ -224,6 +226,29 @@ else
 fi
 flock -u 9
 [ "$build_only" -eq 0 ] || exit 0
+
+# --accel auto: KVM only where it demonstrably boots. /dev/kvm can exist and
+# still hang a nested guest in early boot (seen on the machines this was
+# built on), so a one-CPU guest is booted under KVM with a short timeout,
+# and the verdict is kept per image, QEMU and host kernel so that the probe
+# runs once per machine.
+if [ "$accel" = auto ]; then
+  accel=tcg
+  if [ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+    verdict_file="$cache_root/kvm-verdict-$(printf '%s\n' "$key" "$(qemu-system-x86_64 --version | head -n1)" "$(uname -r)" | sha256sum | cut -c1-16)"
+    if [ ! -s "$verdict_file" ]; then
+      echo "vm-node: probing KVM (a one-CPU guest under KVM must boot and run true within 30 s)"
+      if DRA_CPU_VM_CACHE="$cache_root" "$script_dir/vm-node.sh" --accel kvm --sockets 1 --cores 1 --threads 1 \
+        --numa-nodes 1 --memory 512 --timeout 30 -- true >"$cache_root/kvm-probe.log" 2>&1; then
+        echo kvm >"$verdict_file"
+      else
+        echo tcg >"$verdict_file"
+      fi
+    fi
+    accel="$(cat "$verdict_file")"
+    echo "vm-node: accel $accel (KVM probe verdict in $verdict_file)"
+  fi
+fi
 
 # --- the job -----------------------------------------------------------------
 job="$(mktemp -d /tmp/vm-node-job.XXXXXX)"
