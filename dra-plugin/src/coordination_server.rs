@@ -6,9 +6,9 @@
 //! [`crate::driver::EVENT_BUFFER`] events behind is sent a fresh snapshot
 //! instead of the deltas it missed.
 
-use crate::driver::{Driver, StateEvent, StateSnapshot};
+use crate::driver::{Driver, StateEvent};
 use dra_cpu_proto::coordination::v1 as coord;
-use shared_state::ClaimAssignment;
+use shared_state::NodeSnapshot;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,26 +20,7 @@ use tonic::{Request, Response, Status};
 /// How often a quiet stream gets a heartbeat.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
-pub fn claim_message(a: &ClaimAssignment) -> coord::Claim {
-    coord::Claim {
-        uid: a.claim_uid.clone(),
-        namespace: a.namespace.clone(),
-        name: a.name.clone(),
-        consumer_pod_uids: a.consumer_pods.clone(),
-        cpus: a.cpus.to_cpulist(),
-        prepared_at_unix_ms: a.prepared_at_unix_ms,
-    }
-}
-
-pub fn snapshot_message(s: &StateSnapshot) -> coord::Snapshot {
-    coord::Snapshot {
-        revision: s.revision,
-        allocatable: s.allocatable.to_cpulist(),
-        reserved: s.reserved.to_cpulist(),
-        mixed_allocation_mode: s.mixed_allocation_mode,
-        claims: s.claims.iter().map(claim_message).collect(),
-    }
-}
+pub use dra_cpu_proto::coordination::{claim_message, snapshot_message};
 
 fn event_message(e: &StateEvent) -> coord::WatchEvent {
     let event = match e {
@@ -61,7 +42,7 @@ fn event_message(e: &StateEvent) -> coord::WatchEvent {
     coord::WatchEvent { event: Some(event) }
 }
 
-fn snapshot_event(s: &StateSnapshot) -> coord::WatchEvent {
+fn snapshot_event(s: &NodeSnapshot) -> coord::WatchEvent {
     coord::WatchEvent {
         event: Some(coord::watch_event::Event::Snapshot(snapshot_message(s))),
     }

@@ -24,7 +24,7 @@ use shared_state::alloc::{Allocator, Policy};
 use shared_state::store::{AssignmentStore, StoreError, StoreOp};
 use shared_state::topology::Topology;
 use shared_state::upstream_metrics::AllocationState;
-use shared_state::{ClaimAssignment, CpuSet};
+use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -47,16 +47,6 @@ pub enum StateEvent {
         revision: u64,
         claim_uid: String,
     },
-}
-
-/// The whole state at one revision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateSnapshot {
-    pub revision: u64,
-    pub allocatable: CpuSet,
-    pub reserved: CpuSet,
-    pub mixed_allocation_mode: bool,
-    pub claims: Vec<ClaimAssignment>,
 }
 
 /// What the driver needs to know about its node and its options.
@@ -343,18 +333,18 @@ impl Driver {
     }
 
     /// The current state and a receiver of every change after it.
-    pub fn subscribe(&self) -> (StateSnapshot, broadcast::Receiver<StateEvent>) {
+    pub fn subscribe(&self) -> (NodeSnapshot, broadcast::Receiver<StateEvent>) {
         let state = self.lock();
         let receiver = self.events.subscribe();
         (self.snapshot_of(&state), receiver)
     }
 
-    pub fn snapshot(&self) -> StateSnapshot {
+    pub fn snapshot(&self) -> NodeSnapshot {
         self.snapshot_of(&self.lock())
     }
 
-    fn snapshot_of(&self, state: &State) -> StateSnapshot {
-        StateSnapshot {
+    fn snapshot_of(&self, state: &State) -> NodeSnapshot {
+        NodeSnapshot {
             revision: state.revision,
             allocatable: self.catalog.allocatable().clone(),
             reserved: self.options.reserved.clone(),

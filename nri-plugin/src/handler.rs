@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use shared_state::claim_env::{parse_claim_env, ClaimEnvError, ClaimRef};
 use shared_state::pool::{ContainerKind, PoolError, PoolState, Update};
 use shared_state::topology::Topology;
-use shared_state::{ClaimAssignment, CpuSet};
+use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 
 /// What nri-plugin needs to know about a container, taken from the NRI
 /// `Container` and `PodSandbox` messages.
@@ -215,16 +215,6 @@ impl NumaMap {
     }
 }
 
-/// A complete state from dra-plugin, already parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ViewSnapshot {
-    pub revision: u64,
-    pub allocatable: CpuSet,
-    pub reserved: CpuSet,
-    pub mixed_allocation_mode: bool,
-    pub claims: Vec<ClaimAssignment>,
-}
-
 /// nri-plugin's view of the node. See the module docs.
 #[derive(Debug, Clone)]
 pub struct NodeView {
@@ -383,7 +373,7 @@ impl NodeView {
     }
 
     /// Replace claims and CPUs with a snapshot; containers stay.
-    pub fn apply_snapshot(&mut self, snapshot: ViewSnapshot) -> Result<Vec<Update>, ViewError> {
+    pub fn apply_snapshot(&mut self, snapshot: NodeSnapshot) -> Result<Vec<Update>, ViewError> {
         if snapshot.mixed_allocation_mode != self.mixed_mode {
             tracing::warn!(
                 dra_plugin = snapshot.mixed_allocation_mode,
@@ -974,7 +964,7 @@ mod tests {
     #[test]
     fn stale_revisions_are_refused() {
         let mut v = view(false);
-        v.apply_snapshot(ViewSnapshot {
+        v.apply_snapshot(NodeSnapshot {
             revision: 5,
             allocatable: set("1-7"),
             reserved: set("0"),
@@ -1143,7 +1133,7 @@ mod tests {
         let r = run(admit_container(&view, &other, &resolver)).expect_err("second pod");
         assert_eq!(r.reason(), "wrong-pod");
         let up = lock(&view)
-            .apply_snapshot(ViewSnapshot {
+            .apply_snapshot(NodeSnapshot {
                 revision: 3,
                 allocatable: set("1-7"),
                 reserved: set("0"),

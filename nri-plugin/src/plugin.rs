@@ -26,9 +26,10 @@ use shared_state::{ClaimAssignment, CpuSet};
 use crate::config::UnsolicitedUpdates;
 use crate::handler::{
     admit_container, synchronize_containers, ClaimResolver, ContainerInfo, CreateDecision,
-    NodeView, ViewError, ViewSnapshot,
+    NodeView, ViewError,
 };
 use crate::metrics::Metrics;
+use shared_state::NodeSnapshot;
 
 /// The view plus everything needed to make it real on containers.
 pub struct Enforcer {
@@ -156,7 +157,7 @@ impl Enforcer {
         self.refresh(&self.view());
     }
 
-    pub async fn apply_snapshot(&self, snapshot: ViewSnapshot) -> Result<(), ViewError> {
+    pub async fn apply_snapshot(&self, snapshot: NodeSnapshot) -> Result<(), ViewError> {
         let updates = self.view().apply_snapshot(snapshot)?;
         self.after_pool_change(updates, "snapshot").await;
         Ok(())

@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::connect_unix;
-use shared_state::{ClaimAssignment, CpuSet};
 
 use crate::cdi_fallback;
-use crate::handler::{ClaimResolver, Resolution, ViewSnapshot};
+use crate::handler::{ClaimResolver, Resolution};
 use crate::plugin::Enforcer;
 
 /// Time allowed for one Lookup, connection included; the CDI fallback runs
@@ -24,67 +23,9 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(35);
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum CoordinationError {
-    #[error("claim {claim_uid}: {field} {value:?} is not a cpulist: {source}")]
-    BadCpus {
-        claim_uid: String,
-        field: &'static str,
-        value: String,
-        #[source]
-        source: shared_state::CpuSetError,
-    },
-    #[error("claim {claim_uid}: the claim has no CPUs")]
-    EmptyClaim { claim_uid: String },
-}
-
-/// A claim message as the view stores it; refused if its cpulist is bad.
-pub fn claim_from_message(claim: &coord::Claim) -> Result<ClaimAssignment, CoordinationError> {
-    let cpus = CpuSet::parse_cpulist(&claim.cpus).map_err(|source| CoordinationError::BadCpus {
-        claim_uid: claim.uid.clone(),
-        field: "cpus",
-        value: claim.cpus.clone(),
-        source,
-    })?;
-    if cpus.is_empty() {
-        return Err(CoordinationError::EmptyClaim {
-            claim_uid: claim.uid.clone(),
-        });
-    }
-    Ok(ClaimAssignment {
-        claim_uid: claim.uid.clone(),
-        namespace: claim.namespace.clone(),
-        name: claim.name.clone(),
-        consumer_pods: claim.consumer_pod_uids.clone(),
-        devices: Vec::new(),
-        cpus,
-        prepared_at_unix_ms: claim.prepared_at_unix_ms,
-    })
-}
-
-/// A snapshot message as the view takes it; refused whole if any cpulist is
-/// bad, since a partial snapshot would free CPUs that are in use.
-pub fn snapshot_from_message(s: &coord::Snapshot) -> Result<ViewSnapshot, CoordinationError> {
-    let parse = |field: &'static str, value: &str| {
-        CpuSet::parse_cpulist(value).map_err(|source| CoordinationError::BadCpus {
-            claim_uid: String::from("(snapshot)"),
-            field,
-            value: value.to_string(),
-            source,
-        })
-    };
-    Ok(ViewSnapshot {
-        revision: s.revision,
-        allocatable: parse("allocatable", &s.allocatable)?,
-        reserved: parse("reserved", &s.reserved)?,
-        mixed_allocation_mode: s.mixed_allocation_mode,
-        claims: s
-            .claims
-            .iter()
-            .map(claim_from_message)
-            .collect::<Result<_, _>>()?,
-    })
-}
+pub use dra_cpu_proto::coordination::{
+    claim_from_message, snapshot_from_message, MessageError as CoordinationError,
+};
 
 /// Asks dra-plugin by Lookup; falls back to the CDI spec when dra-plugin
 /// does not answer.
@@ -293,53 +234,7 @@ async fn report_applied(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn msg(uid: &str, cpus: &str) -> coord::Claim {
-        coord::Claim {
-            uid: uid.into(),
-            namespace: "ns".into(),
-            name: "n".into(),
-            consumer_pod_uids: vec!["p".into()],
-            cpus: cpus.into(),
-            prepared_at_unix_ms: 9,
-        }
-    }
-
-    #[test]
-    fn claim_messages_table() {
-        for (cpus, ok) in [("1-2", true), ("", false), ("2-1", false), ("x", false)] {
-            let got = claim_from_message(&msg("u", cpus));
-            assert_eq!(got.is_ok(), ok, "{cpus:?}: {got:?}");
-            if let Err(e) = got {
-                assert!(e.to_string().contains("claim u"), "{e}");
-            }
-        }
-        let a = claim_from_message(&msg("u", "3")).expect("claim");
-        assert_eq!(
-            (a.consumer_pods, a.cpus.to_cpulist()),
-            (vec!["p".to_string()], "3".into())
-        );
-    }
-
-    #[test]
-    fn a_bad_claim_drops_the_whole_snapshot() {
-        let mut s = coord::Snapshot {
-            revision: 4,
-            allocatable: "0-3".into(),
-            reserved: "".into(),
-            mixed_allocation_mode: true,
-            claims: vec![msg("a", "1"), msg("b", "2")],
-        };
-        let v = snapshot_from_message(&s).expect("good");
-        assert_eq!((v.revision, v.claims.len()), (4, 2));
-        s.claims.push(msg("c", "9-"));
-        let err = snapshot_from_message(&s).expect_err("bad claim");
-        assert!(err.to_string().contains("claim c"), "{err}");
-        s.claims.pop();
-        s.allocatable = "0-".into();
-        let err = snapshot_from_message(&s).expect_err("bad allocatable");
-        assert!(err.to_string().contains("allocatable"), "{err}");
-    }
+    use shared_state::CpuSet;
 
     #[tokio::test]
     async fn resolver_falls_back_to_cdi_when_dra_plugin_is_down() {

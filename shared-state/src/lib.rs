@@ -8,9 +8,11 @@ pub mod cdi_spec;
 pub mod claim_env;
 pub mod cpuset;
 pub mod pool;
+pub mod snapshot;
 pub mod store;
 pub mod topology;
 pub mod upstream_metrics;
 
 pub use assignment::{AllocatedDevice, ClaimAssignment};
 pub use cpuset::{CpuSet, CpuSetError};
+pub use snapshot::NodeSnapshot;

@@ -11,13 +11,14 @@ use dra_cpu_proto::nri::{NriPlugin, NriUpdater};
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::prepare::{resolve_cpus, ClaimRef, DeviceCatalog, ParsedClaim};
 use nri_plugin::config::UnsolicitedUpdates;
-use nri_plugin::handler::{ClaimResolver, NodeView, Resolution, ViewSnapshot};
+use nri_plugin::handler::{ClaimResolver, NodeView, Resolution};
 use nri_plugin::metrics::Metrics;
 use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
 use protobuf::Message;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::topology::Topology;
+use shared_state::NodeSnapshot;
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -385,8 +386,8 @@ fn plugin_for(node: &NriNode) -> (Arc<Enforcer>, DraCpuPlugin) {
     (enforcer, plugin)
 }
 
-fn snapshot(node: &NriNode) -> ViewSnapshot {
-    ViewSnapshot {
+fn snapshot(node: &NriNode) -> NodeSnapshot {
+    NodeSnapshot {
         revision: 1,
         allocatable: node.topology.online(),
         reserved: CpuSet::new(),
