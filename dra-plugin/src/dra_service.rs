@@ -8,6 +8,9 @@
 //! claim of a request gets an entry in the response, with an error string
 //! where it failed.
 
+use crate::claim_status::{
+    cleared_status, now_rfc3339, prepared_status, results_of, ClaimStatusWriter, CpuPlaces,
+};
 use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1};
@@ -53,11 +56,22 @@ impl ClaimSource for KubeClaims {
 pub struct DraService {
     driver: Arc<Driver>,
     claims: Arc<dyn ClaimSource>,
+    status: Option<(ClaimStatusWriter, Arc<CpuPlaces>)>,
 }
 
 impl DraService {
     pub fn new(driver: Arc<Driver>, claims: Arc<dyn ClaimSource>) -> DraService {
-        DraService { driver, claims }
+        DraService {
+            driver,
+            claims,
+            status: None,
+        }
+    }
+
+    /// Also write each claim's device status after prepare and unprepare.
+    pub fn with_claim_status(mut self, writer: ClaimStatusWriter, places: CpuPlaces) -> DraService {
+        self.status = Some((writer, Arc::new(places)));
+        self
     }
 
     /// Prepare one claim: from the store if it is prepared, else from the
@@ -108,16 +122,32 @@ impl DraService {
                     return Err(e);
                 }
             };
+            let results = results_of(&object, &self.driver.options().driver_name);
             let driver = self.driver.clone();
             let claim_for_task = claim.clone();
-            tokio::task::spawn_blocking(move || driver.prepare(&claim_for_task, &object))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(PrepareError::Internal {
-                        claim: claim.to_string(),
-                        reason: format!("prepare task failed: {e}"),
-                    })
-                })
+            let prepared =
+                tokio::task::spawn_blocking(move || driver.prepare(&claim_for_task, &object))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(PrepareError::Internal {
+                            claim: claim.to_string(),
+                            reason: format!("prepare task failed: {e}"),
+                        })
+                    });
+            if let (Ok(prepared), Some((writer, places))) = (&prepared, &self.status) {
+                let catalog = self.driver.catalog();
+                let body = prepared_status(
+                    &claim,
+                    &self.driver.options().driver_name,
+                    &results,
+                    &prepared.assignment,
+                    |device| catalog.cpus_of(device).cloned(),
+                    places,
+                    &now_rfc3339(),
+                );
+                writer.spawn_apply(&claim, body, "prepare");
+            }
+            prepared
         }
         .instrument(span.clone())
         .await;
@@ -152,8 +182,12 @@ impl DraService {
                     reason: format!("unprepare task failed: {e}"),
                 })
             });
-        if let Err(e) = &result {
-            tracing::warn!(parent: &span, error = %e, "unprepare failed");
+        match (&result, &self.status) {
+            (Err(e), _) => tracing::warn!(parent: &span, error = %e, "unprepare failed"),
+            (Ok(()), Some((writer, _))) => {
+                writer.spawn_apply(&claim, cleared_status(&claim), "unprepare")
+            }
+            (Ok(()), None) => {}
         }
         self.driver
             .metrics()

@@ -3,6 +3,7 @@
 
 pub mod api_client;
 pub mod cdi;
+pub mod claim_status;
 pub mod config;
 pub mod coordination_server;
 pub mod device_health;

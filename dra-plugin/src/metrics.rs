@@ -83,6 +83,8 @@ pub struct Metrics {
     pub node_allocatable_mapping_published: AtomicU64,
     /// The upstream Go driver's series, exported as well.
     pub upstream: shared_state::upstream_metrics::DriverMetrics,
+    /// Claim device-status writes (KEP-4817), done and failed.
+    pub claim_status: std::sync::Arc<crate::claim_status::StatusWriteStats>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -182,6 +184,18 @@ impl Metrics {
             "dra_cpu_unprepare_duration_seconds",
             "Time to unprepare one claim, store fsync included.",
             &mut out,
+        );
+        counter(
+            &mut out,
+            "dra_cpu_claim_status_writes_total",
+            "Claim device statuses written (after prepare and unprepare).",
+            self.claim_status.written.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "dra_cpu_claim_status_write_failures_total",
+            "Claim device-status writes that failed; the prepares themselves succeeded.",
+            self.claim_status.failed.load(Ordering::Relaxed),
         );
         gauge(
             &mut out,

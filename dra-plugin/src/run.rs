@@ -203,7 +203,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
     // Kubelet DRA services.
     let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaims::new(client.clone()));
-    let service = DraService::new(driver.clone(), claims);
+    let service = DraService::new(driver.clone(), claims).with_claim_status(
+        crate::claim_status::ClaimStatusWriter::new(
+            Arc::new(crate::claim_status::KubeClaimStatus::new(client.clone())),
+            &config.driver_name,
+            metrics.claim_status.clone(),
+        ),
+        crate::claim_status::CpuPlaces::of(&topology),
+    );
     let dra_socket = config.dra_socket();
     // Kubelet runs as root; nobody else has business on this socket.
     let listener =

@@ -5,7 +5,9 @@
 //! publishing. Against each Kubernetes release the fake API server plays
 //! (1.34 with and without consumable capacity, 1.36, 1.37), the node
 //! publishes only what that release accepts and a claim prepares end to
-//! end. Needs root and `scripts/install-deps.sh`.
+//! end. A prepared claim's status (KEP-4817 `status.devices`) tells which
+//! CPUs it got, and is cleared at unprepare. Needs root and
+//! `scripts/install-deps.sh`.
 
 mod e2e_common;
 
@@ -274,4 +276,103 @@ async fn on_134_a_restarted_dra_plugin_reapplies_nothing_and_keeps_its_claims() 
     assert_eq!(generations(&after), generations(&before));
     let again = node.prepare(&claim.claim).await.must("preparing again");
     assert_eq!(again.cpus, claim.cpus, "the store kept the claim's CPUs");
+}
+
+/// The claim's `status.devices` entries as the fake API server stores them.
+fn device_statuses(node: &Node, name: &str) -> Vec<Value> {
+    let claim = node.api().claim("default", name).must("the claim");
+    serde_json::to_value(claim.status.and_then(|s| s.devices).unwrap_or_default())
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+async fn wait_device_statuses(node: &Node, name: &str, want_entries: bool) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let got = device_statuses(node, name);
+        if got.is_empty() != want_entries || std::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_prepared_claims_status_names_its_cpus_and_is_cleared_at_unprepare() {
+    let node = node(NodeOptions::default()).await;
+    let topology = Topology::discover(Path::new("/")).must("the host's CPU topology");
+    let pod = PodIdentity::new("pod-s");
+    let claim = node
+        .create_claim("pod-s-cpu", 1, &pod)
+        .await
+        .must("preparing a claim");
+    let entries = wait_device_statuses(&node, "pod-s-cpu", true).await;
+    assert_eq!(entries.len(), 1, "one entry per result: {entries:?}");
+    let entry = &entries[0];
+    assert_eq!(entry["driver"], "dra.cpu");
+    assert_eq!(entry["pool"], "node-a");
+    assert_eq!(entry["device"], GROUPED_DEVICE);
+    assert_eq!(
+        entry["data"]["cpus"],
+        claim.cpus.to_cpulist().as_str(),
+        "{entry}"
+    );
+    assert_eq!(entry["data"]["cpuCount"], claim.cpus.len());
+    let numa: Vec<u32> = claim
+        .cpus
+        .iter()
+        .filter_map(|c| topology.cpu(c).map(|i| i.numa))
+        .collect();
+    assert_eq!(entry["data"]["numaNodes"], serde_json::json!(numa));
+    assert_eq!(entry["conditions"][0]["type"], "Ready");
+    assert_eq!(entry["conditions"][0]["status"], "True");
+    // What dra-plugin sent is a valid ResourceClaim of 1.37.
+    let sent: Vec<Value> = node
+        .api()
+        .received_objects("ResourceClaim")
+        .into_iter()
+        .filter(|o| o.pointer("/status/devices").is_some())
+        .collect();
+    assert!(!sent.is_empty(), "status applies received");
+    validate_k8s_objects(&sent, &["1.37.0"]).must("status applies against the 1.37 schema");
+    assert!(
+        node.dra_metrics()
+            .await
+            .unwrap_or_default()
+            .contains("dra_cpu_claim_status_writes_total 1"),
+        "the write is counted"
+    );
+
+    node.unprepare(&claim.claim).await.must("unprepare");
+    let left = wait_device_statuses(&node, "pod-s-cpu", false).await;
+    assert!(left.is_empty(), "cleared at unprepare: {left:?}");
+}
+
+#[tokio::test]
+async fn a_failing_status_write_never_fails_the_prepare() {
+    let node = node(NodeOptions::default()).await;
+    node.api().fail_next("PATCH", "resourceclaims", 500, 100);
+    let pod = PodIdentity::new("pod-f");
+    let claim = node
+        .create_claim("pod-f-cpu", 1, &pod)
+        .await
+        .must("the prepare succeeds although the status write fails");
+    assert_eq!(claim.cpus.len(), 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = node.dra_metrics().await.unwrap_or_default();
+        if text.contains("dra_cpu_claim_status_write_failures_total 1") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "failure not counted: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(device_statuses(&node, "pod-f-cpu").is_empty());
+    node.wait_log(false, "writing the claim's device status failed")
+        .await
+        .must("the failure is logged");
 }
