@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --demo) demo=1; shift ;;
     --e2e) e2e=1; shift ;;
     --power-cuts) power_cuts="$2"; shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
