@@ -90,7 +90,7 @@ EOF
 # Watches the log from its current end and SIGKILLs QEMU a seeded random
 # 0.2-6 s after each "storm N cut=host" record.
 host_killer() {
-  python3 - "$acks" "$pidfile" "$seed" <<'EOF'
+  exec python3 - "$acks" "$pidfile" "$seed" <<'EOF'
 import os, random, signal, sys, time
 log, pidfile, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def records():
@@ -144,7 +144,9 @@ while :; do
   fi
   last_storm="$(read_log | grep '^storm ' | tail -n 1)"
   if [ "$rc" -eq 124 ] && [[ "$last_storm" == *cut=host* ]] && ! read_log | tail -n 1 | grep -q '^boot '; then
-    continue # the host's cut; boot the same disk again
+    # vm-node.sh reports a killed QEMU as a timeout: here it was the cut.
+    echo "power-cut-storm: QEMU killed by the host's cut; booting the same disks again"
+    continue
   fi
   echo "power-cut-storm: the VM ended (exit $rc) before the storm's end; the log's last records:" >&2
   read_log | tail -n 5 >&2
