@@ -654,7 +654,7 @@ async fn power_cut_boot() {
     }
 
     // The storm, then the cut.
-    let host_kill = host_kill_every > 0 && (boot + 1) % host_kill_every == 0;
+    let host_kill = host_kill_every > 0 && (boot + 1).is_multiple_of(host_kill_every);
     let delay = Duration::from_millis(200 + rng.below(5800));
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
