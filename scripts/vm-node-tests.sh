@@ -5,8 +5,10 @@
 # (Debian sid's, from scripts/containerd2.sh, bound over the guest's
 # /usr/bin in a private mount namespace as on the host).
 #
-#   scripts/vm-node-tests.sh [--runtime 1.7|2|both] [--demo] [--e2e] [-- TEST FILTER...]
+#   scripts/vm-node-tests.sh [--runtime 1.7|2|both] [--demo] [--e2e] [--power-cuts N] [-- TEST FILTER...]
 #
+# --power-cuts N also runs the power-cut storm (scripts/power-cut-storm.sh
+# --cuts N, in a small VM node of its own) after the scenarios.
 # --demo also runs the node demo in the VM first (scripts/demo.sh --vm does
 # only that); --e2e also runs the host's end-to-end tests (tests/tests/e2e_*)
 # in the VM, on cgroup v2 and the VM's topology (about as long again as the
@@ -16,18 +18,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runtimes=both demo=0 e2e=0
+runtimes=both demo=0 e2e=0 power_cuts=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runtime) runtimes="$2"; shift 2 ;;
     --demo) demo=1; shift ;;
     --e2e) e2e=1; shift ;;
+    --power-cuts) power_cuts="$2"; shift 2 ;;
     -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$runtimes" in 1.7 | 2 | both) ;; *) echo "vm-node-tests: --runtime 1.7, 2 or both" >&2; exit 2 ;; esac
+[[ "$power_cuts" =~ ^[0-9]+$ ]] || { echo "vm-node-tests: --power-cuts wants a whole number" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "vm-node-tests: must run as root" >&2; exit 1; }
 
 echo "vm-node-tests: building dra-plugin, nri-plugin, node-demo and the VM scenarios"
@@ -98,6 +102,16 @@ if [ "$runtimes" != 1.7 ]; then
       run "end-to-end tests, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
         scripts/containerd2.sh run "$bin" "${e2e_command[@]}"
     fi
+  fi
+fi
+if [ "$power_cuts" -gt 0 ]; then
+  echo "vm-node-tests: === power-cut storm, $power_cuts cuts"
+  started=$(date +%s)
+  if scripts/power-cut-storm.sh --cuts "$power_cuts"; then
+    echo "vm-node-tests: === power-cut storm: passed in $(($(date +%s) - started)) s"
+  else
+    echo "vm-node-tests: === power-cut storm: FAILED after $(($(date +%s) - started)) s" >&2
+    failed+=("power-cut storm")
   fi
 fi
 if [ ${#failed[@]} -gt 0 ]; then

@@ -51,6 +51,13 @@ Options:
   --drive-cache MODE QEMU's cache mode for --disk (default none: the guest's
                      flushes reach the host's disk, and unflushed writes are
                      lost when QEMU is killed)
+  --extra-disk FILE  attach FILE (raw, made sparse at 512 MiB when missing)
+                     as the guest's second virtio disk, /dev/vdb, with
+                     cache=none (repeatable: /dev/vdc, ...)
+  --reboot           a guest reboot (e.g. sysrq b) boots the guest again in
+                     the same QEMU and runs COMMAND again, instead of
+                     ending QEMU; the VM ends when COMMAND exits
+  --pidfile FILE     QEMU writes its pid to FILE (to kill it from outside)
   --accel auto|tcg|kvm QEMU accelerator (default auto: KVM where a probe guest
                      boots and runs a command under it within 30 s, else
                      TCG; a nested KVM guest hangs in early boot on the
@@ -67,6 +74,7 @@ EOF
 
 sockets=2 cores=2 threads=2 numa_nodes="" memory=3072
 shares=() envs=() disk="" drive_cache=none accel=auto timeout_s=3600
+extra_disks=() no_reboot=(-no-reboot) pidfile=()
 build_only=0 rebuild=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -79,6 +87,9 @@ while [ $# -gt 0 ]; do
     --env) envs+=("$2"); shift 2 ;;
     --disk) disk="$2"; shift 2 ;;
     --drive-cache) drive_cache="$2"; shift 2 ;;
+    --extra-disk) extra_disks+=("$2"); shift 2 ;;
+    --reboot) no_reboot=(); shift ;;
+    --pidfile) pidfile=(-pidfile "$2"); shift 2 ;;
     --accel) accel="$2"; shift 2 ;;
     --timeout) timeout_s="$2"; shift 2 ;;
     --build-only) build_only=1; shift ;;
@@ -307,6 +318,11 @@ if [ -n "$disk" ]; then
 else
   drive="file=$image_dir/root.img,if=virtio,format=raw,snapshot=on"
 fi
+extra_drives=()
+for extra in "${extra_disks[@]}"; do
+  [ -f "$extra" ] || truncate -s 512M "$extra"
+  extra_drives+=(-drive "file=$extra,if=virtio,format=raw,cache=none")
+done
 accel_args=(-accel tcg,thread=multi -cpu Skylake-Server)
 [ "$accel" = tcg ] || accel_args=(-accel kvm -cpu host)
 
@@ -334,9 +350,9 @@ while :; do
     -smp "$cpus,sockets=$sockets,cores=$cores,threads=$threads" "${numa[@]}" \
     -kernel "$image_dir/vmlinuz" -initrd "$image_dir/initrd.img" \
     -append "console=ttyS0 root=/dev/vda rw init=/sbin/vm-node-boot panic=-1 quiet loglevel=3 cgroup_no_v1=all" \
-    -drive "$drive" \
+    -drive "$drive" "${extra_drives[@]}" "${pidfile[@]}" \
     -virtfs "local,path=$job,mount_tag=job,security_model=none,id=job" "${virtfs[@]}" \
-    -nic none -display none -monitor none -serial stdio -no-reboot \
+    -nic none -display none -monitor none -serial stdio "${no_reboot[@]}" \
     </dev/null 2>"$job/qemu.err" | sed -u 's/\r$//' | tee "$job/console"
   qemu_status=${PIPESTATUS[0]}
   set -e

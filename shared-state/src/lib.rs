@@ -2,6 +2,11 @@
 //! assignment store and the coordination types shared by dra-plugin and
 //! nri-plugin. No I/O policy of either process lives here.
 
+// The store's sync can be switched off only to show, in a test, that a
+// power cut then loses acknowledged claims; a release build refuses it.
+#[cfg(all(feature = "unsafe-no-sync", not(debug_assertions)))]
+compile_error!("the unsafe-no-sync feature (no fdatasync of the store) is for test builds only");
+
 pub mod alloc;
 pub mod assignment;
 pub mod cdi_spec;

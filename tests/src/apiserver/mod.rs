@@ -278,6 +278,13 @@ impl FakeApiServer {
         kube::Client::try_from(config).map_err(|source| FakeApiServerError::Client { path, source })
     }
 
+    /// From now on, derive each created object's uid from `seed` and the
+    /// object's kind, namespace and name, so a server started again after a
+    /// reboot gives recreated claims the uids a driver stored before.
+    pub fn seed_uids(&self, seed: u64) {
+        lock(&self.shared.store).seed_uids(seed);
+    }
+
     /// Creates a Node (with a uid, as slices' owner references need).
     pub fn insert_node(&self, name: &str) -> Result<Node, FakeApiServerError> {
         let node = json!({"apiVersion": "v1", "kind": "Node",

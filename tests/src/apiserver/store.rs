@@ -284,7 +284,7 @@ pub enum Subresource {
     Status,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Key {
     group: &'static str,
     plural: &'static str,
@@ -311,6 +311,12 @@ pub struct Store {
     resource_version: u64,
     uid_counter: u64,
     random: RandomState,
+    /// When set, a created object's uid is derived from this seed and the
+    /// object's kind, namespace and name: a server started again with the
+    /// same seed gives the same objects the same uids (a test that
+    /// recreates its claims after a reboot needs the uids the driver
+    /// stored before it).
+    uid_seed: Option<u64>,
     live: broadcast::Sender<Arc<StoredEvent>>,
     /// The release played: its ResourceSlice schema decides which fields
     /// exist.
@@ -375,6 +381,7 @@ impl Store {
             resource_version: 0,
             uid_counter: 0,
             random: RandomState::new(),
+            uid_seed: None,
             live,
             version: KubernetesVersion::V1_37,
             slice_schema: SliceSchema::of(KubernetesVersion::V1_37),
@@ -419,10 +426,29 @@ impl Store {
             .collect()
     }
 
-    fn new_uid(&mut self) -> String {
+    /// Derive uids from `seed` and each object's identity from now on.
+    pub fn seed_uids(&mut self, seed: u64) {
+        self.uid_seed = Some(seed);
+    }
+
+    fn new_uid(&mut self, k: &Key) -> String {
         self.uid_counter += 1;
-        let a = self.random.hash_one(self.uid_counter);
-        let b = self.random.hash_one((self.uid_counter, 0x5eed_u64));
+        let (a, b) = match self.uid_seed {
+            // SipHash with fixed keys: the same on every run of the binary.
+            Some(seed) => {
+                let fixed = std::hash::BuildHasherDefault::<
+                    std::collections::hash_map::DefaultHasher,
+                >::default();
+                (
+                    fixed.hash_one((seed, k)),
+                    fixed.hash_one((seed, k, 0x5eed_u64)),
+                )
+            }
+            None => (
+                self.random.hash_one(self.uid_counter),
+                self.random.hash_one((self.uid_counter, 0x5eed_u64)),
+            ),
+        };
         format!(
             "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
             a >> 32,
@@ -594,7 +620,7 @@ impl Store {
         if dry_run {
             return Ok(object);
         }
-        let uid = self.new_uid();
+        let uid = self.new_uid(&k);
         self.resource_version += 1;
         let rv = self.resource_version.to_string();
         let meta = metadata_mut(&mut object)?;
@@ -1167,6 +1193,32 @@ mod tests {
             .create(&RESOURCE_SLICES, "", slice("a", "n2"), None, false)
             .unwrap_err();
         assert_eq!((dup.code, dup.reason), (409, "AlreadyExists"));
+    }
+
+    #[test]
+    fn seeded_uids_follow_the_object_not_the_order_of_creation() {
+        let uid = |s: &mut Store, name: &str| {
+            s.create(&RESOURCE_SLICES, "", slice(name, "n1"), None, false)
+                .unwrap()["metadata"]["uid"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        let mut first = Store::new();
+        first.seed_uids(7);
+        let (a1, b1) = (uid(&mut first, "a"), uid(&mut first, "b"));
+        let mut again = Store::new();
+        again.seed_uids(7);
+        // Another object first, then the same two in the other order.
+        uid(&mut again, "other");
+        let (b2, a2) = (uid(&mut again, "b"), uid(&mut again, "a"));
+        assert_eq!((&a1, &b1), (&a2, &b2));
+        assert_ne!(a1, b1);
+        let mut other_seed = Store::new();
+        other_seed.seed_uids(8);
+        assert_ne!(uid(&mut other_seed, "a"), a1);
+        // Unseeded stores stay random: two of them disagree.
+        assert_ne!(uid(&mut Store::new(), "a"), uid(&mut Store::new(), "a"));
     }
 
     #[test]
