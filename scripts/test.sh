@@ -5,7 +5,8 @@
 # end-to-end scenarios again on containerd 2.x where it can run, then the VM
 # node (scripts/vm-node-tests.sh): the node demo and the scenarios of
 # tests/tests/vm_node.rs on a 2-socket, 2-NUMA-node, SMT, cgroup v2 guest, on
-# containerd 1.7 and 2.x.
+# containerd 1.7 and 2.x, and 20 power cuts of the power-cut storm
+# (scripts/power-cut-storm.sh) in a 2-vCPU guest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x scripts/install-deps.sh ]; then
@@ -38,7 +39,7 @@ check_demo_tables() {
 check_demo_tables "$demo_log" scripts/demo.sh
 scripts/check-chart.sh
 scripts/e2e-containerd2.sh
-if ! scripts/vm-node-tests.sh --demo 2>&1 | tee "$vm_log"; then
+if ! scripts/vm-node-tests.sh --demo --power-cuts 20 2>&1 | tee "$vm_log"; then
   echo "test: the VM node runs failed (scripts/vm-node-tests.sh)" >&2
   exit 1
 fi
