@@ -58,7 +58,8 @@ enum Attributes {
 
 /// The RBAC attributes of a request line, following the API server's
 /// request-info rules. An apply patch is also authorized as a create, because
-/// the server checks create permission when the apply creates the object.
+/// the server checks create permission when the apply creates the object;
+/// not on a subresource (`status`), which an apply cannot create.
 fn attributes(request: &RequestLine) -> Result<Attributes, String> {
     let (path, query) = request
         .path
@@ -76,10 +77,10 @@ fn attributes(request: &RequestLine) -> Result<Attributes, String> {
             rest = inner;
         }
     }
-    let (resource, name) = match rest {
-        [resource] => (resource.to_string(), false),
-        [resource, _name] => (resource.to_string(), true),
-        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+    let (resource, name, subresource) = match rest {
+        [resource] => (resource.to_string(), false, false),
+        [resource, _name] => (resource.to_string(), true, false),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true, true),
         _ => return Err(format!("unexpected path {path}")),
     };
     let watch = query
@@ -91,6 +92,7 @@ fn attributes(request: &RequestLine) -> Result<Attributes, String> {
         ("GET", false, false) => &["list"],
         ("POST", false, _) => &["create"],
         ("PUT", true, _) => &["update"],
+        ("PATCH", true, _) if subresource => &["patch"],
         ("PATCH", true, _) => &["patch", "create"],
         ("DELETE", true, _) => &["delete"],
         ("DELETE", false, _) => &["deletecollection"],
@@ -336,6 +338,14 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
             .filter_map(|s| s.metadata.name)
             .collect();
         !names.contains(&stale) && names.contains(&slice_name(NODE, DRIVER, 0))
+    })
+    .await;
+    eventually("the claim's device status is written and cleared", || {
+        api.requests()[before..]
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path.contains("/resourceclaims/cpus/status"))
+            .count()
+            >= 2
     })
     .await;
     eventually("the daemon watches its slices", || {
