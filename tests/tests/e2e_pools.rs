@@ -7,8 +7,8 @@
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{log_messages_with, PodIdentity, PreparedClaim, RunningPod};
-use e2e_common::{claim_env, node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::node::{log_messages_with, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
+use e2e_common::{claim_env, node, node_with_mixed_mode, shared_pod, Must};
 
 /// Scheduler and kubelet for a pod whose one container `app` names a fresh
 /// claim of one CPU and requests `request_milli`.
@@ -141,7 +141,14 @@ async fn mixed_mode_off_keeps_a_cpu_requesting_claim_container_exclusive() {
 
 #[tokio::test]
 async fn a_later_claim_shrinks_shared_and_mixed_containers_and_its_unprepare_grows_them() {
-    let mut node = node_with_mixed_mode(true).await;
+    // On a two-CPU machine the second claim takes the last shared CPU: the
+    // shared pool's floor is off here (e2e_refusals tests it).
+    let mut node = node(NodeOptions {
+        mixed_allocation_mode: true,
+        min_shared_cpus: Some(0),
+        ..Default::default()
+    })
+    .await;
     let all = node.allocatable().must("online CPUs");
     // A shared container needs a CPU left for it after both claims; on a
     // two-CPU machine only the mixed container can be watched shrinking.

@@ -327,6 +327,15 @@ async fn a_prepared_claims_status_names_its_cpus_and_is_cleared_at_unprepare() {
     assert_eq!(entry["data"]["numaNodes"], serde_json::json!(numa));
     assert_eq!(entry["conditions"][0]["type"], "Ready");
     assert_eq!(entry["conditions"][0]["status"], "True");
+    let stored = node.api().claim("default", "pod-s-cpu").must("the claim");
+    assert!(
+        stored
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_some(),
+        "the status write keeps the scheduler's allocation"
+    );
     // What dra-plugin sent is a valid ResourceClaim of 1.37.
     let sent: Vec<Value> = node
         .api()

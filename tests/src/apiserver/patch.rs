@@ -99,6 +99,70 @@ pub fn apply_main(
 
 /// The top-level fields a manager sets in an applied configuration, for
 /// remembering ownership (what `managedFields` records).
+/// The key server-side apply gives an entry of a ResourceClaim's
+/// `status.devices` (a list-map keyed by driver, pool, device and, where
+/// set, shareID): `k:{"device":..,"driver":..,"pool":..}`.
+pub fn device_status_key(entry: &Value) -> String {
+    let mut key = std::collections::BTreeMap::new();
+    for field in ["driver", "pool", "device", "shareID"] {
+        if let Some(v) = entry.get(field) {
+            key.insert(field, v.clone());
+        }
+    }
+    format!("k:{}", serde_json::to_string(&key).unwrap_or_default())
+}
+
+/// Server-side apply of a status by one manager: every top-level status
+/// field the configuration names replaces the stored one and the others
+/// stay (the fields other managers own, such as a claim's `allocation` and
+/// `reservedFor`), except `devices`, a list-map: the entries this manager
+/// applied before (`owned_devices`, their keys) and no longer names are
+/// removed, the ones it names are set, other managers' entries stay.
+pub fn apply_status(existing: &Value, applied: &Value, owned_devices: &[String]) -> Value {
+    let mut merged = existing.clone();
+    let Some(applied_status) = applied.get("status").and_then(Value::as_object) else {
+        return merged;
+    };
+    let Some(object) = merged.as_object_mut() else {
+        return merged;
+    };
+    let status = object
+        .entry("status")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !status.is_object() {
+        *status = Value::Object(Map::new());
+    }
+    let Some(status) = status.as_object_mut() else {
+        return merged;
+    };
+    for (field, value) in applied_status {
+        if field != "devices" {
+            status.insert(field.clone(), value.clone());
+            continue;
+        }
+        let named: Vec<Value> = value.as_array().cloned().unwrap_or_default();
+        let named_keys: Vec<String> = named.iter().map(device_status_key).collect();
+        let mut devices: Vec<Value> = status
+            .get("devices")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| {
+                let key = device_status_key(d);
+                !named_keys.contains(&key) && !owned_devices.contains(&key)
+            })
+            .collect();
+        devices.extend(named);
+        if devices.is_empty() {
+            status.remove("devices");
+        } else {
+            status.insert("devices".to_string(), Value::Array(devices));
+        }
+    }
+    merged
+}
+
 pub fn applied_top_level_fields(applied: &Value) -> Vec<String> {
     applied
         .as_object()
@@ -124,6 +188,59 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn a_status_apply_keeps_what_it_does_not_name_and_drops_what_it_owned() {
+        let entry = |device: &str, cpus: &str| json!({"driver": "dra.cpu", "pool": "n", "device": device, "data": {"cpus": cpus}});
+        let other = json!({"driver": "gpu.example", "pool": "n", "device": "gpu0"});
+        let existing = json!({"status": {
+            "allocation": {"devices": {"results": [1]}},
+            "reservedFor": [{"name": "pod"}],
+            "devices": [other.clone(), entry("d0", "1")],
+        }});
+        let owned = vec![device_status_key(&entry("d0", "1"))];
+        // This manager now names d1 only: d0 (its own) goes, the other
+        // driver's entry and the allocation stay.
+        let merged = apply_status(
+            &existing,
+            &json!({"status": {"devices": [entry("d1", "2")]}}),
+            &owned,
+        );
+        assert_eq!(
+            merged["status"]["allocation"],
+            existing["status"]["allocation"]
+        );
+        assert_eq!(
+            merged["status"]["reservedFor"],
+            existing["status"]["reservedFor"]
+        );
+        assert_eq!(
+            merged["status"]["devices"],
+            json!([other.clone(), entry("d1", "2")])
+        );
+        // An entry it names again is replaced, not doubled.
+        let again = apply_status(
+            &merged,
+            &json!({"status": {"devices": [entry("d1", "3")]}}),
+            &[],
+        );
+        assert_eq!(
+            again["status"]["devices"],
+            json!([other.clone(), entry("d1", "3")])
+        );
+        // An empty list clears its entries only.
+        let cleared = apply_status(
+            &again,
+            &json!({"status": {"devices": []}}),
+            &[device_status_key(&entry("d1", "3"))],
+        );
+        assert_eq!(cleared["status"]["devices"], json!([other]));
+        let none = apply_status(&existing, &json!({"status": {"devices": []}}), &owned);
+        assert_eq!(
+            none["status"]["devices"],
+            json!([json!({"driver": "gpu.example", "pool": "n", "device": "gpu0"})])
+        );
+    }
 
     #[test]
     fn merge_patch_rfc7386_examples() {

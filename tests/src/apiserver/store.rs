@@ -937,11 +937,12 @@ impl Store {
                 &owned("f:metadata/f:annotations"),
             ),
             Subresource::Status => {
-                let mut m = existing.clone();
-                if let (Some(obj), Some(status)) = (m.as_object_mut(), applied.get("status")) {
-                    obj.insert("status".to_string(), status.clone());
-                }
-                m
+                let owned_devices: Vec<String> = mine
+                    .and_then(|e| e.pointer("/fieldsV1/f:status/f:devices"))
+                    .and_then(Value::as_object)
+                    .map(|m| m.keys().cloned().collect())
+                    .unwrap_or_default();
+                patch::apply_status(&existing, &applied, &owned_devices)
             }
         };
         if !force {
@@ -966,6 +967,9 @@ impl Store {
         }
         let mut merged = merged;
         record_apply_ownership(&mut merged, &applied, field_manager, &rt.api_version())?;
+        if subresource == Subresource::Status {
+            record_status_devices(&mut merged, &applied, field_manager);
+        }
         let k = key(rt, namespace, name);
         self.commit_update(rt, k, existing, merged, None, dry_run)
     }
@@ -1039,6 +1043,39 @@ fn managed_entry(manager: &str, operation: &str, api_version: &str) -> Value {
 
 /// Records in `managedFields` which fields `manager` applied, in the FieldsV1
 /// shape (`f:spec`, `f:metadata: {f:labels: {f:key}}`), coarse at the top level.
+/// The `status.devices` entries a manager's apply named, kept in its
+/// managedFields entry as the API server keeps them
+/// (`f:status: {f:devices: {k:{...}: {}}}`), so that its next apply removes
+/// the ones it no longer names.
+fn record_status_devices(object: &mut Value, applied: &Value, manager: &str) {
+    let keys: Map<String, Value> = applied
+        .pointer("/status/devices")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|d| (patch::device_status_key(d), json!({})))
+                .collect()
+        })
+        .unwrap_or_default();
+    let Some(entries) = object
+        .pointer_mut("/metadata/managedFields")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for entry in entries.iter_mut().filter(|e| {
+        e.get("manager").and_then(Value::as_str) == Some(manager)
+            && e.get("operation").and_then(Value::as_str) == Some("Apply")
+    }) {
+        if let Some(fields) = entry.get_mut("fieldsV1").and_then(Value::as_object_mut) {
+            fields.insert(
+                "f:status".to_string(),
+                json!({"f:devices": Value::Object(keys.clone())}),
+            );
+        }
+    }
+}
+
 fn record_apply_ownership(
     object: &mut Value,
     applied: &Value,
