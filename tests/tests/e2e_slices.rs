@@ -254,7 +254,11 @@ async fn on_134_a_restarted_dra_plugin_reapplies_nothing_and_keeps_its_claims() 
         node.api()
             .received()
             .iter()
-            .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
+            .filter(|r| {
+                r.method == "PATCH"
+                    && r.path.contains("/resourceslices")
+                    && !r.path.contains("dryRun")
+            })
             .count()
     };
     let written = writes(&node);
