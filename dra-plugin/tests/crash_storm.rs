@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{pod_uid, Node, DRIVER, WAIT};
+use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::DeviceMode;
@@ -160,13 +160,6 @@ async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
     }
 }
 
-/// The running daemon's state through its coordination socket.
-async fn snapshot(node: &Node) -> StateReport {
-    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
-        .await
-        .expect("snapshot from the coordination socket")
-}
-
 /// The invariants after a restart, against what acknowledged calls said.
 fn check_state(node: &Node, claims: &[Claim], known: &[Known], report: &StateReport, when: &str) {
     let stored: BTreeMap<String, CpuSet> = report
@@ -236,28 +229,6 @@ fn check_state(node: &Node, claims: &[Claim], known: &[Known], report: &StateRep
             }
         }
     }
-}
-
-async fn prepare_one(kubelet: &KubeletDra, node: &Node, claim: &Claim) -> Option<CpuSet> {
-    let answers = kubelet.prepare(std::slice::from_ref(claim)).await.ok()?;
-    let outcome = answers.get(&claim.uid).expect("an answer for every claim");
-    assert_eq!(outcome.error, "", "prepare of {} refused", claim.name);
-    assert_eq!(outcome.devices.len(), 1, "{outcome:?}");
-    Some(
-        node.cdi_cpus(&claim.uid)
-            .expect("a CDI spec after an acknowledged prepare"),
-    )
-}
-
-async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
-    let answers = kubelet.unprepare(std::slice::from_ref(claim)).await.ok()?;
-    assert_eq!(
-        answers.get(&claim.uid).map(String::as_str),
-        Some(""),
-        "unprepare of {}",
-        claim.name
-    );
-    Some(())
 }
 
 /// Repeat every interrupted call, as kubelet does, and check it converges:

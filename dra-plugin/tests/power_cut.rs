@@ -40,7 +40,7 @@
 
 mod common;
 
-use common::{pod_uid, Node, DRIVER, WAIT};
+use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::DeviceMode;
@@ -380,12 +380,6 @@ async fn spawn(node: &Node) -> Result<Daemon, String> {
     }
 }
 
-async fn snapshot(node: &Node) -> StateReport {
-    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
-        .await
-        .expect("snapshot from the coordination socket")
-}
-
 fn stored_of(report: &StateReport) -> BTreeMap<String, CpuSet> {
     report
         .claims
@@ -407,27 +401,6 @@ fn cdi_of(node: &Node) -> BTreeMap<String, Option<CpuSet>> {
             (uid, cpus)
         })
         .collect()
-}
-
-async fn prepare_one(kubelet: &KubeletDra, node: &Node, claim: &Claim) -> Option<CpuSet> {
-    let answers = kubelet.prepare(std::slice::from_ref(claim)).await.ok()?;
-    let outcome = answers.get(&claim.uid).expect("an answer for every claim");
-    assert_eq!(outcome.error, "", "prepare of {} refused", claim.name);
-    Some(
-        node.cdi_cpus(&claim.uid)
-            .expect("a CDI spec after an acknowledged prepare"),
-    )
-}
-
-async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
-    let answers = kubelet.unprepare(std::slice::from_ref(claim)).await.ok()?;
-    assert_eq!(
-        answers.get(&claim.uid).map(String::as_str),
-        Some(""),
-        "unprepare of {}",
-        claim.name
-    );
-    Some(())
 }
 
 /// One worker's calls until the cut; every call is logged as sent before

@@ -243,3 +243,37 @@ pub fn cpus_of(node: &Node, claim: &Claim) -> CpuSet {
     node.cdi_cpus(&claim.uid)
         .unwrap_or_else(|| panic!("no CDI spec for claim {}", claim.uid))
 }
+
+/// The running daemon's state through its coordination socket.
+pub async fn snapshot(node: &Node) -> dra_plugin::inspect_state::StateReport {
+    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
+        .await
+        .expect("snapshot from the coordination socket")
+}
+
+/// Kubelet's NodePrepareResources for one claim: `None` when the call did
+/// not get through (the daemon died), else the CPUs of its CDI spec; a
+/// refusal fails the test.
+pub async fn prepare_one(kubelet: &KubeletDra, node: &Node, claim: &Claim) -> Option<CpuSet> {
+    let answers = kubelet.prepare(std::slice::from_ref(claim)).await.ok()?;
+    let outcome = answers.get(&claim.uid).expect("an answer for every claim");
+    assert_eq!(outcome.error, "", "prepare of {} refused", claim.name);
+    assert_eq!(outcome.devices.len(), 1, "{outcome:?}");
+    Some(
+        node.cdi_cpus(&claim.uid)
+            .expect("a CDI spec after an acknowledged prepare"),
+    )
+}
+
+/// Kubelet's NodeUnprepareResources for one claim: `None` when the call did
+/// not get through; a refusal fails the test.
+pub async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
+    let answers = kubelet.unprepare(std::slice::from_ref(claim)).await.ok()?;
+    assert_eq!(
+        answers.get(&claim.uid).map(String::as_str),
+        Some(""),
+        "unprepare of {}",
+        claim.name
+    );
+    Some(())
+}
