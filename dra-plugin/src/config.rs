@@ -9,6 +9,7 @@
 /// The device options are the slice builder's own types, so that a mode
 /// read from flags is exactly the one the slices are built for.
 pub use crate::slices::{CpuDeviceMode, DeviceMode, GroupBy};
+use crate::k8s_names::is_driver_name;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use shared_state::alloc::Policy;
@@ -239,7 +240,7 @@ impl Settings {
         let driver_name = self
             .driver_name
             .unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_string());
-        if !is_dns_subdomain(&driver_name) {
+        if !is_driver_name(&driver_name) {
             return Err(ConfigError::BadDriverName(driver_name));
         }
         let node_name = self
@@ -314,19 +315,6 @@ impl Config {
     pub fn store_dir(&self) -> PathBuf {
         self.state_dir.join(STORE_DIR_NAME)
     }
-}
-
-/// A Kubernetes DNS-1123 subdomain short enough to appear in socket names.
-fn is_dns_subdomain(name: &str) -> bool {
-    let label_ok = |label: &str| {
-        !label.is_empty()
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !label.starts_with('-')
-            && !label.ends_with('-')
-    };
-    !name.is_empty() && name.len() <= 63 && name.split('.').all(label_ok)
 }
 
 #[cfg(test)]
@@ -548,25 +536,6 @@ log-format: json
             nobody.resolve(Some("n".into())),
             Err(ConfigError::NoAllowedUids)
         ));
-    }
-
-    #[test]
-    fn dns_subdomain_table() {
-        let cases = [
-            ("dra.cpu", true),
-            ("a", true),
-            ("cpu-1.example.com", true),
-            ("", false),
-            ("Dra.cpu", false),
-            ("dra..cpu", false),
-            ("-dra", false),
-            ("dra_cpu", false),
-            ("dra/cpu", false),
-        ];
-        for (name, want) in cases {
-            assert_eq!(is_dns_subdomain(name), want, "{name:?}");
-        }
-        assert!(!is_dns_subdomain(&"a".repeat(64)));
     }
 
     proptest! {

@@ -16,6 +16,7 @@
 //!   named after the node, split over as many slices as needed.
 
 use anyhow::Context;
+use crate::k8s_names::{is_dns_subdomain, is_driver_name};
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceCapacity, NodeAllocatableMapping, NodeAllocatableResource,
@@ -409,22 +410,6 @@ pub fn build_devices(
         .collect()
 }
 
-/// A part of a DNS-1123 subdomain between dots, as the API server's
-/// `IsDNS1123Subdomain` matches it: its pattern puts no length on a part
-/// (only on the whole name), so neither does this.
-fn is_dns_part(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// `IsDNS1123Subdomain` of apimachinery: node and object names.
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_part)
-}
-
 /// The driver name as it appears in slice names: already a DNS subdomain
 /// once validated, but anything else is folded to `-` so a name never fails
 /// on a character.
@@ -502,7 +487,7 @@ pub fn build_slices(
     if !is_dns_subdomain(node) {
         return Err(SliceError::InvalidNodeName(node.to_string()));
     }
-    if driver.len() > 63 || !is_dns_subdomain(driver) {
+    if !is_driver_name(driver) {
         return Err(SliceError::InvalidDriverName(driver.to_string()));
     }
     let mut chunks: Vec<Vec<Device>> = Vec::new();
