@@ -65,6 +65,37 @@ export DRA_PLUGIN_BIN="$target_dir/debug/dra-plugin" NRI_PLUGIN_BIN="$target_dir
 # The guest's console is a terminal: no colour codes in the logs.
 scenarios=("$test_bin" --ignored --test-threads=1 --nocapture --color=never "$@")
 
+# The guest has no Python for kubernetes-validate: the e2e tests leave the
+# objects they would validate under this shared directory (see
+# tests/src/apiserver/schema.rs), and the host validates them after the run.
+schema_dir="$target_dir/vm-schema-checks"
+schema_env=(--env "DRA_CPU_DEFER_SCHEMA_CHECKS=$schema_dir")
+fresh_schema_dir() { rm -rf "$schema_dir" && mkdir -p "$schema_dir"; }
+# Validates every deferred batch; adds "$1" to the failures when one fails.
+check_deferred_schemas() {
+  local what="$1" batch version flag out bad=0 count=0
+  for batch in "$schema_dir"/*/; do
+    [ -f "$batch/versions" ] || continue
+    count=$((count + 1))
+    flag=()
+    [ "$(cat "$batch/strict")" = true ] && flag=(--strict)
+    while read -r version; do
+      [ -n "$version" ] || continue
+      if ! out="$(kubernetes-validate -k "$version" --quiet "${flag[@]}" "$batch"/*.json 2>&1)" ||
+        grep -q '^WARN' <<<"$out"; then
+        echo "vm-node-tests: schema check of $batch against $version failed:" >&2
+        echo "$out" >&2
+        bad=1
+      fi
+    done <"$batch/versions"
+  done
+  echo "vm-node-tests: $what: $count deferred schema checks validated on the host"
+  # The e2e tests validate what they send; none deferred means the guest
+  # validated nothing.
+  [ "$count" -gt 0 ] || { echo "vm-node-tests: $what deferred no schema check" >&2; bad=1; }
+  [ "$bad" -eq 0 ] || failed+=("schema checks of $what")
+}
+
 failed=()
 run() {
   local what="$1" started
@@ -85,7 +116,9 @@ if [ "$runtimes" != 2 ]; then
   fi
   run "scenarios, containerd 1.7" -- "${scenarios[@]}"
   if [ "$e2e" -eq 1 ]; then
-    run "end-to-end tests, containerd 1.7" -- "${e2e_command[@]}"
+    fresh_schema_dir
+    run "end-to-end tests, containerd 1.7" "${schema_env[@]}" -- "${e2e_command[@]}"
+    check_deferred_schemas "end-to-end tests, containerd 1.7"
   fi
 fi
 if [ "$runtimes" != 1.7 ]; then
@@ -99,8 +132,10 @@ if [ "$runtimes" != 1.7 ]; then
     run "scenarios, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
       scripts/containerd2.sh run "$bin" "${scenarios[@]}"
     if [ "$e2e" -eq 1 ]; then
-      run "end-to-end tests, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
+      fresh_schema_dir
+      run "end-to-end tests, containerd 2.x" "${schema_env[@]}" --share "$(dirname "$(dirname "$bin")")" -- \
         scripts/containerd2.sh run "$bin" "${e2e_command[@]}"
+      check_deferred_schemas "end-to-end tests, containerd 2.x"
     fi
   fi
 fi
