@@ -61,6 +61,11 @@ for mode in "${modes[@]}"; do
     { cat "$out/install-$mode.log" >&2; fail "helm install --dry-run ($mode)"; }
   grep -q '^NOTES:' "$out/install-$mode.log" || fail "helm install --dry-run ($mode) printed no notes"
 done
+# The runtime setting of nri.requiredByRuntime is printed with the plugin's name.
+grep -qF 'required_plugins = ["cpu_pinning"]' "$out/install-everything-set.log" ||
+  fail "NOTES.txt (everything-set) does not print the containerd required_plugins setting"
+grep -qF 'run unpinned until it registers' "$out/install-default.log" ||
+  fail "NOTES.txt (default) does not say what happens without the runtime setting"
 echo "check-chart: lint, render and schema validation (Kubernetes ${schema_versions[*]}) passed for modes: ${modes[*]}"
 
 # --- what the modes render -------------------------------------------------------
@@ -148,6 +153,10 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
     }.get(mode, {})
     for key, value in expect.items():
         check(mode, dra.get(key) == value, f"dra-plugin.yaml {key} = {dra.get(key)!r}, want {value!r}")
+    annotations = one(docs, "DaemonSet")["spec"]["template"]["metadata"].get("annotations", {})
+    tolerating = {k: v for k, v in annotations.items() if "tolerate-missing-nri-plugins" in k}
+    want = {"example.com/tolerate-missing-nri-plugins": "true"} if mode == "everything-set" else {}
+    check(mode, tolerating == want, f"NRI toleration annotations {tolerating}, want {want}")
     if mode == "default":
         check(mode, spec.get("priorityClassName") == "system-node-critical", "not system-node-critical")
         check(mode, {"operator": "Exists"} in spec.get("tolerations", []), "does not tolerate every taint")
@@ -203,6 +212,7 @@ bad_values=(
   "nri.pluginIndex=100|/nri/pluginIndex"
   "nri.pluginName=dra-cpu|/nri/pluginName"
   "nri.unsolicitedUpdates=sometimes|/nri/unsolicitedUpdates"
+  "nri.requiredByRuntime.tolerationAnnotation=not a key|/nri/requiredByRuntime/tolerationAnnotation"
   "stateDir=var/lib/dra-cpu|/stateDir"
   "image.digest=latest|/image/digest"
   "nri.metricsPort=9440|the ports must differ"

@@ -166,6 +166,19 @@ pub struct CreateDecision {
     pub claims: Vec<String>,
 }
 
+/// The decision for a container whose resources the runtime is updating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateDecision {
+    /// The container's kind before and after; `None` for a container the
+    /// view does not know (it is left as the runtime has it).
+    pub kinds: Option<(ContainerKind, ContainerKind)>,
+    /// New `cpuset.mems` for the container itself (`--align-memory`, when
+    /// its kind changed).
+    pub mems: Option<CpuSet>,
+    /// Cpusets to apply, the container's own included, sorted by id.
+    pub updates: Vec<Update>,
+}
+
 /// The outcome of a Synchronize.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncOutcome {
@@ -440,10 +453,17 @@ impl NodeView {
         self.pool.remove_container(container_id);
     }
 
-    /// The runtime is updating a container's resources (e.g. kubelet changed
-    /// its CPU request): re-classify it and return the updates, always
-    /// including the container's own cpuset so the update cannot unpin it.
-    pub fn update_container(&mut self, info: &ContainerInfo) -> Vec<Update> {
+    /// The runtime is updating a container's resources: kubelet resizing a
+    /// pod in place sends CRI `UpdateContainerResources` with the new CPU
+    /// request as `cpu.shares`, which the runtime passes to NRI
+    /// `UpdateContainer`. The container is re-classified at once (a claim
+    /// container gaining a request in mixed mode becomes mixed, one losing it
+    /// becomes exclusive; a shared container stays shared), so later pool
+    /// changes follow its new kind. The updates always include the
+    /// container's own cpuset: the runtime merges it over the CRI request,
+    /// so a cpuset in that request (or none) cannot unpin the container.
+    pub fn update_container(&mut self, info: &ContainerInfo) -> UpdateDecision {
+        let mut kinds = None;
         if let Some(entry) = self.pool.container(&info.id).cloned() {
             let refs: Vec<ClaimRef> = entry
                 .claims
@@ -455,21 +475,40 @@ impl NodeView {
                 })
                 .collect();
             let shares = info.cpu_shares.or(entry.cpu_shares);
-            if let Err(err) = self
+            match self
                 .pool
                 .place(&info.id, &entry.pod_uid, &entry.name, &refs, shares)
             {
-                tracing::warn!(container = %info.id, error = %err, "keeping the container's placement");
+                Ok(placed) => kinds = Some((entry.kind, placed.kind)),
+                Err(err) => {
+                    tracing::warn!(container = %info.id, error = %err, "keeping the container's placement");
+                    kinds = Some((entry.kind, entry.kind));
+                }
             }
         }
         let mut updates = self.pool.plan_updates();
-        if !updates.iter().any(|(id, _)| id == &info.id) {
-            if let Some(own) = self.pool.planned_cpuset(&info.id) {
-                updates.push((info.id.clone(), own));
+        let own = self.pool.planned_cpuset(&info.id);
+        if let Some(own) = &own {
+            if !updates.iter().any(|(id, _)| id == &info.id) {
+                updates.push((info.id.clone(), own.clone()));
                 updates.sort_by(|a, b| a.0.cmp(&b.0));
             }
         }
-        updates
+        // A kind change moves the container's memory with its CPUs, as at
+        // creation: the NUMA nodes of every CPU it now runs on.
+        let mems = match (kinds, &self.numa, &own) {
+            (Some((before, after)), Some(numa), Some(own))
+                if before != after && after != ContainerKind::Shared =>
+            {
+                numa.nodes_of(own)
+            }
+            _ => None,
+        };
+        UpdateDecision {
+            kinds,
+            mems,
+            updates,
+        }
     }
 
     /// Rebuild the container view from the runtime's list and return the
@@ -1026,19 +1065,175 @@ mod tests {
 
     #[test]
     fn update_container_reclassifies_and_repins_itself() {
+        use ContainerKind::{Exclusive, Mixed, Shared};
+        // (mixed mode, has a claim, shares at creation, shares updated to,
+        //  kinds before and after, the container's own cpuset after).
+        // Allocatable 1-7 (0 reserved), the claim holds 2-3: pool 1,4-7.
+        type Case = (
+            bool,
+            bool,
+            Option<u64>,
+            Option<u64>,
+            (ContainerKind, ContainerKind),
+            &'static str,
+        );
+        let cases: [Case; 9] = [
+            (true, true, Some(2), Some(512), (Exclusive, Mixed), "1-7"),
+            (true, true, None, Some(3), (Exclusive, Mixed), "1-7"),
+            (true, true, Some(512), Some(2), (Mixed, Exclusive), "2-3"),
+            (true, true, Some(512), Some(1024), (Mixed, Mixed), "1-7"),
+            (true, true, Some(2), Some(2), (Exclusive, Exclusive), "2-3"),
+            // Mode off: a request never makes a claim container mixed.
+            (
+                false,
+                true,
+                Some(2),
+                Some(512),
+                (Exclusive, Exclusive),
+                "2-3",
+            ),
+            // A shared container keeps the shared pool whatever it requests.
+            (true, false, Some(512), Some(2), (Shared, Shared), "1,4-7"),
+            (true, false, Some(2), Some(512), (Shared, Shared), "1,4-7"),
+            (false, false, None, Some(100), (Shared, Shared), "1,4-7"),
+        ];
+        for (i, (mixed, has_claim, at_create, to, kinds, own)) in cases.into_iter().enumerate() {
+            let mut v = view(mixed);
+            v.apply_prepared(1, claim(CLAIM_1, "2-3", POD_A))
+                .expect("claim");
+            let claim_env = env(CLAIM_1, "2-3");
+            let envs: Vec<&str> = if has_claim { vec![&claim_env] } else { vec![] };
+            let mut info = container("c", POD_A, &envs, at_create);
+            let created = v.create(&info).expect("created");
+            v.mark_applied(&[("c".to_string(), created.cpuset)]);
+            info.cpu_shares = to;
+            let decision = v.update_container(&info);
+            assert_eq!(decision.kinds, Some(kinds), "case {i}");
+            assert_eq!(decision.updates, updates(&[("c", own)]), "case {i}");
+            assert_eq!(
+                v.pool().container("c").map(|e| e.kind),
+                Some(kinds.1),
+                "case {i}"
+            );
+            v.mark_applied(&decision.updates);
+            // Unchanged: still re-pins itself, so the update cannot unpin it.
+            let again = v.update_container(&info);
+            assert_eq!(again.kinds, Some((kinds.1, kinds.1)), "case {i}");
+            assert_eq!(again.updates, updates(&[("c", own)]), "case {i}");
+        }
+        let unknown = view(true).update_container(&container("unknown", POD_A, &[], Some(512)));
+        assert_eq!((unknown.kinds, unknown.updates), (None, Vec::new()));
+    }
+
+    #[test]
+    fn an_update_without_shares_keeps_the_request_the_view_knows() {
         let mut v = view(true);
         v.apply_prepared(1, claim(CLAIM_1, "2-3", POD_A))
             .expect("claim");
-        let mut info = container("c", POD_A, &[&env(CLAIM_1, "2-3")], Some(2));
-        v.create(&info).expect("excl");
-        info.cpu_shares = Some(512);
-        assert_eq!(v.update_container(&info), updates(&[("c", "1-7")]));
-        v.mark_applied(&updates(&[("c", "1-7")]));
-        // Unchanged: still re-pins itself, so kubelet's update cannot unpin it.
-        assert_eq!(v.update_container(&info), updates(&[("c", "1-7")]));
-        assert!(v
-            .update_container(&container("unknown", POD_A, &[], None))
-            .is_empty());
+        let info = container("m", POD_A, &[&env(CLAIM_1, "2-3")], Some(512));
+        v.create(&info).expect("mixed");
+        let decision = v.update_container(&ContainerInfo {
+            cpu_shares: None,
+            ..info
+        });
+        assert_eq!(
+            decision.kinds,
+            Some((ContainerKind::Mixed, ContainerKind::Mixed))
+        );
+        assert_eq!(decision.updates, updates(&[("m", "1-7")]));
+    }
+
+    #[test]
+    fn later_pool_changes_follow_the_kind_a_resize_gave() {
+        // Two claim containers resized in opposite directions; a later claim
+        // shrinks the one that became mixed and leaves the one that became
+        // exclusive alone, and its unprepare grows only the mixed one back.
+        let mut v = view(true);
+        v.apply_prepared(1, claim(CLAIM_1, "2", POD_A))
+            .expect("claim 1");
+        v.apply_prepared(2, claim(CLAIM_2, "3", POD_B))
+            .expect("claim 2");
+        let mut to_mixed = container("m", POD_A, &[&env(CLAIM_1, "2")], Some(2));
+        let mut to_excl = container("x", POD_B, &[&env(CLAIM_2, "3")], Some(512));
+        let shared = container("s", POD_B, &[], Some(512));
+        for info in [&to_mixed, &to_excl, &shared] {
+            let d = v.create(info).expect("created");
+            v.mark_applied(&[(info.id.clone(), d.cpuset)]);
+            v.mark_applied(&d.updates);
+        }
+        to_mixed.cpu_shares = Some(256);
+        to_excl.cpu_shares = Some(2);
+        for info in [&to_mixed, &to_excl] {
+            let d = v.update_container(info);
+            v.mark_applied(&d.updates);
+        }
+        assert_eq!(
+            v.pool().container("m").map(|e| e.kind),
+            Some(ContainerKind::Mixed)
+        );
+        assert_eq!(
+            v.pool().container("x").map(|e| e.kind),
+            Some(ContainerKind::Exclusive)
+        );
+
+        let later = "c3c3c3c3-0000-4000-8000-000000000003";
+        let shrink = v
+            .apply_prepared(3, claim(later, "7", POD_B))
+            .expect("later claim");
+        assert_eq!(shrink, updates(&[("m", "1-2,4-6"), ("s", "1,4-6")]));
+        v.mark_applied(&shrink);
+        let grow = v.apply_unprepared(4, later).expect("unprepare");
+        assert_eq!(grow, updates(&[("m", "1-2,4-7"), ("s", "1,4-7")]));
+    }
+
+    #[test]
+    fn a_kind_change_moves_memory_with_the_cpus_under_align_memory() {
+        use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+        let topo = build(&Shape {
+            sockets: 2,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 1,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        });
+        let mut v = NodeView::new(
+            set("0-7"),
+            set(""),
+            true,
+            Some(NumaMap::from_topology(&topo)),
+        );
+        v.apply_prepared(1, claim(CLAIM_1, "6", POD_A))
+            .expect("claim");
+        let mut info = container("c", POD_A, &[&env(CLAIM_1, "6")], None);
+        let created = v.create(&info).expect("exclusive");
+        assert_eq!(created.mems, Some(set("1")));
+        v.mark_applied(&[("c".to_string(), created.cpuset)]);
+        // (shares updated to, own cpuset, mems sent): only a kind change
+        // moves memory, to the nodes of every CPU the container now runs on.
+        let steps = [
+            (512, "0-7", Some(set("0-1"))),
+            (100, "0-7", None),
+            (2, "6", Some(set("1"))),
+            (2, "6", None),
+        ];
+        for (shares, own, mems) in steps {
+            info.cpu_shares = Some(shares);
+            let d = v.update_container(&info);
+            assert_eq!(d.updates, updates(&[("c", own)]), "shares {shares}");
+            assert_eq!(d.mems, mems, "shares {shares}");
+            v.mark_applied(&d.updates);
+        }
+        let shared = container("s", POD_A, &[], Some(2));
+        v.create(&shared).expect("shared");
+        let d = v.update_container(&ContainerInfo {
+            cpu_shares: Some(512),
+            ..shared
+        });
+        assert_eq!(
+            d.mems, None,
+            "a shared container's memory is never confined"
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use shared_state::{ClaimAssignment, CpuSet};
 use crate::config::UnsolicitedUpdates;
 use crate::handler::{
     admit_container, synchronize_containers, ClaimResolver, ContainerInfo, CreateDecision,
-    NodeView, ViewError,
+    NodeView, UpdateDecision, ViewError,
 };
 use crate::metrics::Metrics;
 use shared_state::NodeSnapshot;
@@ -222,6 +222,25 @@ pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
         .collect()
 }
 
+/// The UpdateContainer reply: the cpusets, with the updated container's
+/// memory nodes when its kind change moved them.
+pub fn update_reply(container_id: &str, decision: &UpdateDecision) -> Vec<ContainerUpdate> {
+    let mut reply = to_nri_updates(&decision.updates);
+    if let Some(mems) = &decision.mems {
+        for u in reply.iter_mut().filter(|u| u.container_id == container_id) {
+            if let Some(cpu) = u
+                .linux
+                .as_mut()
+                .and_then(|l| l.resources.as_mut())
+                .and_then(|r| r.cpu.as_mut())
+            {
+                cpu.mems = mems.to_cpulist();
+            }
+        }
+    }
+    reply
+}
+
 /// The CreateContainer reply of a decision.
 pub fn creation_reply(decision: &CreateDecision) -> ContainerCreation {
     let mut linux = LinuxContainerAdjustment::new();
@@ -247,6 +266,23 @@ fn cpus_of(resources: Option<&LinuxResources>) -> CpuSet {
         .and_then(|r| r.cpu.as_ref())
         .and_then(|c| CpuSet::parse_cpulist(&c.cpus).ok())
         .unwrap_or_default()
+}
+
+/// The container of an UpdateContainer with the CPU request it is being
+/// updated to. The runtime builds the request's resources from CRI
+/// `UpdateContainerResources`, where an unset `cpu_shares` is 0 (proto3) and
+/// means "leave as is" (containerd's `WithResources` skips it); so only a
+/// non-zero value is a new request. Without one, `cpu_shares` is `None` and
+/// the view keeps the request it last saw for the container.
+pub fn update_info(
+    pod: &PodSandbox,
+    container: &Container,
+    requested: Option<&LinuxResources>,
+) -> ContainerInfo {
+    ContainerInfo {
+        cpu_shares: shares_of(requested).filter(|s| *s > 0),
+        ..container_info(pod, container)
+    }
 }
 
 /// The plain data the handler needs from NRI's messages.
@@ -452,16 +488,23 @@ impl NriPlugin for DraCpuPlugin {
         resources: Option<LinuxResources>,
     ) -> Result<ContainerUpdates, PluginError> {
         let started = Instant::now();
-        let mut info = container_info(&pod, &container);
-        if let Some(shares) = shares_of(resources.as_ref()) {
-            info.cpu_shares = Some(shares);
+        let info = update_info(&pod, &container, resources.as_ref());
+        let decision = self.enforcer.view().update_container(&info);
+        self.send_in_reply(&decision.updates);
+        match decision.kinds {
+            Some((before, after)) if before != after => tracing::info!(
+                container = %info.id, name = %container.name, pod = %pod.name,
+                namespace = %pod.namespace, cpu_shares = ?info.cpu_shares,
+                from = %before, to = %after, updates = decision.updates.len(),
+                "container kind changed by a resource update"
+            ),
+            _ => {
+                tracing::debug!(container = %info.id, updates = decision.updates.len(), "container update")
+            }
         }
-        let updates = self.enforcer.view().update_container(&info);
-        self.send_in_reply(&updates);
-        tracing::debug!(container = %info.id, updates = updates.len(), "container update");
         self.finish("UpdateContainer", "ok", started);
         Ok(ContainerUpdates {
-            update: to_nri_updates(&updates),
+            update: update_reply(&info.id, &decision),
             evict: Vec::new(),
         })
     }
@@ -655,6 +698,94 @@ mod tests {
             text.contains("nri_plugin_container_updates_total{path=\"reply\"} 1"),
             "{text}"
         );
+    }
+
+    fn resources(shares: u64, cpus: &str) -> LinuxResources {
+        let mut cpu = api::LinuxCPU::new();
+        let mut value = api::OptionalUInt64::new();
+        value.value = shares;
+        cpu.shares = Some(value).into();
+        cpu.cpus = cpus.into();
+        let mut r = LinuxResources::new();
+        r.cpu = Some(cpu).into();
+        r
+    }
+
+    #[test]
+    fn update_container_answers_the_new_kinds_cpuset_over_the_requests() {
+        let metrics = Arc::new(Metrics::new());
+        let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
+        let enforcer = Arc::new(Enforcer::new(
+            view,
+            metrics,
+            NriUpdater::new(),
+            UnsolicitedUpdates::Never,
+        ));
+        let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+        let mut pod = PodSandbox::new();
+        pod.uid = "q".into();
+        let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+        run(enforcer.apply_prepared(1, claim(uid, "3", "q"))).expect("prepare");
+        let env = [format!("DRA_CPUSET_{uid}=3")];
+        let mut c = nri_container("c", &env);
+        let mut linux = api::LinuxContainer::new();
+        linux.resources = Some(resources(2, "")).into();
+        c.linux = Some(linux).into();
+        let created = run(plugin.create_container(pod.clone(), c.clone())).expect("created");
+        assert_eq!(
+            created.adjust.expect("adjust").linux.resources.cpu.cpus,
+            "3"
+        );
+        // (shares and cpuset in the CRI request, cpuset answered): a cpuset in
+        // the request never wins; shares 0 is "not in the request".
+        let steps = [
+            (512, "", "0-3"),
+            (0, "0-3", "0-3"),
+            (0, "", "0-3"),
+            (2, "0-3", "3"),
+            (0, "0-2", "3"),
+        ];
+        for (shares, requested, answered) in steps {
+            let reply = run(plugin.update_container(
+                pod.clone(),
+                c.clone(),
+                Some(resources(shares, requested)),
+            ))
+            .expect("update");
+            let own: Vec<String> = reply
+                .update
+                .iter()
+                .filter(|u| u.container_id == "c")
+                .map(|u| u.linux.resources.cpu.cpus.clone())
+                .collect();
+            assert_eq!(
+                own,
+                vec![answered.to_string()],
+                "shares {shares}, request {requested:?}"
+            );
+            assert!(reply.update.iter().all(|u| u.ignore_failure));
+        }
+    }
+
+    #[test]
+    fn update_reply_sets_mems_on_the_updated_container_only() {
+        let decision = UpdateDecision {
+            kinds: Some((ContainerKind::Exclusive, ContainerKind::Mixed)),
+            mems: Some(set("0-1")),
+            updates: vec![("a".into(), set("0-5")), ("c".into(), set("0-7"))],
+        };
+        let reply = update_reply("c", &decision);
+        let cpu = |i: usize| {
+            reply[i]
+                .linux
+                .resources
+                .cpu
+                .clone()
+                .into_option()
+                .expect("cpu")
+        };
+        assert_eq!((cpu(0).cpus.as_str(), cpu(0).mems.as_str()), ("0-5", ""));
+        assert_eq!((cpu(1).cpus.as_str(), cpu(1).mems.as_str()), ("0-7", "0-1"));
     }
 
     #[test]

@@ -134,6 +134,19 @@ pub fn kubelet_cpu_resources(
     }
 }
 
+/// What kubelet sends in CRI `UpdateContainerResources` when it resizes a
+/// running container in place (`kuberuntime`'s `updateContainerResources`
+/// calls `generateContainerResources`, the same `calculateLinuxResources` as
+/// at creation): the new shares, quota and period, and no cpuset. (Only the
+/// static CPU manager's reconcile sends `cpuset_cpus`, in an update of its
+/// own.)
+pub fn kubelet_resize_resources(
+    request_milli: Option<i64>,
+    limit_milli: Option<i64>,
+) -> cri::LinuxContainerResources {
+    kubelet_cpu_resources(request_milli, limit_milli)
+}
+
 /// A fresh UID in the kernel's UUID format, as the API server gives pods and
 /// claims.
 pub fn new_uid() -> String {
@@ -610,6 +623,18 @@ impl CriClient {
         Ok(())
     }
 
+    /// Kubelet's in-place resize of container `id` to a new CPU request and
+    /// limit (see [`kubelet_resize_resources`]).
+    pub async fn resize_container(
+        &mut self,
+        id: &str,
+        request_milli: Option<i64>,
+        limit_milli: Option<i64>,
+    ) -> Result<(), CriError> {
+        self.update_container_resources(id, kubelet_resize_resources(request_milli, limit_milli))
+            .await
+    }
+
     /// Containers, optionally only those of one pod sandbox.
     pub async fn list_containers(
         &mut self,
@@ -703,6 +728,26 @@ mod tests {
         ];
         for (milli, shares) in table {
             assert_eq!(milli_cpu_to_shares(milli), shares, "milli {milli}");
+        }
+    }
+
+    #[test]
+    fn a_resize_sends_the_new_cpu_fields_and_no_cpuset() {
+        // (request, limit, shares, quota) as kubelet computes them.
+        let table = [
+            (None, None, 2, 0),
+            (Some(500), None, 512, 0),
+            (Some(500), Some(1000), 512, 100_000),
+            (None, Some(250), 256, 25_000),
+        ];
+        for (request, limit, shares, quota) in table {
+            let r = kubelet_resize_resources(request, limit);
+            assert_eq!(
+                (r.cpu_shares, r.cpu_quota, r.cpu_period),
+                (shares, quota, QUOTA_PERIOD),
+                "{request:?} {limit:?}"
+            );
+            assert_eq!((r.cpuset_cpus.as_str(), r.cpuset_mems.as_str()), ("", ""));
         }
     }
 

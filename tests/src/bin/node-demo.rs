@@ -1,7 +1,8 @@
 //! The node demo: one private node (containerd with NRI, the fake API
 //! server, dra-plugin and nri-plugin as their own processes), three pods as
-//! a scheduler and kubelet would run them, and a table of every container's
-//! cpuset after each step, read from its cgroup and from inside it.
+//! a scheduler and kubelet would run them, one more started while
+//! nri-plugin is away, and a table of every container's cpuset after each
+//! step, read from its cgroup and from inside it.
 //!
 //! Run it through `scripts/demo.sh` (installs what it needs and builds
 //! first); it needs root, like containerd.
@@ -248,6 +249,41 @@ async fn run() -> anyhow::Result<()> {
         ],
     )
     .await?;
+
+    // The runtime-restart window: containerd before 2.2 has no NRI validator
+    // to make it wait for this plugin (`required_plugins`, docs/install.md),
+    // so a container created while nri-plugin is away starts as the runtime
+    // makes it, and nri-plugin repins it at Synchronize when it is back.
+    demo.node.kill_nri_plugin();
+    let away = PodIdentity::new("while-away");
+    let away_pod = demo
+        .node
+        .start_pod(
+            &away,
+            &[ContainerSpec::sleeper("app").with_cpu(Some(100), None)],
+        )
+        .await
+        .context("starting a pod while nri-plugin is away")?;
+    demo.show(&away_pod, "shared");
+    demo.table(
+        "nri-plugin away (as after a containerd restart): a pod started now runs unpinned, on the claim's CPU too",
+        &[("while-away", all.to_cpulist())],
+    )
+    .await?;
+    demo.node
+        .start_nri_plugin()
+        .await
+        .context("starting nri-plugin again")?;
+    demo.table(
+        "nri-plugin back: its Synchronize repins the pod to the shared pool (containerd 2.2+ with required_plugins refuses such pods until then)",
+        &[
+            ("while-away", pool.to_cpulist()),
+            ("mixed", claim.cpus.union(&pool).to_cpulist()),
+        ],
+    )
+    .await?;
+    demo.node.delete_pod(&away_pod).await?;
+    demo.forget(&away_pod);
 
     demo.node.delete_pod(&mixed_pod).await?;
     demo.node.unprepare(&claim.claim).await?;
