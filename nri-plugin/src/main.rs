@@ -12,6 +12,7 @@ use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, Socke
 use nri_plugin::cdi_fallback;
 use nri_plugin::config::{self, LogFormat, Settings};
 use nri_plugin::handler::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
+use nri_plugin::host_cgroups::HostCgroups;
 use nri_plugin::metrics::{self, Metrics};
 use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
 use nri_plugin::subscription::{self, CoordinationResolver};
@@ -118,13 +119,26 @@ async fn run() -> anyhow::Result<()> {
     .await
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
 
+    // Always opened: with no list it still gives back the cgroups a
+    // previous run managed (the option was removed between runs).
+    let host_cgroups =
+        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
+    if !host_cgroups.paths().is_empty() {
+        tracing::info!(host_cgroups = ?host_cgroups.paths(), "host cgroups follow the shared pool and the reserved CPUs");
+    }
     let updater = NriUpdater::new();
-    let enforcer = Arc::new(Enforcer::new(
+    let enforcer = Enforcer::new(
         view,
         metrics.clone(),
         updater.clone(),
         config.unsolicited_updates,
-    ));
+    );
+    let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
+        enforcer
+    } else {
+        enforcer.with_host_cgroups(host_cgroups)
+    });
+    enforcer.sync_host_cgroups();
     let resolver = Arc::new(CoordinationResolver {
         socket: config.coordination_socket.clone(),
         cdi_dir: config.cdi_dir.clone(),
@@ -158,7 +172,7 @@ async fn run() -> anyhow::Result<()> {
             }
         })
     };
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer, resolver));
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
     let nri = tokio::spawn(run_with_reconnect(
@@ -173,6 +187,7 @@ async fn run() -> anyhow::Result<()> {
         ended = nri => {
             let _ = stop_tx.send(true);
             monitor.abort();
+            enforcer.restore_host_cgroups();
             ended.context("NRI task")?.context("NRI connection")?;
             return Ok(());
         }
@@ -180,5 +195,6 @@ async fn run() -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = subscription.await;
     monitor.abort();
+    enforcer.restore_host_cgroups();
     Ok(())
 }
