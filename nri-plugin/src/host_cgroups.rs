@@ -137,6 +137,16 @@ pub fn lists_cpuset(controllers: &str) -> bool {
     controllers.split_whitespace().any(|c| c == "cpuset")
 }
 
+/// Whether a refused restore of an empty `cpuset.cpus` should write the
+/// parent's effective CPUs instead. Kernels before the cgroup v1/v2 split
+/// of cpuset's `validate_change` (6.12 among them) refuse to empty the
+/// `cpuset.cpus` of a cgroup that holds processes, with ENOSPC, on v2 too.
+/// The parent's effective CPUs are what the empty value gave the cgroup;
+/// they only stop following CPU hotplug.
+pub fn use_parent_instead_of_empty(original: &str, error: &io::Error) -> bool {
+    original.trim().is_empty() && error.kind() == io::ErrorKind::StorageFull
+}
+
 /// What nri-plugin remembers between runs: every cgroup it manages, with
 /// the `cpuset.cpus` it had before nri-plugin first wrote it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,8 +430,24 @@ impl HostCgroups {
             return true;
         }
         let file = dir.join("cpuset.cpus");
-        match write_value(&file, &original) {
-            Ok(()) => {
+        let written = write_value(&file, &original)
+            .map(|()| original.clone())
+            .or_else(|e| {
+                if !use_parent_instead_of_empty(&original, &e) {
+                    return Err(e);
+                }
+                let parent = dir.parent().unwrap_or(&self.root);
+                let effective = std::fs::read_to_string(parent.join("cpuset.cpus.effective"))?;
+                let effective = effective.trim().to_string();
+                write_value(&file, &effective)?;
+                tracing::info!(
+                    host_cgroup = path, cpus = %effective,
+                    "the kernel refuses an empty cpuset.cpus while the cgroup has processes; wrote its parent's effective CPUs, the CPUs the empty value gave it"
+                );
+                Ok(effective)
+            });
+        match written {
+            Ok(original) => {
                 tracing::info!(host_cgroup = path, cpus = %original, "host cgroup cpuset restored");
                 self.state.originals.remove(path);
                 true
@@ -565,6 +591,25 @@ mod tests {
                 needs_write(last.as_ref(), &set(want)),
                 write,
                 "{last:?} {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_restore_falls_back_only_when_the_kernel_refuses_it() {
+        let enospc = || io::Error::from_raw_os_error(libc::ENOSPC);
+        let cases = [
+            ("", enospc(), true),
+            ("  ", enospc(), true),
+            ("0-3", enospc(), false),
+            ("", io::Error::from_raw_os_error(libc::EACCES), false),
+            ("", io::Error::from_raw_os_error(libc::ENOENT), false),
+        ];
+        for (original, error, fallback) in cases {
+            assert_eq!(
+                use_parent_instead_of_empty(original, &error),
+                fallback,
+                "{original:?} {error}"
             );
         }
     }

@@ -192,9 +192,11 @@ async fn run() -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    // Host daemons get their CPUs back first: the rest of the stop may
+    // wait on the coordination stream.
+    enforcer.restore_host_cgroups();
     let _ = stop_tx.send(true);
     let _ = subscription.await;
     monitor.abort();
-    enforcer.restore_host_cgroups();
     Ok(())
 }
