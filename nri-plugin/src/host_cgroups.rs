@@ -18,8 +18,15 @@
 //!   `cpuset.cpus.effective` is its `cpuset.cpus` ∩ its parent's effective
 //!   CPUs, so the children of a listed cgroup (every service of
 //!   `system.slice`) follow it without being written.
-//! - The no-internal-process rule applies to domain controllers; cpuset is
-//!   threaded, so enabling it on a cgroup that holds processes is allowed.
+//! - Only the ancestors of a listed cgroup get `+cpuset`. The root is
+//!   exempt from the no-internal-process rule; a lower ancestor that holds
+//!   processes of its own may refuse it (EBUSY, unless it could become a
+//!   thread root, cpuset being a threaded controller), and the error names
+//!   the file. systemd leaves processes only in leaves, so a listed slice's
+//!   ancestors normally have none.
+//! - Kernels up to at least 6.12 refuse (ENOSPC) to empty the `cpuset.cpus`
+//!   of a cgroup that holds processes, v2 included; see
+//!   [`use_parent_instead_of_empty`].
 
 use std::collections::BTreeMap;
 use std::io;
@@ -130,6 +137,18 @@ pub fn host_cpuset(shared: &CpuSet, reserved: &CpuSet) -> Option<CpuSet> {
 /// successfully (a failed write left `last` unchanged, so it is retried).
 pub fn needs_write(last: Option<&CpuSet>, want: &CpuSet) -> bool {
     last != Some(want)
+}
+
+/// Whether a cgroup's `cpuset.cpus` (as read) was changed behind
+/// nri-plugin's back since it wrote `last`: systemd rewrites it from a
+/// unit's `AllowedCPUs=` (empty when unset) when it re-applies the unit's
+/// cgroup settings (daemon-reload, set-property). Nothing written yet, or
+/// a file that does not parse, is not drift.
+pub fn drifted(read: &str, last: Option<&CpuSet>) -> bool {
+    match (last, CpuSet::parse_cpulist(read.trim())) {
+        (Some(last), Ok(now)) => &now != last,
+        (Some(_), Err(_)) | (None, _) => false,
+    }
 }
 
 /// Whether `cgroup.subtree_control` text lists the cpuset controller.
@@ -385,6 +404,29 @@ impl HostCgroups {
         outcome
     }
 
+    /// Re-reads every managed cgroup's `cpuset.cpus` and forgets the last
+    /// write of those changed by someone else, so the next
+    /// [`HostCgroups::apply`] writes them again. Returns how many drifted.
+    pub fn check_drift(&mut self) -> usize {
+        let mut changed = 0;
+        for m in &mut self.managed {
+            let file = m.dir.join("cpuset.cpus");
+            let Ok(read) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            if drifted(&read, m.last.as_ref()) {
+                tracing::warn!(
+                    host_cgroup = %m.path, found = %read.trim(),
+                    wrote = %m.last.as_ref().map(CpuSet::to_cpulist).unwrap_or_default(),
+                    "host cgroup cpuset changed by someone else (systemd AllowedCPUs=?); writing it again"
+                );
+                m.last = None;
+                changed += 1;
+            }
+        }
+        changed
+    }
+
     /// Gives every managed cgroup its original `cpuset.cpus` back and
     /// forgets it (a cgroup that could not be written stays in the state
     /// file, so the next start tries again). The original, not "every
@@ -612,6 +654,37 @@ mod tests {
                 "{original:?} {error}"
             );
         }
+    }
+
+    #[test]
+    fn drift_table() {
+        let cases = [
+            ("0-3\n", Some("0-3"), false),
+            ("0,1,2,3", Some("0-3"), false),
+            ("\n", Some("0-3"), true),
+            ("0-7\n", Some("0-3"), true),
+            ("0-7\n", None, false),
+            ("garbage", Some("0-3"), false),
+        ];
+        for (read, last, drift) in cases {
+            let last = last.map(set);
+            assert_eq!(drifted(read, last.as_ref()), drift, "{read:?} {last:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_changed_behind_its_back_is_written_again() {
+        let fs = FakeCgroupFs::new();
+        fs.cgroup("system.slice", "");
+        let mut hc =
+            HostCgroups::open(&fs.root(), &["system.slice".into()], &fs.state_dir()).expect("open");
+        hc.apply(&set("2-7"));
+        assert_eq!(hc.check_drift(), 0);
+        // systemd re-applies an unset AllowedCPUs= on daemon-reload.
+        std::fs::write(fs.root().join("system.slice/cpuset.cpus"), "\n").expect("write");
+        assert_eq!(hc.check_drift(), 1);
+        assert_eq!(hc.apply(&set("2-7")).written, 1);
+        assert_eq!(fs.read("system.slice/cpuset.cpus"), "2-7\n");
     }
 
     #[test]

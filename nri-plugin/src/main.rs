@@ -20,6 +20,9 @@ use shared_state::topology::Topology;
 
 nri_plugin::install_process_allocator!();
 
+/// How often host cgroups are checked for a cpuset changed by someone else.
+const HOST_CGROUP_CHECK: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "nri-plugin",
@@ -172,6 +175,18 @@ async fn run() -> anyhow::Result<()> {
             }
         })
     };
+    // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
+    // host cgroup's cpuset between pool changes.
+    let host_repair = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HOST_CGROUP_CHECK);
+            loop {
+                tick.tick().await;
+                enforcer.repair_host_cgroups();
+            }
+        })
+    };
     let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
@@ -187,6 +202,7 @@ async fn run() -> anyhow::Result<()> {
         ended = nri => {
             let _ = stop_tx.send(true);
             monitor.abort();
+            host_repair.abort();
             enforcer.restore_host_cgroups();
             ended.context("NRI task")?.context("NRI connection")?;
             return Ok(());
@@ -194,6 +210,7 @@ async fn run() -> anyhow::Result<()> {
     }
     // Host daemons get their CPUs back first: the rest of the stop may
     // wait on the coordination stream.
+    host_repair.abort();
     enforcer.restore_host_cgroups();
     let _ = stop_tx.send(true);
     let _ = subscription.await;

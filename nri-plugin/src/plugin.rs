@@ -116,6 +116,17 @@ impl Enforcer {
         }
     }
 
+    /// Writes again every host cgroup whose cpuset someone else changed
+    /// (systemd re-applying `AllowedCPUs=`); called on a timer.
+    pub fn repair_host_cgroups(&self) {
+        let drifted = lock_host(&self.host_cgroups)
+            .as_mut()
+            .map_or(0, HostCgroups::check_drift);
+        if drifted > 0 {
+            self.sync_host_cgroups();
+        }
+    }
+
     /// Gives the host cgroups their original cpusets back (clean stop).
     pub fn restore_host_cgroups(&self) {
         if let Some(mut host) = lock_host(&self.host_cgroups).take() {
