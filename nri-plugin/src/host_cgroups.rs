@@ -461,6 +461,15 @@ impl HostCgroups {
         let Some(original) = self.state.originals.get(path).cloned() else {
             return true;
         };
+        if !self.root.join("cgroup.controllers").is_file() {
+            // The hierarchy is not where it was (not mounted in this
+            // container): keep the entry for a run that can reach it.
+            tracing::warn!(
+                host_cgroup = path, cgroup_root = %self.root.display(),
+                "cannot restore a host cgroup: no cgroup v2 hierarchy at the cgroup root; kept for the next start"
+            );
+            return false;
+        }
         let dir = self.root.join(path);
         if !dir.is_dir() {
             // Gone (the slice was removed): nothing is left to give back.
@@ -954,6 +963,11 @@ mod tests {
             HostCgroups::open(&fs.root(), &["system.slice".into()], &fs.state_dir()).expect("open");
         fourth.apply(&set("5"));
         drop(fourth);
+        // A start that cannot see the hierarchy keeps the entry.
+        HostCgroups::open(&fs.dir.path().join("elsewhere"), &[], &fs.state_dir())
+            .expect("no hierarchy");
+        assert_eq!(fs.read("system.slice/cpuset.cpus"), "5\n");
+        assert!(fs.state_dir().join(STATE_FILE).exists(), "kept");
         let none = HostCgroups::open(&fs.root(), &[], &fs.state_dir()).expect("no list");
         assert!(none.paths().is_empty());
         assert_eq!(fs.read("system.slice/cpuset.cpus"), "\n");
