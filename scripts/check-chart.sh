@@ -203,6 +203,7 @@ bad_values=(
   "nri.pluginIndex=100|/nri/pluginIndex"
   "nri.pluginName=dra-cpu|/nri/pluginName"
   "nri.unsolicitedUpdates=sometimes|/nri/unsolicitedUpdates"
+  "nri.hostCgroups={../kubepods.slice}|/nri/hostCgroups"
   "stateDir=var/lib/dra-cpu|/stateDir"
   "image.digest=latest|/image/digest"
   "nri.metricsPort=9440|the ports must differ"
