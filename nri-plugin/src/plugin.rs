@@ -795,6 +795,29 @@ mod tests {
         assert_eq!(cpus(), "0-3,5-7", "grown back after the unprepare");
         assert_eq!(metrics.host_cgroup_write_count("ok"), 4);
 
+        // A write that fails does not fail the container event that made
+        // it due; it is counted and made again at the next change.
+        let cpus_file = slice.join("cpuset.cpus");
+        std::fs::remove_file(&cpus_file).expect("rm");
+        std::fs::create_dir(&cpus_file).expect("a directory where the file was");
+        let third = "c3c3c3c3-0000-4000-8000-000000000003";
+        let plugin =
+            DraCpuPlugin::new(enforcer.clone(), Arc::new(OneClaim(claim(third, "6", "r"))));
+        let mut pod = PodSandbox::new();
+        pod.uid = "r".into();
+        let env = [format!("DRA_CPUSET_{third}=6")];
+        let reply = run(plugin.create_container(pod, nri_container("third", &env)))
+            .expect("the container is placed although the host cgroup write failed");
+        assert_eq!(reply.adjust.expect("adjust").linux.resources.cpu.cpus, "6");
+        assert_eq!(metrics.host_cgroup_write_count("failed"), 1);
+        std::fs::remove_dir(&cpus_file).expect("rmdir");
+        std::fs::write(&cpus_file, "0-3,5-7\n").expect("file again");
+        run(enforcer.apply_unprepared(3, third)).expect("unprepare");
+        assert_eq!(cpus(), "0-3,5-7");
+        run(enforcer.apply_prepared(4, claim(third, "6", "r"))).expect("prepare again");
+        assert_eq!(cpus(), "0-3,5,7", "written at the next change");
+        assert_eq!(metrics.host_cgroup_write_count("ok"), 5);
+
         enforcer.restore_host_cgroups();
         assert_eq!(cpus(), "", "the original value back");
         enforcer.sync_host_cgroups();
