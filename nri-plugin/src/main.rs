@@ -87,6 +87,11 @@ async fn run() -> anyhow::Result<()> {
     let config = cli.settings.or(file).resolve()?;
     init_logging(config.log_format);
 
+    // Before anything is bound or started, so a refused path stops the
+    // start. Always opened: with no list it still gives back the cgroups a
+    // previous run managed (the option was removed between runs).
+    let host_cgroups =
+        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
     let topology = Topology::discover(&config.sysfs_root)
         .with_context(|| format!("discovering CPUs under {}", config.sysfs_root.display()))?;
     let numa = config
@@ -122,10 +127,6 @@ async fn run() -> anyhow::Result<()> {
     .await
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
 
-    // Always opened: with no list it still gives back the cgroups a
-    // previous run managed (the option was removed between runs).
-    let host_cgroups =
-        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
     if !host_cgroups.paths().is_empty() {
         tracing::info!(host_cgroups = ?host_cgroups.paths(), "host cgroups follow the shared pool and the reserved CPUs");
     }
