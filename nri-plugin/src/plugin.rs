@@ -48,6 +48,8 @@ pub struct Enforcer {
     /// `--host-cgroups`, when set: they follow the shared pool and the
     /// reserved CPUs at every pool change.
     host_cgroups: Mutex<Option<HostCgroups>>,
+    /// Whether the last sync found no CPU for them (logged once).
+    host_cgroups_starved: AtomicBool,
 }
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
@@ -80,6 +82,7 @@ impl Enforcer {
             over_committed: AtomicBool::new(false),
             applied_changed: Notify::new(),
             host_cgroups: Mutex::new(None),
+            host_cgroups_starved: AtomicBool::new(false),
         }
     }
 
@@ -104,15 +107,14 @@ impl Enforcer {
             let view = self.view();
             host_cpuset(&view.pool().shared(), view.pool().reserved())
         };
-        match want {
-            Some(want) => {
-                let outcome = host.apply(&want);
-                self.metrics
-                    .host_cgroup_writes(outcome.written, outcome.failed);
-            }
-            None => tracing::warn!(
-                "no shared or reserved CPU left: host cgroups keep their last cpuset"
-            ),
+        let starved = want.is_none();
+        if self.host_cgroups_starved.swap(starved, Ordering::Relaxed) != starved && starved {
+            tracing::warn!("no shared or reserved CPU left: host cgroups keep their last cpuset");
+        }
+        if let Some(want) = want {
+            let outcome = host.apply(&want);
+            self.metrics
+                .host_cgroup_writes(outcome.written, outcome.failed);
         }
     }
 
