@@ -213,6 +213,7 @@ bad_values=(
   "nri.pluginName=dra-cpu|/nri/pluginName"
   "nri.unsolicitedUpdates=sometimes|/nri/unsolicitedUpdates"
   "nri.requiredByRuntime.tolerationAnnotation=not a key|/nri/requiredByRuntime/tolerationAnnotation"
+  "nri.hostCgroups={../kubepods.slice}|/nri/hostCgroups"
   "stateDir=var/lib/dra-cpu|/stateDir"
   "image.digest=latest|/image/digest"
   "nri.metricsPort=9440|the ports must differ"

@@ -19,6 +19,9 @@ pub const DEFAULT_COORDINATION_SOCKET: &str = "/var/lib/dra-cpu/coordination.soc
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
 pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9441";
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Lost at reboot, as the cgroups it describes are.
+pub const DEFAULT_STATE_DIR: &str = "/run/dra-cpu/nri-plugin";
 
 /// When nri-plugin may change containers outside an event reply.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -91,6 +94,16 @@ pub struct Settings {
     /// text or json.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// cgroup v2 paths under the cgroup root (e.g. system.slice) whose
+    /// cpuset.cpus follows the shared pool plus the reserved CPUs.
+    #[arg(long, value_delimiter = ',')]
+    pub host_cgroups: Option<Vec<String>>,
+    /// Where the cgroup v2 hierarchy is mounted.
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// nri-plugin's own state (the host cgroups it manages).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +141,9 @@ pub struct Config {
     pub align_memory: bool,
     pub metrics_address: SocketAddr,
     pub log_format: LogFormat,
+    pub host_cgroups: Vec<String>,
+    pub cgroup_root: PathBuf,
+    pub state_dir: PathBuf,
 }
 
 /// Parse a config file's text.
@@ -169,6 +185,9 @@ impl Settings {
             align_memory: self.align_memory.or(fallback.align_memory),
             metrics_address: self.metrics_address.or(fallback.metrics_address),
             log_format: self.log_format.or(fallback.log_format),
+            host_cgroups: self.host_cgroups.or(fallback.host_cgroups),
+            cgroup_root: self.cgroup_root.or(fallback.cgroup_root),
+            state_dir: self.state_dir.or(fallback.state_dir),
         }
     }
 
@@ -212,6 +231,13 @@ impl Settings {
                 .metrics_address
                 .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9441))),
             log_format: self.log_format.unwrap_or_default(),
+            host_cgroups: self.host_cgroups.unwrap_or_default(),
+            cgroup_root: self
+                .cgroup_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT)),
+            state_dir: self
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
         })
     }
 }
@@ -241,6 +267,31 @@ mod tests {
         assert_eq!(c.unsolicited_updates, UnsolicitedUpdates::Auto);
         assert!(!c.mixed_allocation_mode && !c.align_memory);
         assert_eq!(c.metrics_address.to_string(), DEFAULT_METRICS_ADDRESS);
+        assert!(c.host_cgroups.is_empty(), "off by default");
+        assert_eq!(c.cgroup_root, PathBuf::from("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn host_cgroups_from_flags_and_file() {
+        let file = parse_file(
+            Path::new("f.yaml"),
+            "host-cgroups: [system.slice, user.slice]\nstate-dir: /run/x\n",
+        )
+        .expect("file");
+        let c = Settings::default()
+            .or(file.clone())
+            .resolve()
+            .expect("file");
+        assert_eq!(c.host_cgroups, vec!["system.slice", "user.slice"]);
+        assert_eq!(c.state_dir, PathBuf::from("/run/x"));
+        let c = flags(&["--host-cgroups", "a.slice,b.slice", "--host-cgroups", "c"])
+            .or(file.clone())
+            .resolve()
+            .expect("flags");
+        assert_eq!(c.host_cgroups, vec!["a.slice", "b.slice", "c"]);
+        // An empty list in the file turns it off.
+        let off = parse_file(Path::new("f.yaml"), "host-cgroups: []\n").expect("file");
+        assert!(off.resolve().expect("off").host_cgroups.is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod cdi_fallback;
 pub mod config;
 pub mod handler;
+pub mod host_cgroups;
 pub mod metrics;
 pub mod plugin;
 pub mod subscription;

@@ -12,12 +12,16 @@ use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, Socke
 use nri_plugin::cdi_fallback;
 use nri_plugin::config::{self, LogFormat, Settings};
 use nri_plugin::handler::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
+use nri_plugin::host_cgroups::HostCgroups;
 use nri_plugin::metrics::{self, Metrics};
 use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
 use nri_plugin::subscription::{self, CoordinationResolver};
 use shared_state::topology::Topology;
 
 nri_plugin::install_process_allocator!();
+
+/// How often host cgroups are checked for a cpuset changed by someone else.
+const HOST_CGROUP_CHECK: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -83,6 +87,11 @@ async fn run() -> anyhow::Result<()> {
     let config = cli.settings.or(file).resolve()?;
     init_logging(config.log_format);
 
+    // Before anything is bound or started, so a refused path stops the
+    // start. Always opened: with no list it still gives back the cgroups a
+    // previous run managed (the option was removed between runs).
+    let host_cgroups =
+        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
     let topology = Topology::discover(&config.sysfs_root)
         .with_context(|| format!("discovering CPUs under {}", config.sysfs_root.display()))?;
     let numa = config
@@ -118,13 +127,22 @@ async fn run() -> anyhow::Result<()> {
     .await
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
 
+    if !host_cgroups.paths().is_empty() {
+        tracing::info!(host_cgroups = ?host_cgroups.paths(), "host cgroups follow the shared pool and the reserved CPUs");
+    }
     let updater = NriUpdater::new();
-    let enforcer = Arc::new(Enforcer::new(
+    let enforcer = Enforcer::new(
         view,
         metrics.clone(),
         updater.clone(),
         config.unsolicited_updates,
-    ));
+    );
+    let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
+        enforcer
+    } else {
+        enforcer.with_host_cgroups(host_cgroups)
+    });
+    enforcer.sync_host_cgroups();
     let resolver = Arc::new(CoordinationResolver {
         socket: config.coordination_socket.clone(),
         cdi_dir: config.cdi_dir.clone(),
@@ -158,7 +176,19 @@ async fn run() -> anyhow::Result<()> {
             }
         })
     };
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer, resolver));
+    // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
+    // host cgroup's cpuset between pool changes.
+    let host_repair = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HOST_CGROUP_CHECK);
+            loop {
+                tick.tick().await;
+                enforcer.repair_host_cgroups();
+            }
+        })
+    };
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
     let nri = tokio::spawn(run_with_reconnect(
@@ -173,10 +203,16 @@ async fn run() -> anyhow::Result<()> {
         ended = nri => {
             let _ = stop_tx.send(true);
             monitor.abort();
+            host_repair.abort();
+            enforcer.restore_host_cgroups();
             ended.context("NRI task")?.context("NRI connection")?;
             return Ok(());
         }
     }
+    // Host daemons get their CPUs back first: the rest of the stop may
+    // wait on the coordination stream.
+    host_repair.abort();
+    enforcer.restore_host_cgroups();
     let _ = stop_tx.send(true);
     let _ = subscription.await;
     monitor.abort();

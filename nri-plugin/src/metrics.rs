@@ -63,6 +63,8 @@ pub struct Metrics {
     /// way (unsolicited, deferred) → pool changes after a coordination event.
     pool_changes: LabelledCounter,
     refused: LabelledCounter,
+    /// result (ok, failed) → writes of a host cgroup's cpuset.cpus.
+    host_cgroup_writes: LabelledCounter,
     pub applied_revision: AtomicU64,
     pub view_revision: AtomicU64,
     pub shared_cpus: AtomicU64,
@@ -101,6 +103,22 @@ impl Metrics {
 
     pub fn refused(&self, reason: &'static str) {
         *lock(&self.refused).entry(reason).or_default() += 1;
+    }
+
+    pub fn host_cgroup_writes(&self, written: usize, failed: usize) {
+        let mut map = lock(&self.host_cgroup_writes);
+        for (result, n) in [("ok", written), ("failed", failed)] {
+            if n > 0 {
+                *map.entry(result).or_default() += n as u64;
+            }
+        }
+    }
+
+    pub fn host_cgroup_write_count(&self, result: &str) -> u64 {
+        lock(&self.host_cgroup_writes)
+            .get(result)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn pool_change_count(&self, way: &str) -> u64 {
@@ -146,10 +164,11 @@ impl Metrics {
             );
             let _ = writeln!(out, "{name}_count{{event=\"{event}\"}} {}", h.count);
         }
-        let labelled: [(&str, &str, &str, &LabelledCounter); 3] = [
+        let labelled: [(&str, &str, &str, &LabelledCounter); 4] = [
             ("nri_plugin_container_updates_total", "Container cpuset updates sent, by path.", "path", &self.updates),
             ("nri_plugin_pool_changes_total", "Pool changes from claims, by how they reached containers (unsolicited now, or deferred to the next event reply).", "way", &self.pool_changes),
             ("nri_plugin_refused_containers_total", "Containers refused at creation, by reason.", "reason", &self.refused),
+            ("nri_plugin_host_cgroup_writes_total", "Writes of a host cgroup's cpuset.cpus (--host-cgroups), by result (ok, failed).", "result", &self.host_cgroup_writes),
         ];
         for (name, help, label, map) in labelled {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -276,6 +295,8 @@ mod tests {
         m.updates_sent("reply", 3);
         m.updates_sent("reply", 0);
         m.pool_change("deferred");
+        m.host_cgroup_writes(2, 1);
+        m.host_cgroup_writes(1, 0);
         m.applied_revision.store(7, Ordering::Relaxed);
         let text = m.render();
         for line in [
@@ -288,6 +309,8 @@ mod tests {
             "nri_plugin_container_updates_total{path=\"reply\"} 3",
             "nri_plugin_pool_changes_total{way=\"deferred\"} 1",
             "nri_plugin_applied_revision 7",
+            "nri_plugin_host_cgroup_writes_total{result=\"ok\"} 3",
+            "nri_plugin_host_cgroup_writes_total{result=\"failed\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -28,6 +28,7 @@ use crate::handler::{
     admit_container, synchronize_containers, ClaimResolver, ContainerInfo, CreateDecision,
     NodeView, UpdateDecision, ViewError,
 };
+use crate::host_cgroups::{host_cpuset, HostCgroups};
 use crate::metrics::Metrics;
 use shared_state::NodeSnapshot;
 
@@ -44,10 +45,22 @@ pub struct Enforcer {
     /// Signalled when the applied revision advances, so the subscription
     /// reports it to dra-plugin without waiting for the next stream event.
     pub applied_changed: Notify,
+    /// `--host-cgroups`, when set: they follow the shared pool and the
+    /// reserved CPUs at every pool change.
+    host_cgroups: Mutex<Option<HostCgroups>>,
+    /// Whether the last sync found no CPU for them (logged once).
+    host_cgroups_starved: AtomicBool,
 }
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
     match view.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn lock_host(host: &Mutex<Option<HostCgroups>>) -> MutexGuard<'_, Option<HostCgroups>> {
+    match host.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
     }
@@ -68,6 +81,60 @@ impl Enforcer {
             runtime_safe: AtomicBool::new(false),
             over_committed: AtomicBool::new(false),
             applied_changed: Notify::new(),
+            host_cgroups: Mutex::new(None),
+            host_cgroups_starved: AtomicBool::new(false),
+        }
+    }
+
+    /// Manage these host cgroups from now on.
+    pub fn with_host_cgroups(self, host_cgroups: HostCgroups) -> Self {
+        *lock_host(&self.host_cgroups) = Some(host_cgroups);
+        self
+    }
+
+    /// Brings every host cgroup to the shared pool plus the reserved CPUs.
+    /// Called after every change of the pool, before the container updates
+    /// of that change go out, and before a CreateContainer is answered, so
+    /// host daemons leave a claim's CPUs before its container starts. Writes
+    /// only what changed; a failed write is logged and tried again at the
+    /// next call, and never fails the event that called it.
+    pub fn sync_host_cgroups(&self) {
+        let mut guard = lock_host(&self.host_cgroups);
+        let Some(host) = guard.as_mut() else {
+            return;
+        };
+        let want = {
+            let view = self.view();
+            host_cpuset(&view.pool().shared(), view.pool().reserved())
+        };
+        let starved = want.is_none();
+        if self.host_cgroups_starved.swap(starved, Ordering::Relaxed) != starved && starved {
+            tracing::warn!("no shared or reserved CPU left: host cgroups keep their last cpuset");
+        }
+        if let Some(want) = want {
+            let outcome = host.apply(&want);
+            self.metrics
+                .host_cgroup_writes(outcome.written, outcome.failed);
+        }
+    }
+
+    /// Writes again every host cgroup whose cpuset someone else changed
+    /// (systemd re-applying `AllowedCPUs=`); called on a timer.
+    pub fn repair_host_cgroups(&self) {
+        let drifted = lock_host(&self.host_cgroups)
+            .as_mut()
+            .map_or(0, HostCgroups::check_drift);
+        if drifted > 0 {
+            self.sync_host_cgroups();
+        }
+    }
+
+    /// Gives the host cgroups their original cpusets back (clean stop).
+    pub fn restore_host_cgroups(&self) {
+        if let Some(mut host) = lock_host(&self.host_cgroups).take() {
+            let outcome = host.restore();
+            self.metrics
+                .host_cgroup_writes(outcome.written, outcome.failed);
         }
     }
 
@@ -115,6 +182,7 @@ impl Enforcer {
     /// runtime allows unsolicited updates, else leave them for the next
     /// event reply.
     async fn after_pool_change(&self, updates: Vec<Update>, why: &'static str) {
+        self.sync_host_cgroups();
         if updates.is_empty() {
             self.refresh(&self.view());
             return;
@@ -398,6 +466,7 @@ impl NriPlugin for DraCpuPlugin {
             .collect();
         let outcome =
             synchronize_containers(&self.enforcer.view, &infos, self.resolver.as_ref()).await;
+        self.enforcer.sync_host_cgroups();
         for (id, reason) in &outcome.demoted {
             tracing::warn!(container = %id, %reason, "running container's claims do not validate; placing it on the shared pool");
         }
@@ -447,6 +516,9 @@ impl NriPlugin for DraCpuPlugin {
         );
         match admit_container(&self.enforcer.view, &info, self.resolver.as_ref()).await {
             Ok(decision) => {
+                // A claim learned just now (its Lookup answer) shrank the
+                // pool: host daemons leave its CPUs before the reply.
+                self.enforcer.sync_host_cgroups();
                 let reply = creation_reply(&decision);
                 self.send_in_reply(&decision.updates);
                 span.in_scope(|| {
@@ -767,6 +839,20 @@ mod tests {
         }
     }
 
+    /// Answers every Lookup with one prepared claim.
+    struct OneClaim(ClaimAssignment);
+
+    #[async_trait]
+    impl ClaimResolver for OneClaim {
+        async fn resolve(&self, claim_uid: &str) -> crate::handler::Resolution {
+            if claim_uid == self.0.claim_uid {
+                crate::handler::Resolution::Prepared(self.0.clone())
+            } else {
+                crate::handler::Resolution::NotPrepared
+            }
+        }
+    }
+
     #[test]
     fn update_reply_sets_mems_on_the_updated_container_only() {
         let decision = UpdateDecision {
@@ -786,6 +872,89 @@ mod tests {
         };
         assert_eq!((cpu(0).cpus.as_str(), cpu(0).mems.as_str()), ("0-5", ""));
         assert_eq!((cpu(1).cpus.as_str(), cpu(1).mems.as_str()), ("0-7", "0-1"));
+    }
+
+    #[test]
+    fn host_cgroups_follow_prepare_unprepare_and_a_claim_learned_at_create() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("cgroup");
+        let slice = root.join("system.slice");
+        std::fs::create_dir_all(&slice).expect("mkdir");
+        for d in [&root, &slice] {
+            std::fs::write(d.join("cgroup.controllers"), "cpuset cpu\n").expect("controllers");
+            std::fs::write(d.join("cgroup.subtree_control"), "cpuset\n").expect("subtree");
+        }
+        std::fs::write(slice.join("cpuset.cpus"), "\n").expect("cpus");
+        let cpus = || {
+            std::fs::read_to_string(slice.join("cpuset.cpus"))
+                .expect("read")
+                .trim()
+                .to_string()
+        };
+        let host = HostCgroups::open(&root, &["system.slice".into()], &dir.path().join("state"))
+            .expect("host cgroups");
+        let metrics = Arc::new(Metrics::new());
+        let view = NodeView::new(set("0-7"), set("0"), false, None);
+        let late_uid = "c2c2c2c2-0000-4000-8000-000000000002";
+        let enforcer = Arc::new(
+            Enforcer::new(
+                view,
+                metrics.clone(),
+                NriUpdater::new(),
+                UnsolicitedUpdates::Auto,
+            )
+            .with_host_cgroups(host),
+        );
+        enforcer.sync_host_cgroups();
+        assert_eq!(cpus(), "0-7", "shared pool 1-7 and reserved 0");
+
+        let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+        run(enforcer.apply_prepared(1, claim(uid, "6-7", "q"))).expect("prepare");
+        assert_eq!(cpus(), "0-5", "shrunk at the prepare, before any container");
+
+        // A claim the view learns only at its container's CreateContainer
+        // (dra-plugin's delta not here yet): shrunk before the reply.
+        let plugin = DraCpuPlugin::new(
+            enforcer.clone(),
+            Arc::new(OneClaim(claim(late_uid, "4", "p"))),
+        );
+        let mut pod = PodSandbox::new();
+        pod.uid = "p".into();
+        let env = [format!("DRA_CPUSET_{late_uid}=4")];
+        run(plugin.create_container(pod, nri_container("late", &env))).expect("create");
+        assert_eq!(cpus(), "0-3,5");
+
+        run(enforcer.apply_unprepared(2, uid)).expect("unprepare");
+        assert_eq!(cpus(), "0-3,5-7", "grown back after the unprepare");
+        assert_eq!(metrics.host_cgroup_write_count("ok"), 4);
+
+        // A write that fails does not fail the container event that made
+        // it due; it is counted and made again at the next change.
+        let cpus_file = slice.join("cpuset.cpus");
+        std::fs::remove_file(&cpus_file).expect("rm");
+        std::fs::create_dir(&cpus_file).expect("a directory where the file was");
+        let third = "c3c3c3c3-0000-4000-8000-000000000003";
+        let plugin =
+            DraCpuPlugin::new(enforcer.clone(), Arc::new(OneClaim(claim(third, "6", "r"))));
+        let mut pod = PodSandbox::new();
+        pod.uid = "r".into();
+        let env = [format!("DRA_CPUSET_{third}=6")];
+        let reply = run(plugin.create_container(pod, nri_container("third", &env)))
+            .expect("the container is placed although the host cgroup write failed");
+        assert_eq!(reply.adjust.expect("adjust").linux.resources.cpu.cpus, "6");
+        assert_eq!(metrics.host_cgroup_write_count("failed"), 1);
+        std::fs::remove_dir(&cpus_file).expect("rmdir");
+        std::fs::write(&cpus_file, "0-3,5-7\n").expect("file again");
+        run(enforcer.apply_unprepared(3, third)).expect("unprepare");
+        assert_eq!(cpus(), "0-3,5-7");
+        run(enforcer.apply_prepared(4, claim(third, "6", "r"))).expect("prepare again");
+        assert_eq!(cpus(), "0-3,5,7", "written at the next change");
+        assert_eq!(metrics.host_cgroup_write_count("ok"), 5);
+
+        enforcer.restore_host_cgroups();
+        assert_eq!(cpus(), "", "the original value back");
+        enforcer.sync_host_cgroups();
+        assert_eq!(cpus(), "", "nothing is managed after the restore");
     }
 
     #[test]

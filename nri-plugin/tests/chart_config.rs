@@ -163,6 +163,38 @@ fn every_mode_with_nri_resolves_and_agrees_with_dra_plugin() {
 }
 
 #[test]
+fn host_cgroups_are_off_by_default_and_mounted_writable_when_listed() {
+    let default = nri_plugin(None);
+    assert!(default.config.host_cgroups.is_empty());
+    let everything = nri_plugin(Some("everything-set-values.yaml"));
+    assert_eq!(
+        everything.config.host_cgroups,
+        ["system.slice", "user.slice"]
+    );
+    for (values, r, cgroup_mounted) in [
+        ("default", &default, false),
+        ("everything-set", &everything, true),
+    ] {
+        let c = &r.config;
+        let mount = |path: &Path| r.mounts.iter().find(|(m, _)| m == path);
+        // The state directory must be writable: it records what to restore.
+        assert_eq!(
+            mount(&c.state_dir),
+            Some(&(c.state_dir.clone(), false)),
+            "{values}: {:?}",
+            r.mounts
+        );
+        assert_eq!(
+            mount(&c.cgroup_root).is_some_and(|(_, ro)| !ro),
+            cgroup_mounted,
+            "{values}: cgroup root {} in {:?}",
+            c.cgroup_root.display(),
+            r.mounts
+        );
+    }
+}
+
+#[test]
 fn without_nri_there_is_no_nri_plugin() {
     let docs = render(Some("no-nri-values.yaml"));
     assert!(object(&docs, "ConfigMap")["data"]

@@ -39,6 +39,42 @@ fn bad_settings_are_refused_with_the_offending_value() {
 }
 
 #[test]
+fn a_refused_host_cgroup_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path().join("cgroup");
+    std::fs::create_dir_all(root.join("kubepods.slice")).expect("mkdir");
+    std::fs::create_dir_all(root.join("all.slice/kubepods")).expect("mkdir");
+    for d in [root.clone(), root.join("all.slice")] {
+        std::fs::write(d.join("cgroup.controllers"), "cpuset\n").expect("controllers");
+    }
+    let root = root.to_string_lossy().into_owned();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let cases: [(&str, &str); 4] = [
+        ("../etc", "'..' would leave the cgroup root"),
+        ("kubepods.slice", "holds pod cgroups"),
+        ("all.slice", "all.slice/kubepods"),
+        ("system.slice", "does not exist"),
+    ];
+    for (path, needle) in cases {
+        let (ok, stderr) = run(&[
+            "--host-cgroups",
+            path,
+            "--cgroup-root",
+            &root,
+            "--state-dir",
+            &state,
+            "--metrics-address",
+            "127.0.0.1:0",
+        ]);
+        assert!(!ok, "{path} must be refused");
+        assert!(
+            stderr.contains(needle) && stderr.contains("--host-cgroups"),
+            "{path}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn every_flag_is_offered() {
     let out = Command::new(env!("CARGO_BIN_EXE_nri-plugin"))
         .arg("--help")
@@ -59,6 +95,9 @@ fn every_flag_is_offered() {
         "--log-format",
         "--sysfs-root",
         "--reserved-cpus",
+        "--host-cgroups",
+        "--cgroup-root",
+        "--state-dir",
         "--config",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help:\n{help}");

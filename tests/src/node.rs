@@ -145,6 +145,8 @@ pub struct NodeOptions {
     pub group_by: Option<String>,
     /// `--min-shared-cpus` of dra-plugin (its default when `None`).
     pub min_shared_cpus: Option<u32>,
+    /// `--host-cgroups` of nri-plugin (none when empty).
+    pub host_cgroups: Vec<String>,
 }
 
 impl Default for NodeOptions {
@@ -163,6 +165,7 @@ impl Default for NodeOptions {
             align_memory: false,
             group_by: None,
             min_shared_cpus: None,
+            host_cgroups: Vec::new(),
         }
     }
 }
@@ -197,6 +200,11 @@ impl NodeLayout {
     }
     pub fn nri_log(&self) -> PathBuf {
         self.dir.join("nri-plugin.log")
+    }
+    /// nri-plugin's `--state-dir`, the node's own so that no run sees
+    /// another's host cgroups.
+    pub fn nri_state_dir(&self) -> PathBuf {
+        self.dir.join("nri-state")
     }
 }
 
@@ -285,6 +293,10 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     ));
     args.extend(reserved_cpus_args(options));
     args.extend(flag(options.align_memory, "--align-memory"));
+    args.extend(["--state-dir".to_string(), path(&layout.nri_state_dir())]);
+    if !options.host_cgroups.is_empty() {
+        args.extend(["--host-cgroups".to_string(), options.host_cgroups.join(",")]);
+    }
     args
 }
 
@@ -925,6 +937,22 @@ impl Node {
         Ok(())
     }
 
+    /// SIGTERM to nri-plugin (a clean stop), waiting until it has exited.
+    pub fn stop_nri_plugin(&mut self) {
+        self.nri.stop();
+    }
+
+    /// Starts nri-plugin again with `--host-cgroups` set to `host_cgroups`
+    /// (none when empty), every other flag as before.
+    pub async fn start_nri_plugin_with_host_cgroups(
+        &mut self,
+        host_cgroups: &[&str],
+    ) -> Result<(), NodeError> {
+        self.options.host_cgroups = host_cgroups.iter().map(|c| c.to_string()).collect();
+        self.nri.args = nri_plugin_args(&self.layout, &self.options);
+        self.start_nri_plugin().await
+    }
+
     /// kill -9 of nri-plugin, then a fresh start.
     pub async fn restart_nri_plugin(&mut self) -> Result<(), NodeError> {
         self.kill_nri_plugin();
@@ -1409,6 +1437,28 @@ mod tests {
             assert_ne!(
                 value_after(&dra, "--metrics-address"),
                 value_after(&nri, "--metrics-address")
+            );
+        }
+    }
+
+    #[test]
+    fn host_cgroups_reach_nri_plugin_only_and_its_state_stays_in_the_node_dir() {
+        for (list, want) in [
+            (vec![], None),
+            (vec!["system.slice"], Some("system.slice")),
+            (vec!["a.slice", "b.slice"], Some("a.slice,b.slice")),
+        ] {
+            let options = NodeOptions {
+                host_cgroups: list.iter().map(|c| c.to_string()).collect(),
+                ..Default::default()
+            };
+            let nri = nri_plugin_args(&layout(), &options);
+            let dra = dra_plugin_args(&layout(), &options);
+            assert_eq!(value_after(&nri, "--host-cgroups").as_deref(), want);
+            assert!(!dra.contains(&"--host-cgroups".to_string()));
+            assert_eq!(
+                value_after(&nri, "--state-dir").map(PathBuf::from),
+                Some(layout().nri_state_dir())
             );
         }
     }

@@ -12,14 +12,14 @@ mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{
-    Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
+    log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
 };
 use e2e_common::{node, shared_pod, Must};
 use serde_json::Value;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// Set by the VM node's init to the shape it booted (e.g. `2x2x2,numa=2`).
 const VM_NODE_ENV: &str = "DRA_CPU_VM_NODE";
@@ -571,6 +571,241 @@ async fn f_kill_9_of_each_process_and_a_containerd_restart() {
     }
     assert!(a.cpus.is_subset(&kernel.numa[&second]));
     timed("f (kill -9 and containerd restart)", started);
+}
+
+/// A host daemon stand-in: a busy loop in a cgroup of the host
+/// (`system.slice`, made here when missing: the VM node has no systemd).
+/// Killed, and the cgroup removed if it was made here, on drop.
+struct BusyHostProcess {
+    child: std::process::Child,
+    cgroup: PathBuf,
+    made: bool,
+}
+
+impl BusyHostProcess {
+    fn start(cgroup: &Path) -> Self {
+        let made = !cgroup.exists();
+        if made {
+            std::fs::create_dir(cgroup).must("making the host cgroup");
+        }
+        let child = std::process::Command::new("nice")
+            .args(["-n", "19", "sh", "-c", "while :; do :; done"])
+            .spawn()
+            .must("starting the busy loop");
+        let me = BusyHostProcess {
+            child,
+            cgroup: cgroup.to_path_buf(),
+            made,
+        };
+        std::fs::write(me.cgroup.join("cgroup.procs"), me.child.id().to_string())
+            .must("moving the busy loop into the host cgroup");
+        me
+    }
+
+    fn status_field(&self, field: &str) -> String {
+        let status = read(&format!("/proc/{}/status", self.child.id()));
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {field} in the busy loop's status"))
+    }
+
+    /// `Cpus_allowed_list` of the process.
+    fn allowed(&self) -> CpuSet {
+        let list = self.status_field("Cpus_allowed_list:");
+        CpuSet::parse_cpulist(&list).must("Cpus_allowed_list")
+    }
+
+    /// The CPU it last ran on (`/proc/PID/stat` field 39).
+    fn last_cpu(&self) -> u32 {
+        let stat = read(&format!("/proc/{}/stat", self.child.id()));
+        // Fields after the command name, which ends at the last ')'.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        after
+            .split_whitespace()
+            .nth(36)
+            .and_then(|f| f.parse().ok())
+            .must_some("the processor field of /proc/PID/stat")
+    }
+
+    fn effective(&self) -> CpuSet {
+        cpulist(&self.cgroup.join("cpuset.cpus.effective").to_string_lossy())
+    }
+
+    fn requested(&self) -> String {
+        read(&self.cgroup.join("cpuset.cpus").to_string_lossy())
+    }
+
+    /// Waits until the process may run on exactly `want` (and its cgroup's
+    /// effective CPUs say the same); the time it took.
+    async fn wait_allowed(&self, want: &CpuSet, what: &str) -> Duration {
+        let started = Instant::now();
+        loop {
+            let (allowed, effective) = (self.allowed(), self.effective());
+            if &allowed == want && &effective == want {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{what}: the host process may run on {allowed} (cgroup effective {effective}), want {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for BusyHostProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if self.made {
+            let _ = std::fs::remove_dir(&self.cgroup);
+        }
+    }
+}
+
+/// Position of the first log line matching `pick` in nri-plugin's log.
+fn log_position(log: &str, pick: impl Fn(&Value) -> bool) -> Option<usize> {
+    log_messages_with(log, "").iter().position(pick)
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let online = kernel.online.clone();
+    let second = kernel
+        .numa
+        .keys()
+        .nth(1)
+        .copied()
+        .must_some("a second NUMA node");
+
+    // The control: without --host-cgroups the host process keeps running
+    // on a claim's CPUs. It starts once the node is up: under TCG a busy
+    // vCPU slows the guest enough to miss kubelet's 1 s GetInfo.
+    let mut node = node(NodeOptions::default()).await;
+    let busy = BusyHostProcess::start(Path::new("/sys/fs/cgroup/system.slice"));
+    let original = busy.requested();
+    let (a, _pod_a, a_id) = claim_pod(&mut node, "control", &numa_device(second), 2, None).await;
+    node.wait_cpus(&a_id, &a.cpus)
+        .await
+        .must("the claim container pinned");
+    assert_eq!(
+        busy.allowed(),
+        online,
+        "without --host-cgroups nothing moves it"
+    );
+    assert!(a.cpus.is_subset(&busy.allowed()));
+    eprintln!(
+        "control: claim {} pinned, the host process may still run on {}",
+        a.cpus,
+        busy.allowed()
+    );
+
+    // With it: at start, the host cgroup leaves the claim already prepared.
+    node.stop_nri_plugin();
+    node.start_nri_plugin_with_host_cgroups(&["system.slice"])
+        .await
+        .must("nri-plugin with --host-cgroups system.slice");
+    let took = busy
+        .wait_allowed(&online.difference(&a.cpus), "at nri-plugin's start")
+        .await;
+    eprintln!(
+        "at start: host process off claim {} in {:.2} s",
+        a.cpus,
+        took.as_secs_f64()
+    );
+
+    // A claim prepared and its container created at once: when the
+    // container has started, the host process has already left its CPUs,
+    // read once, without waiting.
+    let (b, pod_b, b_id) = claim_pod(&mut node, "exclusive", &numa_device(0), 2, None).await;
+    let allowed_at_start = busy.allowed();
+    let held = a.cpus.union(&b.cpus);
+    assert_eq!(
+        allowed_at_start,
+        online.difference(&held),
+        "right after the claim container {b_id} started, the host process may run on {allowed_at_start} (claims {held})"
+    );
+    assert_eq!(busy.effective(), online.difference(&held));
+    node.wait_cpus(&b_id, &b.cpus).await.must("claim b pinned");
+    // nri-plugin wrote the host cgroup before it answered the container's
+    // CreateContainer.
+    let log = node.nri_log();
+    let want_list = online.difference(&held).to_cpulist();
+    let written = log_position(&log, |v| {
+        v.pointer("/fields/message").and_then(Value::as_str) == Some("host cgroup cpuset written")
+            && v.pointer("/fields/cpus").and_then(Value::as_str) == Some(want_list.as_str())
+    })
+    .must_some("a host cgroup write without both claims' CPUs in nri-plugin's log");
+    let placed = log_position(&log, |v| {
+        v.pointer("/fields/message").and_then(Value::as_str) == Some("container placed")
+            && v.pointer("/span/container").and_then(Value::as_str) == Some(b_id.as_str())
+    })
+    .must_some("the claim container's placement in nri-plugin's log");
+    assert!(
+        written < placed,
+        "host cgroup written (line {written}) before the container was placed (line {placed})"
+    );
+    // The busy loop runs, and the scheduler moved it off the claims.
+    let moved = Instant::now();
+    while held.contains(busy.last_cpu()) {
+        assert!(
+            moved.elapsed() < Duration::from_secs(5),
+            "the host process still runs on CPU {}",
+            busy.last_cpu()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Pod deleted and claim unprepared: the host process comes back.
+    node.delete_pod(&pod_b).await.must("deleting the claim pod");
+    node.unprepare(&b.claim).await.must("unpreparing claim b");
+    let took = busy
+        .wait_allowed(&online.difference(&a.cpus), "after the unprepare")
+        .await;
+    eprintln!(
+        "after unprepare: host process back on {} in {:.2} s",
+        b.cpus,
+        took.as_secs_f64()
+    );
+
+    // A clean stop gives the cgroup its own value back.
+    node.stop_nri_plugin();
+    let restored = busy.requested();
+    assert!(
+        restored == original || restored == online.to_cpulist(),
+        "cpuset.cpus restored to {original:?} (or, where the kernel refuses to empty it while it holds processes, every CPU of its parent): {restored:?}"
+    );
+    eprintln!("after SIGTERM: cpuset.cpus {restored:?} (was {original:?})");
+    busy.wait_allowed(&online, "after nri-plugin stopped").await;
+
+    // Killed with the option on, started with it removed: the next start
+    // restores what the last run managed.
+    node.start_nri_plugin_with_host_cgroups(&["system.slice"])
+        .await
+        .must("nri-plugin with --host-cgroups again");
+    busy.wait_allowed(&online.difference(&a.cpus), "on again")
+        .await;
+    node.kill_nri_plugin();
+    assert_eq!(
+        busy.allowed(),
+        online.difference(&a.cpus),
+        "kill -9 restores nothing"
+    );
+    node.start_nri_plugin_with_host_cgroups(&[])
+        .await
+        .must("nri-plugin without --host-cgroups");
+    let restored = busy.requested();
+    assert!(
+        restored == original || restored == online.to_cpulist(),
+        "restored at the start without the option: {restored:?}"
+    );
+    busy.wait_allowed(&online, "option removed").await;
+    timed("g (host cgroups)", started);
 }
 
 /// `Option` to a value, or a test failure naming what was missing.

@@ -112,6 +112,14 @@ unsolicited-updates: {{ $n.unsolicitedUpdates }}
 align-memory: {{ $n.alignMemory }}
 metrics-address: "0.0.0.0:{{ $n.metricsPort }}"
 log-format: {{ $n.logFormat }}
+state-dir: {{ $n.stateDir | quote }}
+{{- /* Set even when no host cgroup is listed: where the hierarchy is not
+mounted, cgroups a previous run managed are kept for a later restore, not
+looked up in the container's own cgroup namespace. */}}
+cgroup-root: /host-cgroup
+{{- with $n.hostCgroups }}
+host-cgroups: {{ toJson . }}
+{{- end }}
 {{- end -}}
 
 {{/* The NRI plugin index as two digits; --set turns "10" into a number. */}}
