@@ -203,3 +203,68 @@ fn missing_sysfs_root_is_reported_by_path() {
         "{stderr}"
     );
 }
+
+/// `inspect --format table` of a stopped daemon's store, on a machine with
+/// adjacent SMT siblings and two CPUs offline: the golden page.
+#[test]
+fn table_of_a_stopped_daemons_store_on_a_machine_with_offline_cpus() {
+    use shared_state::assignment::{AllocatedDevice, ClaimAssignment};
+    use shared_state::store::{AssignmentStore, SledStore};
+    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let state = tempfile::tempdir().expect("temp dir");
+    {
+        let store = SledStore::open(&state.path().join("store")).expect("store");
+        store
+            .put(&ClaimAssignment {
+                claim_uid: "7f3c".into(),
+                namespace: "trading".into(),
+                name: "book".into(),
+                consumer_pods: vec!["pod-1".into()],
+                devices: vec![AllocatedDevice {
+                    request: "cpus".into(),
+                    pool: "node".into(),
+                    device: "cpudevnuma001".into(),
+                    consumed_cpus: Some(4),
+                }],
+                cpus: shared_state::CpuSet::parse_cpulist("48-51").expect("cpulist"),
+                prepared_at_unix_ms: 1_796_256_005_000,
+            })
+            .expect("put");
+    }
+    let out = run(&[
+        "inspect",
+        "--from-store",
+        "--format",
+        "table",
+        "--state-dir",
+        state.path().to_str().expect("utf-8"),
+        "--sysfs-root",
+        root.to_str().expect("utf-8"),
+        "--reserved-cpus",
+        "0-1",
+    ]);
+    let text = stdout_ok(&out);
+    let head = "\
+CPUs of this node, revision 1, read from the store (dra-plugin is not running)
+94 online: 2 reserved, 4 in 1 claim, 88 shared; offline: 94-95
+
+socket 0
+  NUMA node 0: CPUs 0-47 (48)
+    [ 0=  1=] [ 2.  3.] [ 4.  5.] [ 6.  7.] [ 8.  9.] [10. 11.] [12. 13.] [14. 15.]
+";
+    assert!(text.starts_with(head), "\n{text}");
+    let socket1 = "\
+socket 1
+  NUMA node 1: CPUs 48-93 (46)
+    [48A 49A] [50A 51A] [52. 53.] [54. 55.] [56. 57.] [58. 59.] [60. 61.] [62. 63.]
+";
+    assert!(text.contains(socket1), "\n{text}");
+    let legend = "
+  =  reserved for system daemons: 0-1 (2)
+  .  shared pool: 2-47,52-93 (88)
+  A  trading/book  CPUs 48-51 (4)  pod pod-1  claim 7f3c  prepared 2026-12-03 00:00:05 UTC
+";
+    assert!(text.contains(legend), "\n{text}");
+    // Not a terminal: no colour, whatever NO_COLOR says.
+    assert!(!text.contains('\x1b'));
+}
