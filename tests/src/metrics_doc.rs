@@ -67,7 +67,7 @@ pub fn parse_table(readme: &str) -> Result<Vec<DocRow>, DocError> {
             labels: if labels == "-" {
                 BTreeSet::new()
             } else {
-                labels.split(',').map(|l| code(l)).collect()
+                labels.split(',').map(code).collect()
             },
             process: code(process),
             meaning: meaning.trim().to_string(),
@@ -292,14 +292,17 @@ pub fn promql_metric_names(expr: &str) -> BTreeSet<String> {
                     "by" | "without" | "on" | "ignoring" | "group_left" | "group_right"
                 ) {
                     label_list = true;
-                } else if in_braces == 0
-                    && !in_label_list
-                    && !call
-                    && !PROMQL_WORDS.contains(&lower.as_str())
+                } else {
                     // Digits before it (`5m`, `1e3`) make it part of a number.
-                    && !(start > 0 && chars[start - 1].is_ascii_digit())
-                {
-                    names.insert(word);
+                    let in_number = start > 0 && chars[start - 1].is_ascii_digit();
+                    let not_a_name = in_braces > 0
+                        || in_label_list
+                        || call
+                        || in_number
+                        || PROMQL_WORDS.contains(&lower.as_str());
+                    if !not_a_name {
+                        names.insert(word);
+                    }
                 }
                 continue;
             }
