@@ -445,9 +445,13 @@ async fn watch(socket: &Path, printer: &Printer, out: &mut impl Write) -> anyhow
     };
     tokio::pin!(stop);
     let mut state = LiveState::default();
+    // The last problem reported, so a daemon that stays away is reported
+    // once, not at every retry.
+    let mut reported = String::new();
     loop {
         let followed = async {
             let mut stream = subscribe(socket).await?;
+            reported.clear();
             while let Some(message) = stream.message().await.context("reading the stream")? {
                 let Some(event) = message.event else { continue };
                 if state.apply(event)? {
@@ -470,15 +474,19 @@ async fn watch(socket: &Path, printer: &Printer, out: &mut impl Write) -> anyhow
                 return ended;
             }
         }
-        match ended {
-            Ok(()) => eprintln!(
+        let problem = match ended {
+            Ok(()) => format!(
                 "the daemon closed its stream on {}; subscribing again",
                 socket.display()
             ),
-            Err(e) => eprintln!(
+            Err(e) => format!(
                 "no stream from the daemon on {} ({e:#}); retrying every {WATCH_RETRY:?}",
                 socket.display()
             ),
+        };
+        if problem != reported {
+            eprintln!("{problem}");
+            reported = problem;
         }
         tokio::select! {
             stopped = &mut stop => return stopped,

@@ -525,6 +525,39 @@ Containers are not shown: dra-plugin knows claims and their pods, only nri-plugi
         assert_eq!(text, expected, "\n{text}");
     }
 
+    /// The VM node's shape (`scripts/vm-node.sh` defaults): 2 sockets × 2
+    /// cores × 2 threads, one NUMA node per socket, siblings adjacent.
+    #[test]
+    fn vm_node_grid() {
+        let topology = build(&Shape {
+            sockets: 2,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 2,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        });
+        let state = NodeState {
+            source: "socket".into(),
+            revision: 2,
+            allocatable: cs("1-7"),
+            reserved: cs("0"),
+            claims: vec![claim("c1", "rt", "4-5", &["pod-rt"])],
+        };
+        let text = render(&topology, &CpuSet::new(), &state, plain(Layout::Auto));
+        let grid = "
+socket 0
+  NUMA node 0: CPUs 0-3 (4)
+    [0= 1.] [2. 3.]
+
+socket 1
+  NUMA node 1: CPUs 4-7 (4)
+    [4A 5A] [6. 7.]
+";
+        assert!(text.contains(grid), "\n{text}");
+        assert!(text.starts_with("CPUs of this node, revision 2, read from the running dra-plugin\n8 online: 1 reserved, 2 in 1 claim, 5 shared\n"), "\n{text}");
+    }
+
     #[test]
     fn offline_unknown_and_overlapping_cpus_are_called_out() {
         let mut topology = two_socket();

@@ -247,6 +247,40 @@ async fn watch_as_json_prints_one_line_per_change() {
     running.stop().await.expect("clean stop");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_the_daemon_through_a_restart() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let mut frames = Frames::start(&node);
+    frames.next("at subscription");
+    let claim = node.claim("kept", &[("cpudevnuma003", Some("2"))], &pod_uid(3));
+    running
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .expect("prepare");
+    let prepared = frames.next("after the prepare");
+    assert!(prepared.contains("  A  default/kept  CPUs "), "{prepared}");
+
+    running.stop().await.expect("clean stop");
+    // Away for about four retries: the watch waits, saying so once (twice
+    // at most, if the restarting daemon's socket answers differently).
+    tokio::time::sleep(std::time::Duration::from_millis(4500)).await;
+    let running = node.start(DraVersion::V1).await;
+    let after_restart = frames.next("after the daemon's restart");
+    // The restarted daemon's snapshot: the claim kept its CPUs.
+    assert_eq!(after_restart, prepared);
+
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(frames.child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let stderr = tokio::task::spawn_blocking(move || frames.child.wait_with_output_ref())
+        .await
+        .expect("join");
+    let reports = stderr.matches("no stream from the daemon").count();
+    assert!((1..=2).contains(&reports), "{stderr}");
+    running.stop().await.expect("clean stop");
+}
+
 #[test]
 fn watch_refuses_the_store() {
     let output = Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
