@@ -13,7 +13,10 @@
 //!   32 cores a row, each row labelled with the cpulist of its CPUs. A
 //!   1024-CPU, 2-socket SMT machine then takes 16 grid rows instead of the
 //!   64 the full layout needs, so a `--watch` frame still fits one terminal
-//!   screen and redraws in place instead of scrolling.
+//!   screen and redraws in place instead of scrolling: the whole page is 32
+//!   lines of at most 117 columns (a row of 32 two-thread cores is 95
+//!   characters plus its label). Core boundaries stay visible (a space
+//!   between cores), which is what shows a half-used core.
 
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
