@@ -9,7 +9,10 @@
 #   - that every config-file key the chart writes is a flag of the binary that
 #     reads it (binaries from target/debug, built when missing),
 #   - that bad values fail at install time with a message naming the value,
-#   - every docs/examples manifest against both schemas.
+#   - every docs/examples manifest against both schemas,
+#   - with metrics.serviceMonitor and metrics.dashboard on: the ServiceMonitor
+#     against its CRD's schema (python jsonschema), its Service, the dashboard
+#     ConfigMap (scripts/check-monitoring.py).
 # helm and kubernetes-validate come from scripts/install-deps.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -230,6 +233,28 @@ for case in "${bad_values[@]}"; do
     fail "--set $setting was refused without naming the problem ('$expected'): $(cat "$out/bad.log")"
 done
 echo "check-chart: ${#bad_values[@]} bad values refused with a message naming them"
+
+# --- monitoring: ServiceMonitor, its Service, the Grafana dashboard -----------------
+for nri in true false; do
+  monitoring=(--set metrics.serviceMonitor.enabled=true,metrics.dashboard.enabled=true,metrics.serviceMonitor.labels.release=prometheus,nri.enabled=$nri)
+  helm lint --quiet --strict "$chart" "${monitoring[@]}" >"$out/lint-monitoring.log" 2>&1 ||
+    { cat "$out/lint-monitoring.log" >&2; fail "helm lint (monitoring on, nri.enabled=$nri)"; }
+  helm template dra-cpu "$chart" --namespace dra-cpu "${monitoring[@]}" >"$out/monitoring-$nri.yaml" 2>"$out/monitoring.log" ||
+    { cat "$out/monitoring.log" >&2; fail "helm template (monitoring on, nri.enabled=$nri)"; }
+  # kubernetes-validate knows no ServiceMonitor (it warns and passes it);
+  # check-monitoring.py validates that one against the CRD's schema.
+  for version in "${schema_versions[@]}"; do
+    "$validator" --quiet --strict -k "$version" "$out/monitoring-$nri.yaml" >"$out/validate.log" 2>&1 ||
+      { cat "$out/validate.log" >&2; fail "monitoring objects (nri.enabled=$nri) do not validate against Kubernetes $version"; }
+  done
+  "$python" "$(dirname "$0")/check-monitoring.py" "$out/monitoring-$nri.yaml" tests/schemas/servicemonitor-v1.schema.json "$chart/dashboards/dra-cpu.json" "$nri" ||
+    fail "the monitoring objects (nri.enabled=$nri) are not what they must be"
+done
+if helm template dra-cpu "$chart" --set metrics.serviceMonitor.interval=30seconds >"$out/bad.yaml" 2>"$out/bad.log"; then
+  fail "metrics.serviceMonitor.interval=30seconds rendered; it must be refused"
+fi
+grep -qF "/metrics/serviceMonitor/interval" "$out/bad.log" || fail "a bad scrape interval was refused without naming it: $(cat "$out/bad.log")"
+echo "check-chart: ServiceMonitor validates against its CRD schema and selects the metrics Service; the dashboard ConfigMap ships dashboards/dra-cpu.json"
 
 # --- example manifests ------------------------------------------------------------
 examples=(docs/examples/*.yaml)

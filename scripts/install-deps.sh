@@ -7,6 +7,8 @@
 #   - the Python package kubernetes-validate (checks objects against the real
 #     Kubernetes OpenAPI schemas),
 #   - the Python package cel-python (evaluates the chart's admission policy).
+#   - the Python package jsonschema (checks the chart's ServiceMonitor against
+#     its CRD schema, tests/schemas/).
 #   - Go 1.24 with Debian's grpc-go and protobuf sources, and the Python
 #     package grpcio: the real gRPC clients of tests/tests/real_grpc_clients.rs
 #     (a grpc-go program dialing as kubelet does, built offline in GOPATH
@@ -185,6 +187,13 @@ if "$python" -c 'import celpy' >/dev/null 2>&1; then
 else
   step "pip install cel-python" "$python" -m pip install -q --disable-pip-version-check cel-python
   echo "install-deps: installed cel-python"
+fi
+if "$python" -c 'import jsonschema' >/dev/null 2>&1; then
+  echo "install-deps: jsonschema already installed"
+else
+  # scripts/check-chart.sh validates the chart's ServiceMonitor with it.
+  step "pip install jsonschema" "$python" -m pip install -q --disable-pip-version-check jsonschema
+  echo "install-deps: installed jsonschema"
 fi
 if "$python" -c 'import grpc' >/dev/null 2>&1; then
   echo "install-deps: grpcio $("$python" -c 'import grpc; print(grpc.__version__)') already installed"

@@ -11,6 +11,7 @@ pub mod dra_service;
 pub mod driver;
 pub mod http;
 pub mod inspect_state;
+pub mod inspect_table;
 pub mod k8s_names;
 pub mod kubelet_cpu_manager;
 pub mod metrics;

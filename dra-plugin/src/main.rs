@@ -25,7 +25,8 @@ struct Cli {
 enum Command {
     /// Run the plugin: serve kubelet and nri-plugin, publish ResourceSlices.
     Run(Box<run::RunArgs>),
-    /// Print the prepared claims, the pools and the store revision, as JSON.
+    /// Print the prepared claims, the pools and the store revision, as a grid
+    /// of the CPUs (on a terminal) or JSON; `--watch` follows every change.
     Inspect(inspect_state::InspectArgs),
     /// Print the node's CPU topology as JSON.
     Topology(inspect::TopologyArgs),

@@ -203,3 +203,124 @@ fn missing_sysfs_root_is_reported_by_path() {
         "{stderr}"
     );
 }
+
+/// `inspect --format table` of a stopped daemon's store, on a machine with
+/// adjacent SMT siblings and two CPUs offline: the golden page.
+#[test]
+fn table_of_a_stopped_daemons_store_on_a_machine_with_offline_cpus() {
+    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let state = store_with_one_claim();
+    let out = run(&[
+        "inspect",
+        "--from-store",
+        "--format",
+        "table",
+        "--state-dir",
+        state.path().to_str().expect("utf-8"),
+        "--sysfs-root",
+        root.to_str().expect("utf-8"),
+        "--reserved-cpus",
+        "0-1",
+    ]);
+    let text = stdout_ok(&out);
+    let head = "\
+CPUs of this node, revision 1, read from the store (dra-plugin is not running)
+94 online: 2 reserved, 4 in 1 claim, 88 shared; offline: 94-95
+
+socket 0
+  NUMA node 0: CPUs 0-47 (48)
+    [ 0=  1=] [ 2.  3.] [ 4.  5.] [ 6.  7.] [ 8.  9.] [10. 11.] [12. 13.] [14. 15.]
+";
+    assert!(text.starts_with(head), "\n{text}");
+    let socket1 = "\
+socket 1
+  NUMA node 1: CPUs 48-93 (46)
+    [48A 49A] [50A 51A] [52. 53.] [54. 55.] [56. 57.] [58. 59.] [60. 61.] [62. 63.]
+";
+    assert!(text.contains(socket1), "\n{text}");
+    let legend = "
+  =  reserved for system daemons: 0-1 (2)
+  .  shared pool: 2-47,52-93 (88)
+  A  trading/book  CPUs 48-51 (4)  pod pod-1  claim 7f3c  prepared 2026-12-03 00:00:05 UTC
+";
+    assert!(text.contains(legend), "\n{text}");
+    // Not a terminal: no colour, whatever NO_COLOR says.
+    assert!(!text.contains('\x1b'));
+}
+
+/// A stopped daemon's state directory whose store holds one claim of CPUs
+/// 48-51.
+fn store_with_one_claim() -> tempfile::TempDir {
+    use shared_state::assignment::{AllocatedDevice, ClaimAssignment};
+    use shared_state::store::{AssignmentStore, SledStore};
+    let state = tempfile::tempdir().expect("temp dir");
+    let store = SledStore::open(&state.path().join("store")).expect("store");
+    store
+        .put(&ClaimAssignment {
+            claim_uid: "7f3c".into(),
+            namespace: "trading".into(),
+            name: "book".into(),
+            consumer_pods: vec!["pod-1".into()],
+            devices: vec![AllocatedDevice {
+                request: "cpus".into(),
+                pool: "node".into(),
+                device: "cpudevnuma001".into(),
+                consumed_cpus: Some(4),
+            }],
+            cpus: shared_state::CpuSet::parse_cpulist("48-51").expect("cpulist"),
+            prepared_at_unix_ms: 1_796_256_005_000,
+        })
+        .expect("put");
+    state
+}
+
+/// `inspect` under a terminal (util-linux `script` gives it a pty): the
+/// table is the default there and coloured unless NO_COLOR is set; in a
+/// pipe the default stays JSON.
+#[test]
+fn on_a_terminal_the_table_is_the_default_and_no_color_is_respected() {
+    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let state = store_with_one_claim();
+    let command = format!(
+        "{} inspect --from-store --state-dir {} --sysfs-root {}",
+        env!("CARGO_BIN_EXE_dra-plugin"),
+        state.path().display(),
+        root.display()
+    );
+    let on_terminal = |no_color: Option<&str>| -> String {
+        let mut script = Command::new("script");
+        script
+            .args(["--quiet", "--return", "--command", &command, "/dev/null"])
+            .env_remove("HOST_ROOT")
+            .env_remove("NO_COLOR");
+        if let Some(value) = no_color {
+            script.env("NO_COLOR", value);
+        }
+        let out = match script.output() {
+            Ok(out) => out,
+            Err(e) => {
+                // util-linux's `script` is in Debian's essential bsdutils.
+                panic!("running script(1) for a pty: {e}");
+            }
+        };
+        stdout_ok(&out).replace("\r\n", "\n")
+    };
+    let coloured = on_terminal(None);
+    assert!(
+        coloured.contains("CPUs of this node, revision 1"),
+        "{coloured:?}"
+    );
+    assert!(coloured.contains("\x1b[1;31m48A\x1b[0m"), "{coloured:?}");
+    let plain = on_terminal(Some("1"));
+    assert!(plain.contains("[48A 49A] [50A 51A]"), "{plain:?}");
+    assert!(!plain.contains('\x1b'), "{plain:?}");
+
+    let piped = run(&[
+        "inspect",
+        "--from-store",
+        "--state-dir",
+        state.path().to_str().expect("utf-8"),
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&stdout_ok(&piped)).expect("JSON");
+    assert_eq!(report["exclusive"], "48-51");
+}

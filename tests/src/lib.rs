@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod cri;
 pub mod image;
 pub mod kubelet_dra;
+pub mod metrics_doc;
 pub mod node;
 pub mod perf;
 pub mod prom_text;
