@@ -145,6 +145,8 @@ pub struct NodeOptions {
     pub group_by: Option<String>,
     /// `--min-shared-cpus` of dra-plugin (its default when `None`).
     pub min_shared_cpus: Option<u32>,
+    /// KEP-5304 device metadata (off: `--disable-device-metadata`).
+    pub device_metadata: bool,
 }
 
 impl Default for NodeOptions {
@@ -163,6 +165,7 @@ impl Default for NodeOptions {
             align_memory: false,
             group_by: None,
             min_shared_cpus: None,
+            device_metadata: true,
         }
     }
 }
@@ -249,6 +252,7 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     if let Some(min) = options.min_shared_cpus {
         args.extend(["--min-shared-cpus".to_string(), min.to_string()]);
     }
+    args.extend(flag(!options.device_metadata, "--disable-device-metadata"));
     args
 }
 

@@ -192,3 +192,44 @@ async fn a_claim_container_reads_its_device_metadata_and_a_reboot_rebuilds_it() 
         "and the claim's directory"
     );
 }
+
+#[tokio::test]
+async fn with_device_metadata_off_the_container_gets_only_its_cpus() {
+    let mut node = node(NodeOptions {
+        device_metadata: false,
+        ..NodeOptions::default()
+    })
+    .await;
+    let pod = PodIdentity::new("pod-plain");
+    let claim = node
+        .create_claim("plain-cpu", 1, &pod)
+        .await
+        .must("preparing the claim");
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let running = node.start_pod(&pod, &[spec]).await.must("starting the pod");
+    let id = running.id("app").to_string();
+    node.wait_cpus(&id, &claim.cpus)
+        .await
+        .must("the container pinned to its claim");
+    let listing = node
+        .cri
+        .exec_sync(&id, &["ls", CONTAINER_DIR])
+        .await
+        .must("listing the metadata directory");
+    assert_ne!(
+        listing.exit_code, 0,
+        "no metadata directory in the container: {listing:?}"
+    );
+    let spec_text = std::fs::read_to_string(
+        node.layout()
+            .cdi_dir
+            .join(format!("dra.k8s.io-cpu_claim-{}.json", claim.claim.uid)),
+    )
+    .must("the claim's CDI spec");
+    assert!(!spec_text.contains("mounts"), "{spec_text}");
+    assert!(!node
+        .layout()
+        .kubelet_root()
+        .join("plugins/dra.cpu/dra-device-metadata")
+        .exists());
+}
