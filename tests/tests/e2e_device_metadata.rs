@@ -93,7 +93,7 @@ async fn a_claim_container_reads_its_device_metadata_and_a_reboot_rebuilds_it() 
         .must("preparing the claim");
     let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
     let running = node
-        .start_pod(&pod, &[spec.clone()])
+        .start_pod(&pod, std::slice::from_ref(&spec))
         .await
         .must("starting the pod");
     let id = running.id("app").to_string();
