@@ -308,29 +308,12 @@ impl DeviceMetadata {
     /// The files of a prepared claim. Refused (before anything is written)
     /// if a name of the claim cannot be a path segment.
     pub fn render(&self, claim: &ClaimAssignment) -> Result<ClaimMetadata, MetadataError> {
-        let who = format!("{}/{} ({})", claim.namespace, claim.name, claim.claim_uid);
-        let check = |what: &'static str, value: &str| {
-            if is_path_segment(value) {
-                Ok(())
-            } else {
-                Err(MetadataError::BadName {
-                    claim: who.clone(),
-                    what,
-                    value: value.to_string(),
-                })
-            }
-        };
-        check("namespace", &claim.namespace)?;
-        check("name", &claim.name)?;
+        check_names(claim)?;
         let pod_claim_name = claim.pod_claim_name.as_deref().filter(|n| !n.is_empty());
-        if let Some(pod_claim_name) = pod_claim_name {
-            check("pod claim name", pod_claim_name)?;
-        }
         // Requests in allocation order, each with its devices.
         let mut requests: Vec<(&str, &str, Vec<&shared_state::AllocatedDevice>)> = Vec::new();
         for device in &claim.devices {
             let base = base_request(&device.request);
-            check("request", base)?;
             match requests.iter_mut().find(|(b, _, _)| *b == base) {
                 Some((_, _, devices)) => devices.push(device),
                 None => requests.push((base, &device.request, vec![device])),
@@ -451,6 +434,32 @@ impl DeviceMetadata {
         }
         Ok(plan)
     }
+}
+
+/// Whether every name of a claim that goes into a metadata path can be
+/// one path segment; what [`DeviceMetadata::render`] checks first, cheap
+/// enough for prepare to ask before it commits.
+pub fn check_names(claim: &ClaimAssignment) -> Result<(), MetadataError> {
+    let check = |what: &'static str, value: &str| {
+        if is_path_segment(value) {
+            Ok(())
+        } else {
+            Err(MetadataError::BadName {
+                claim: format!("{}/{} ({})", claim.namespace, claim.name, claim.claim_uid),
+                what,
+                value: value.to_string(),
+            })
+        }
+    };
+    check("namespace", &claim.namespace)?;
+    check("name", &claim.name)?;
+    if let Some(pod_claim_name) = claim.pod_claim_name.as_deref().filter(|n| !n.is_empty()) {
+        check("pod claim name", pod_claim_name)?;
+    }
+    for device in &claim.devices {
+        check("request", base_request(&device.request))?;
+    }
+    Ok(())
 }
 
 /// `<plugin data dir>/dra-device-metadata`.

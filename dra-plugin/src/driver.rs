@@ -533,11 +533,12 @@ impl Driver {
         };
         // A name that cannot be a metadata path is refused before anything
         // is committed.
-        self.claim_spec(&assignment)
-            .map_err(|e| PrepareError::Cdi {
+        if self.metadata.is_some() {
+            crate::device_metadata::check_names(&assignment).map_err(|e| PrepareError::Cdi {
                 claim: claim.to_string(),
                 reason: e.to_string(),
             })?;
+        }
         state
             .in_flight
             .insert(claim.uid.clone(), assignment.cpus.clone());
