@@ -4,11 +4,15 @@
 //! own `dra.cpu/allocatedNumCPUs` and `dra.cpu/cpus`.
 //!
 //! What the Go kubelet plugin helper does when a driver starts it with
-//! `EnableDeviceMetadata` (k8s.io/dynamic-resource-allocation, read in
-//! `kubeletplugin/metadata.go`, `kubeletplugin/draplugin.go`,
-//! `api/metadata/{doc,types,helpers}.go`, `api/metadata/v1beta1/*.go` and
-//! `api/metadata/testdata/HEAD/metadata.json` of kubernetes/kubernetes'
-//! staging tree and of the published module at 2026-07-01; upstream
+//! `EnableDeviceMetadata` (k8s.io/dynamic-resource-allocation: read in
+//! `kubeletplugin/metadata.go` and `kubeletplugin/draplugin.go` of the
+//! published module at 2026-07-01 (3d03671) and of kubernetes/kubernetes'
+//! staging tree, in `api/metadata/{doc,types,helpers}.go`,
+//! `api/metadata/v1beta1/{types,register}.go` and the compatibility
+//! fixture `api/metadata/testdata/HEAD/metadata.json` (v1beta1 then
+//! v1alpha1) of the staging tree; the 1.37 `metadata.go`, which routes its
+//! file writes through a `MetadataFileOperations` hook, was not available
+//! to read, so its write mechanics are not compared here; upstream
 //! dra-driver-cpu main de98098 calls it as
 //! `EnableDeviceMetadata(true, []schema.GroupVersion{metadata v1beta1})` in
 //! `pkg/driver/driver.go` and fills `Device.Metadata` in
