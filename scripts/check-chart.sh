@@ -152,6 +152,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
+        "no-device-metadata": {"disable-device-metadata": True},
         "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
     }.get(mode, {})
     for key, value in expect.items():

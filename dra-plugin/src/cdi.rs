@@ -14,11 +14,12 @@
 //! ones, then fsyncing the directory once) before it registers with kubelet,
 //! so no claim container can be created from a lost or stale entry.
 
+pub use shared_state::cdi_spec::ClaimSpec;
 pub use shared_state::cdi_spec::{
     claim_uid_of_file, device_id, device_name, spec_file_name, CDI_KIND, CDI_VERSION,
     SPEC_FILE_PREFIX,
 };
-use shared_state::cdi_spec::{parse_claim_spec, ClaimSpec};
+use shared_state::cdi_spec::{parse_claim_spec, MAX_SPEC_BYTES};
 use shared_state::claim_env::is_claim_uid;
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
@@ -71,9 +72,14 @@ impl CdiDir {
         }
     }
 
+    /// Write (or replace) the plain spec of a claim holding `cpus`.
+    pub fn write(&self, claim_uid: &str, cpus: &CpuSet) -> Result<(), CdiError> {
+        self.write_spec(claim_uid, &ClaimSpec::new(claim_uid, cpus))
+    }
+
     /// Write (or replace) a claim's spec atomically: its content is on disk
     /// before its name appears (see the module doc for the directory entry).
-    pub fn write(&self, claim_uid: &str, cpus: &CpuSet) -> Result<(), CdiError> {
+    pub fn write_spec(&self, claim_uid: &str, spec: &ClaimSpec) -> Result<(), CdiError> {
         if !is_claim_uid(claim_uid) {
             return Err(CdiError::BadClaimUid(claim_uid.to_string()));
         }
@@ -82,7 +88,7 @@ impl CdiDir {
         let temp_path = self
             .dir
             .join(format!(".{}{TEMP_SUFFIX}", spec_file_name(claim_uid)));
-        let body = ClaimSpec::new(claim_uid, cpus).to_json();
+        let body = spec.to_json();
         let result = (|| {
             let mut file = File::create(&temp_path).map_err(self.io(&temp_path, "create"))?;
             file.write_all(&body)
@@ -136,6 +142,19 @@ impl CdiDir {
         parse_claim_spec(&text, claim_uid).ok()
     }
 
+    /// A claim's spec on disk as a document, if it is there and proves
+    /// CPUs for the claim (the strict reading), for comparing with the spec
+    /// it should be.
+    pub fn read_spec(&self, claim_uid: &str) -> Option<ClaimSpec> {
+        let path = self.spec_path(claim_uid);
+        if std::fs::metadata(&path).ok()?.len() > MAX_SPEC_BYTES {
+            return None;
+        }
+        let text = std::fs::read(path).ok()?;
+        parse_claim_spec(&text, claim_uid).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
     fn sync_dir(&self) -> Result<(), CdiError> {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
@@ -146,22 +165,22 @@ impl CdiDir {
 /// What to change in the CDI directory so it holds exactly the stored claims.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CdiPlan {
-    /// Claims whose spec is missing or names other CPUs.
-    pub write: Vec<(String, CpuSet)>,
+    /// Claims whose spec is missing or differs (other CPUs, other mounts).
+    pub write: Vec<(String, ClaimSpec)>,
     /// Specs of ours whose claim is not stored.
     pub remove: Vec<String>,
 }
 
-/// Compare the stored claims with the specs on disk (`on_disk`: claim UID →
-/// the CPUs its spec names, `None` if it does not read).
+/// Compare the stored claims' specs with the specs on disk (`on_disk`:
+/// claim UID → its spec, `None` if it does not read).
 pub fn plan_reconcile(
-    stored: &[(String, CpuSet)],
-    on_disk: &std::collections::BTreeMap<String, Option<CpuSet>>,
+    stored: &[(String, ClaimSpec)],
+    on_disk: &std::collections::BTreeMap<String, Option<ClaimSpec>>,
 ) -> CdiPlan {
     let mut plan = CdiPlan::default();
-    for (uid, cpus) in stored {
-        if on_disk.get(uid).and_then(Option::as_ref) != Some(cpus) {
-            plan.write.push((uid.clone(), cpus.clone()));
+    for (uid, spec) in stored {
+        if on_disk.get(uid).and_then(Option::as_ref) != Some(spec) {
+            plan.write.push((uid.clone(), spec.clone()));
         }
     }
     let stored_uids: BTreeSet<&str> = stored.iter().map(|(u, _)| u.as_str()).collect();
@@ -175,18 +194,18 @@ pub fn plan_reconcile(
 
 impl CdiDir {
     /// Make the directory hold exactly the stored claims' specs.
-    pub fn reconcile(&self, stored: &[(String, CpuSet)]) -> Result<CdiPlan, CdiError> {
+    pub fn reconcile(&self, stored: &[(String, ClaimSpec)]) -> Result<CdiPlan, CdiError> {
         let on_disk = self
             .list()?
             .into_iter()
             .map(|uid| {
-                let cpus = self.read_cpus(&uid);
-                (uid, cpus)
+                let spec = self.read_spec(&uid);
+                (uid, spec)
             })
             .collect();
         let plan = plan_reconcile(stored, &on_disk);
-        for (uid, cpus) in &plan.write {
-            self.write(uid, cpus)?;
+        for (uid, spec) in &plan.write {
+            self.write_spec(uid, spec)?;
         }
         for uid in &plan.remove {
             self.remove(uid)?;
@@ -248,18 +267,42 @@ mod tests {
         let a = "aaaaaaaa-0000-0000-0000-000000000001".to_string();
         let b = "bbbbbbbb-0000-0000-0000-000000000002".to_string();
         let c = "cccccccc-0000-0000-0000-000000000003".to_string();
-        let stored = vec![(a.clone(), set("1")), (b.clone(), set("2"))];
-        let on_disk: BTreeMap<String, Option<CpuSet>> = [
-            (a.clone(), Some(set("1"))),
-            (b.clone(), Some(set("3"))),
+        let d = "dddddddd-0000-0000-0000-000000000004".to_string();
+        let e = "eeeeeeee-0000-0000-0000-000000000005".to_string();
+        let spec = |uid: &str, cpus: &str| ClaimSpec::new(uid, &set(cpus));
+        let mounted = |uid: &str, cpus: &str| {
+            spec(uid, cpus).with_mounts(vec![shared_state::cdi_spec::Mount::read_only_file(
+                "/h", "/c",
+            )])
+        };
+        let stored = vec![
+            (a.clone(), spec(&a, "1")),
+            (b.clone(), spec(&b, "2")),
+            (d.clone(), mounted(&d, "4")),
+            (e.clone(), spec(&e, "5")),
+        ];
+        let on_disk: BTreeMap<String, Option<ClaimSpec>> = [
+            (a.clone(), Some(spec(&a, "1"))),
+            (b.clone(), Some(spec(&b, "3"))),
             (c.clone(), None),
+            // Metadata turned on since: the mounts are added.
+            (d.clone(), Some(spec(&d, "4"))),
+            // And off: they go.
+            (e.clone(), Some(mounted(&e, "5"))),
         ]
         .into();
         let plan = plan_reconcile(&stored, &on_disk);
-        assert_eq!(plan.write, vec![(b, set("2"))]);
+        assert_eq!(
+            plan.write,
+            vec![
+                (b.clone(), spec(&b, "2")),
+                (d.clone(), mounted(&d, "4")),
+                (e.clone(), spec(&e, "5"))
+            ]
+        );
         assert_eq!(plan.remove, vec![c]);
         let missing = plan_reconcile(&stored, &BTreeMap::new());
-        assert_eq!(missing.write.len(), 2);
+        assert_eq!(missing.write.len(), 4);
         assert!(missing.remove.is_empty());
     }
 
@@ -271,7 +314,7 @@ mod tests {
         cdi.write(orphan, &set("7")).expect("write orphan");
         std::fs::write(dir.path().join("someone-else.json"), b"{}").expect("foreign");
         let plan = cdi
-            .reconcile(&[(UID.to_string(), set("0-1"))])
+            .reconcile(&[(UID.to_string(), ClaimSpec::new(UID, &set("0-1")))])
             .expect("reconcile");
         assert_eq!(plan.remove, vec![orphan.to_string()]);
         assert_eq!(cdi.read_cpus(UID), Some(set("0-1")));

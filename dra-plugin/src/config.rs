@@ -84,6 +84,10 @@ pub struct Settings {
     /// Do not publish the KEP-5517 node-allocatable mapping on devices.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub disable_node_allocatable_mapping: Option<bool>,
+    /// Do not write KEP-5304 device metadata files (and their CDI mounts)
+    /// for prepared claims.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub disable_device_metadata: Option<bool>,
     /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
     #[arg(long)]
     pub coordination_socket: Option<PathBuf>,
@@ -155,6 +159,8 @@ pub struct Config {
     pub allocation_policy: Policy,
     pub mixed_allocation_mode: bool,
     pub node_allocatable_mapping: bool,
+    /// Write KEP-5304 device metadata for prepared claims.
+    pub device_metadata: bool,
     pub coordination_socket: PathBuf,
     pub coordination_allowed_uids: Vec<u32>,
     pub metrics_address: SocketAddr,
@@ -221,6 +227,9 @@ impl Settings {
             disable_node_allocatable_mapping: self
                 .disable_node_allocatable_mapping
                 .or(fallback.disable_node_allocatable_mapping),
+            disable_device_metadata: self
+                .disable_device_metadata
+                .or(fallback.disable_device_metadata),
             coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
             coordination_allowed_uids: self
                 .coordination_allowed_uids
@@ -278,6 +287,7 @@ impl Settings {
             allocation_policy: self.allocation_policy.unwrap_or_default(),
             mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
             node_allocatable_mapping: !self.disable_node_allocatable_mapping.unwrap_or(false),
+            device_metadata: !self.disable_device_metadata.unwrap_or(false),
             coordination_socket,
             coordination_allowed_uids,
             metrics_address: self.metrics_address.unwrap_or_else(|| {
@@ -309,6 +319,14 @@ impl Config {
             .join("plugins")
             .join(&self.driver_name)
             .join("dra.sock")
+    }
+
+    /// `<kubelet-root>/plugins/<driver>`, the plugin data directory (the Go
+    /// helper's `PluginDataDirectoryPath`), where device metadata lives.
+    pub fn plugin_data_dir(&self) -> PathBuf {
+        self.kubelet_root_dir
+            .join("plugins")
+            .join(&self.driver_name)
     }
 
     /// The sled store's directory.
@@ -365,6 +383,11 @@ mod tests {
         assert_eq!(config.allocation_policy, Policy::Packed);
         assert!(!config.mixed_allocation_mode);
         assert!(config.node_allocatable_mapping);
+        assert!(config.device_metadata, "device metadata is on by default");
+        assert_eq!(
+            config.plugin_data_dir(),
+            PathBuf::from("/var/lib/kubelet/plugins/dra.cpu")
+        );
         assert_eq!(config.coordination_allowed_uids, vec![0]);
         assert_eq!(config.log_format, LogFormat::Text);
     }
@@ -385,12 +408,14 @@ mod tests {
             "--allocation-policy=full-pcpus-only",
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
+            "--disable-device-metadata",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",
             "--log-format=json",
         ]);
         let c = s.resolve(None).expect("resolves");
+        assert!(!c.device_metadata);
         assert_eq!(c.driver_name, "cpu.example.com");
         assert_eq!(c.node_name, "n1");
         assert_eq!(c.kubeconfig, Some(PathBuf::from("/k")));
@@ -426,6 +451,7 @@ group-by: socket
 allocation-policy: full-pcpus-only
 mixed-allocation-mode: true
 disable-node-allocatable-mapping: true
+disable-device-metadata: true
 coordination-socket: /c.sock
 coordination-allowed-uids: [0, 1000]
 metrics-address: 127.0.0.1:9000
@@ -446,6 +472,7 @@ log-format: json
             "--allocation-policy=full-pcpus-only",
             "--mixed-allocation-mode=true",
             "--disable-node-allocatable-mapping=true",
+            "--disable-device-metadata=true",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",

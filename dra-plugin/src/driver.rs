@@ -13,7 +13,8 @@
 //! nothing behind. The store is the source of truth; the in-memory map
 //! mirrors it so that a decision does not read the disk.
 
-use crate::cdi::{device_id, CdiDir};
+use crate::cdi::{device_id, CdiDir, ClaimSpec};
+use crate::device_metadata::{ClaimMetadata, DeviceMetadata, MetadataError, MetadataPlan};
 use crate::metrics::Metrics;
 use crate::prepare::{
     check_shared_pool_floor, opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef,
@@ -159,6 +160,9 @@ pub struct Driver {
     allocator: Allocator,
     store: Arc<dyn AssignmentStore>,
     cdi: CdiDir,
+    /// KEP-5304 device metadata files, written with each CDI spec; `None`
+    /// when turned off.
+    metadata: Option<DeviceMetadata>,
     state: Mutex<State>,
     /// Signalled whenever a group commit ends.
     settled: Condvar,
@@ -236,6 +240,7 @@ impl Driver {
             allocator: Allocator::new(topology),
             store,
             cdi,
+            metadata: None,
             state: Mutex::new(State {
                 claims,
                 revision,
@@ -252,6 +257,58 @@ impl Driver {
         };
         driver.update_gauges(&driver.lock());
         Ok(driver)
+    }
+
+    /// Write device metadata for every prepared claim (see
+    /// [`crate::device_metadata`]).
+    pub fn with_device_metadata(mut self, metadata: Option<DeviceMetadata>) -> Driver {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The CDI spec a prepared claim should have, and its metadata files
+    /// when those are on.
+    fn claim_spec(
+        &self,
+        assignment: &ClaimAssignment,
+    ) -> Result<(ClaimSpec, Option<ClaimMetadata>), MetadataError> {
+        let spec = ClaimSpec::new(&assignment.claim_uid, &assignment.cpus);
+        match &self.metadata {
+            None => Ok((spec, None)),
+            Some(metadata) => {
+                let files = metadata.render(assignment)?;
+                Ok((spec.with_mounts(files.mounts()), Some(files)))
+            }
+        }
+    }
+
+    /// Metadata files then the CDI spec that mounts them, so the runtime
+    /// never finds a spec whose files are not there yet.
+    fn write_claim(&self, assignment: &ClaimAssignment) -> Result<(), String> {
+        let (spec, files) = self.claim_spec(assignment).map_err(|e| e.to_string())?;
+        if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
+            metadata.write(files).map_err(|e| e.to_string())?;
+        }
+        self.cdi
+            .write_spec(&assignment.claim_uid, &spec)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The CDI spec first (no container can be given the claim any more),
+    /// then the metadata files it mounted.
+    fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), String> {
+        match self.cdi.remove(&claim.uid) {
+            Ok(()) => {}
+            // A UID we could never have written a spec for: nothing to do.
+            Err(crate::cdi::CdiError::BadClaimUid(_)) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        if let Some(metadata) = &self.metadata {
+            metadata
+                .remove(&claim.namespace, &claim.name, &claim.uid)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -383,13 +440,22 @@ impl Driver {
         claim: &ClaimRef,
         assignment: ClaimAssignment,
     ) -> Result<Prepared, PrepareError> {
-        if self.cdi.read_cpus(&claim.uid).as_ref() != Some(&assignment.cpus) {
+        let failed = |reason: String| PrepareError::Cdi {
+            claim: claim.to_string(),
+            reason,
+        };
+        let (spec, files) = self
+            .claim_spec(&assignment)
+            .map_err(|e| failed(e.to_string()))?;
+        if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
+            if !metadata.is_current(files) {
+                metadata.write(files).map_err(|e| failed(e.to_string()))?;
+            }
+        }
+        if self.cdi.read_spec(&claim.uid).as_ref() != Some(&spec) {
             self.cdi
-                .write(&claim.uid, &assignment.cpus)
-                .map_err(|e| PrepareError::Cdi {
-                    claim: claim.to_string(),
-                    reason: e.to_string(),
-                })?;
+                .write_spec(&claim.uid, &spec)
+                .map_err(|e| failed(e.to_string()))?;
         }
         Ok(Prepared {
             cdi_device_id: device_id(&claim.uid),
@@ -463,7 +529,16 @@ impl Driver {
             devices: parsed.devices,
             cpus,
             prepared_at_unix_ms: now_unix_ms(),
+            pod_claim_name: parsed.pod_claim_name,
         };
+        // A name that cannot be a metadata path is refused before anything
+        // is committed.
+        if self.metadata.is_some() {
+            crate::device_metadata::check_names(&assignment).map_err(|e| PrepareError::Cdi {
+                claim: claim.to_string(),
+                reason: e.to_string(),
+            })?;
+        }
         state
             .in_flight
             .insert(claim.uid.clone(), assignment.cpus.clone());
@@ -530,12 +605,12 @@ impl Driver {
         let removals: Vec<usize> = (0..batch.len())
             .filter(|&i| matches!(batch[i].change, Change::Unprepare))
             .collect();
-        let removed = in_parallel(&removals, |&i| self.cdi.remove(&batch[i].claim.uid));
+        let removed = in_parallel(&removals, |&i| self.remove_claim_files(&batch[i].claim));
         for (&i, result) in removals.iter().zip(removed) {
-            if let Err(e) = result {
+            if let Err(reason) = result {
                 settled[i] = Some(Settled::Failed(PrepareError::Cdi {
                     claim: batch[i].claim.to_string(),
-                    reason: e.to_string(),
+                    reason,
                 }));
             }
         }
@@ -582,14 +657,14 @@ impl Driver {
                 }
             })
             .collect();
-        let written = in_parallel(&writes, |(_, a, _)| self.cdi.write(&a.claim_uid, &a.cpus));
+        let written = in_parallel(&writes, |(_, a, _)| self.write_claim(a));
         let mut failed_writes = Vec::new();
         for ((i, _, revision), result) in writes.iter().zip(written) {
             // A put always changes the store, so it always has a revision.
             let revision = revision.unwrap_or_default();
             match result {
                 Ok(()) => settled[*i] = Some(Settled::Prepared(revision)),
-                Err(e) => failed_writes.push((*i, revision, e.to_string())),
+                Err(reason) => failed_writes.push((*i, revision, reason)),
             }
         }
         if has_prepares && failed_writes.len() < writes.len() {
@@ -755,37 +830,69 @@ impl Driver {
     fn unprepare_inner(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         let mut state = self.lock_idle(&claim.uid);
         if !state.claims.contains_key(&claim.uid) {
-            // Also clears a spec left by a crash between its removal steps.
-            return match self.cdi.remove(&claim.uid) {
-                Ok(()) => Ok(()),
-                // A UID we could never have written a spec for: nothing to do.
-                Err(crate::cdi::CdiError::BadClaimUid(_)) => Ok(()),
-                Err(e) => Err(PrepareError::Cdi {
+            // Also clears files left by a crash between removal steps.
+            return self
+                .remove_claim_files(claim)
+                .map_err(|reason| PrepareError::Cdi {
                     claim: claim.to_string(),
-                    reason: e.to_string(),
-                }),
-            };
+                    reason,
+                });
         }
         state.in_flight.insert(claim.uid.clone(), CpuSet::new());
         self.submit(state, claim, Change::Unprepare)
     }
 
     /// Rewrite missing or stale CDI specs of stored claims and remove specs
-    /// of ours whose claim is not stored.
-    pub fn reconcile_cdi(&self) -> Result<crate::cdi::CdiPlan, crate::cdi::CdiError> {
+    /// of ours whose claim is not stored; the same for device metadata
+    /// files when those are on.
+    pub fn reconcile_cdi(&self) -> Result<Reconciled, ReconcileError> {
         // No change in flight, so the specs being written or removed by a
         // group commit are not mistaken for stale or orphaned ones.
         let mut state = self.lock();
         while !state.in_flight.is_empty() {
             state = self.wait(state);
         }
-        let stored: Vec<(String, CpuSet)> = state
-            .claims
-            .values()
-            .map(|a| (a.claim_uid.clone(), a.cpus.clone()))
-            .collect();
-        self.cdi.reconcile(&stored)
+        let mut specs = Vec::with_capacity(state.claims.len());
+        let mut files = Vec::new();
+        for assignment in state.claims.values() {
+            let (spec, claim_files) = match self.claim_spec(assignment) {
+                Ok(rendered) => rendered,
+                Err(e) => {
+                    // Checked at prepare; a record from before that check
+                    // keeps its CPUs, without metadata.
+                    tracing::warn!(claim_uid = %assignment.claim_uid, error = %e, "no device metadata for a stored claim");
+                    (
+                        ClaimSpec::new(&assignment.claim_uid, &assignment.cpus),
+                        None,
+                    )
+                }
+            };
+            specs.push((assignment.claim_uid.clone(), spec));
+            files.extend(claim_files);
+        }
+        // Files before the specs that mount them.
+        let metadata = match &self.metadata {
+            Some(metadata) => metadata.reconcile(&files)?,
+            None => MetadataPlan::default(),
+        };
+        let cdi = self.cdi.reconcile(&specs)?;
+        Ok(Reconciled { cdi, metadata })
     }
+}
+
+/// What start-up reconciliation changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    pub cdi: crate::cdi::CdiPlan,
+    pub metadata: MetadataPlan,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Cdi(#[from] crate::cdi::CdiError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
 }
 
 /// The batch failed in the store: every change not already settled fails

@@ -7,6 +7,7 @@ pub mod claim_status;
 pub mod config;
 pub mod coordination_server;
 pub mod device_health;
+pub mod device_metadata;
 pub mod dra_service;
 pub mod driver;
 pub mod http;

@@ -138,7 +138,13 @@ pub struct ParsedClaim {
     pub devices: Vec<AllocatedDevice>,
     /// UIDs of the pods in `status.reservedFor`.
     pub consumer_pods: Vec<String>,
+    /// The claim's [`POD_CLAIM_NAME_ANNOTATION`], if set and not empty.
+    pub pod_claim_name: Option<String>,
 }
+
+/// Set by the ResourceClaim controller on claims it makes from a template:
+/// the pod-local claim name (`pod.spec.resourceClaims[].name`).
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
 /// Why a claim could not be prepared. The message is what kubelet shows in
 /// the pod's events, so each one says what is wrong and with what.
@@ -382,9 +388,17 @@ pub fn parse_claim(
             reserved_for,
         });
     }
+    let pod_claim_name = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
+        .filter(|n| !n.is_empty())
+        .cloned();
     Ok(ParsedClaim {
         devices,
         consumer_pods,
+        pod_claim_name,
     })
 }
 
@@ -1013,6 +1027,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             consumer_pods: vec![POD.into()],
+            pod_claim_name: None,
         }
     }
 

@@ -12,6 +12,7 @@
 use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
+use crate::device_metadata::{published_attributes, DeviceMetadata};
 use crate::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::metrics::Metrics;
@@ -134,6 +135,40 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .with_context(|| format!("opening the assignment store {}", store_dir.display()))?,
     );
     let metrics = Arc::new(Metrics::new());
+    let device_metadata = if config.device_metadata {
+        // The attributes as published, in every mode this node may publish.
+        let mut published = Vec::new();
+        for &mode in config.device_mode.modes() {
+            published.extend(
+                devices_for(
+                    &topology,
+                    &DeviceOptions {
+                        mode,
+                        group_by: config.group_by,
+                        reserved: config.reserved_cpus.clone(),
+                        node_allocatable_mapping: config.node_allocatable_mapping,
+                    },
+                )
+                .with_context(|| format!("building the node's {mode} devices"))?,
+            );
+        }
+        Some(DeviceMetadata::new(
+            &config.driver_name,
+            &config.plugin_data_dir(),
+            published_attributes(&published),
+            catalog
+                .devices()
+                .map(|(name, cpus)| (name.to_string(), cpus.clone()))
+                .collect(),
+        ))
+    } else {
+        if crate::device_metadata::remove_all(&config.plugin_data_dir())
+            .context("removing device metadata files (--disable-device-metadata)")?
+        {
+            tracing::info!("device metadata is off: removed the files written while it was on");
+        }
+        None
+    };
     let driver = Arc::new(
         Driver::open(
             DriverOptions {
@@ -150,16 +185,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             CdiDir::new(&config.cdi_dir),
             metrics.clone(),
         )
-        .context("loading prepared claims")?,
+        .context("loading prepared claims")?
+        .with_device_metadata(device_metadata),
     );
     let plan = driver
         .reconcile_cdi()
-        .context("reconciling the CDI directory with the store")?;
+        .context("reconciling the CDI directory and device metadata with the store")?;
     tracing::info!(
         claims = driver.snapshot().claims.len(),
         revision = driver.revision(),
-        rewritten = plan.write.len(),
-        removed = plan.remove.len(),
+        rewritten = plan.cdi.write.len(),
+        removed = plan.cdi.remove.len(),
+        metadata_rewritten = plan.metadata.write.len(),
+        metadata_removed = plan.metadata.remove.len(),
         "state loaded"
     );
 

@@ -81,7 +81,7 @@ fn is_upstream_key(key: &str) -> bool {
 
 /// This driver's own keys: the flag names of [`Settings`].
 fn is_own_key(key: &str) -> bool {
-    const OWN: [&str; 17] = [
+    const OWN: [&str; 18] = [
         "driver-name",
         "node-name",
         "kubeconfig",
@@ -95,6 +95,7 @@ fn is_own_key(key: &str) -> bool {
         "allocation-policy",
         "mixed-allocation-mode",
         "disable-node-allocatable-mapping",
+        "disable-device-metadata",
         "coordination-socket",
         "coordination-allowed-uids",
         "metrics-address",

@@ -37,6 +37,7 @@ fn claim(i: u32, pod: &str) -> ClaimAssignment {
         devices: Vec::new(),
         cpus: (first..first + CLAIM_CPUS).collect(),
         prepared_at_unix_ms: 0,
+        pod_claim_name: None,
     }
 }
 

@@ -131,6 +131,26 @@ mod tests {
     }
 
     #[test]
+    fn a_spec_with_device_metadata_mounts_reads_as_before() {
+        // The file dra-plugin writes with device metadata on, byte for byte.
+        let dir = tempfile::tempdir().expect("dir");
+        let spec = shared_state::cdi_spec::ClaimSpec::new(
+            UID,
+            &CpuSet::parse_cpulist("2-3").expect("cpulist"),
+        )
+        .with_mounts(vec![shared_state::cdi_spec::Mount::read_only_file(
+            "/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata/ns_c/cpus/metadata.json",
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/cpus/dra.cpu-metadata.json",
+        )]);
+        std::fs::write(spec_path(dir.path(), UID), spec.to_json()).expect("write");
+        assert_eq!(
+            read_claim_cpus(dir.path(), UID).expect("cpus").to_cpulist(),
+            "2-3"
+        );
+        assert_eq!(scan_claims(dir.path()).len(), 1);
+    }
+
+    #[test]
     fn reads_and_scans_spec_files() {
         let dir = tempfile::tempdir().expect("dir");
         let env = format!("DRA_CPUSET_{UID}=1");

@@ -604,6 +604,7 @@ pub fn cdi_claim(claim_uid: &str, cpus: CpuSet) -> ClaimAssignment {
         devices: Vec::new(),
         cpus,
         prepared_at_unix_ms: 0,
+        pod_claim_name: None,
     }
 }
 
@@ -752,6 +753,7 @@ mod tests {
             devices: Vec::new(),
             cpus: set(cpus),
             prepared_at_unix_ms: 1,
+            pod_claim_name: None,
         }
     }
 

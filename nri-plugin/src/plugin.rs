@@ -668,6 +668,7 @@ mod tests {
             devices: Vec::new(),
             cpus: set(cpus),
             prepared_at_unix_ms: 0,
+            pod_claim_name: None,
         }
     }
 

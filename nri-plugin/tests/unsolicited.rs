@@ -47,6 +47,7 @@ fn claim(uid: &str, cpus: &str, pod: &str) -> ClaimAssignment {
         devices: Vec::new(),
         cpus: set(cpus),
         prepared_at_unix_ms: 0,
+        pod_claim_name: None,
     }
 }
 

@@ -77,6 +77,7 @@ pub fn claim_from_message(claim: &v1::Claim) -> Result<ClaimAssignment, MessageE
         devices: Vec::new(),
         cpus,
         prepared_at_unix_ms: claim.prepared_at_unix_ms,
+        pod_claim_name: None,
     })
 }
 

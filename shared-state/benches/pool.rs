@@ -26,6 +26,7 @@ fn claim(i: u32) -> ClaimAssignment {
         devices: Vec::new(),
         cpus: (base..base + CPUS_PER_CLAIM).collect(),
         prepared_at_unix_ms: 0,
+        pod_claim_name: None,
     }
 }
 

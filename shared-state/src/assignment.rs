@@ -29,4 +29,10 @@ pub struct ClaimAssignment {
     pub cpus: CpuSet,
     /// Wall-clock time of the prepare, milliseconds since the Unix epoch.
     pub prepared_at_unix_ms: u64,
+    /// The claim's `resource.kubernetes.io/pod-claim-name` annotation (set
+    /// on claims made from a template): the device metadata file's path in
+    /// the container is named by it. Absent in records written before it
+    /// was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
 }

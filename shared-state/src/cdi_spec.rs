@@ -9,6 +9,11 @@
 //! and one strict reader ([`parse_claim_spec`]) for both processes. What a
 //! spec cannot say is which pod the claim is for; nri-plugin checks that
 //! elsewhere.
+//!
+//! With KEP-5304 device metadata on, the same device also bind-mounts each
+//! request's metadata file read-only into the container
+//! ([`ClaimSpec::with_mounts`]); the reader ignores mounts, since they
+//! prove nothing about CPUs.
 
 use crate::claim_env::{cdi_env_var, is_claim_uid, parse_claim_env};
 use crate::CpuSet;
@@ -68,11 +73,36 @@ pub struct SpecDevice {
     pub container_edits: ContainerEdits,
 }
 
-/// The edits a device makes to a container; only `env` is ever written.
+/// The edits a device makes to a container: the claim's env, and the
+/// device metadata mounts when those are on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerEdits {
     #[serde(default)]
     pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A CDI mount (the spec's `containerEdits.mounts[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+impl Mount {
+    /// A read-only bind mount of one file, as the kubelet plugin helper
+    /// writes for a device metadata file.
+    pub fn read_only_file(host_path: &str, container_path: &str) -> Mount {
+        Mount {
+            host_path: host_path.to_string(),
+            container_path: container_path.to_string(),
+            options: vec!["ro".to_string(), "bind".to_string()],
+        }
+    }
 }
 
 impl ClaimSpec {
@@ -85,9 +115,18 @@ impl ClaimSpec {
                 name: device_name(claim_uid),
                 container_edits: ContainerEdits {
                     env: vec![cdi_env_var(claim_uid, cpus)],
+                    mounts: Vec::new(),
                 },
             }],
         }
+    }
+
+    /// The same spec whose device also makes `mounts`.
+    pub fn with_mounts(mut self, mounts: Vec<Mount>) -> ClaimSpec {
+        if let Some(device) = self.devices.first_mut() {
+            device.container_edits.mounts = mounts;
+        }
+        self
     }
 
     /// The spec as the JSON bytes written to its file.
@@ -276,6 +315,32 @@ mod tests {
         assert_eq!(
             parse_claim_spec(b"{}", "../etc"),
             Err(SpecError::BadClaimUid("../etc".into()))
+        );
+    }
+
+    #[test]
+    fn a_spec_with_metadata_mounts_still_proves_its_cpus() {
+        let host = "/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata/ns_c/cpus/metadata.json";
+        let inside =
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/cpus/dra.cpu-metadata.json";
+        let spec =
+            ClaimSpec::new(UID, &set("2-3")).with_mounts(vec![Mount::read_only_file(host, inside)]);
+        let written = spec.to_json();
+        assert_eq!(parse_claim_spec(&written, UID), Ok(set("2-3")));
+        let doc: serde_json::Value = serde_json::from_slice(&written).unwrap_or_default();
+        assert_eq!(
+            doc["devices"][0]["containerEdits"],
+            serde_json::json!({
+                "env": [format!("DRA_CPUSET_{UID}=2-3")],
+                "mounts": [{"hostPath": host, "containerPath": inside, "options": ["ro", "bind"]}],
+            })
+        );
+        // It reads back as the same document, so reconciliation can compare.
+        let back: ClaimSpec = serde_json::from_slice(&written).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, spec);
+        // Without mounts the field is left out, as before.
+        assert!(
+            !String::from_utf8_lossy(&ClaimSpec::new(UID, &set("1")).to_json()).contains("mounts")
         );
     }
 

@@ -162,6 +162,7 @@ proptest! {
                 devices: vec![],
                 cpus: prepared_set.clone(),
                 prepared_at_unix_ms: 0,
+                pod_claim_name: None,
             });
         }
         let env = vec![format!("{CPUSET_ENV_PREFIX}{uid}={env_cpus}")];

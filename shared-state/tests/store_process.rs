@@ -34,6 +34,7 @@ fn record(uid: String, seq: u64) -> ClaimAssignment {
         }],
         cpus: [(seq % 64) as u32].into_iter().collect::<CpuSet>(),
         prepared_at_unix_ms: seq,
+        pod_claim_name: None,
         claim_uid: uid,
     }
 }

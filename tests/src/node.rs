@@ -147,6 +147,8 @@ pub struct NodeOptions {
     pub min_shared_cpus: Option<u32>,
     /// `--host-cgroups` of nri-plugin (none when empty).
     pub host_cgroups: Vec<String>,
+    /// KEP-5304 device metadata (off: `--disable-device-metadata`).
+    pub device_metadata: bool,
 }
 
 impl Default for NodeOptions {
@@ -166,6 +168,7 @@ impl Default for NodeOptions {
             group_by: None,
             min_shared_cpus: None,
             host_cgroups: Vec::new(),
+            device_metadata: true,
         }
     }
 }
@@ -257,6 +260,7 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     if let Some(min) = options.min_shared_cpus {
         args.extend(["--min-shared-cpus".to_string(), min.to_string()]);
     }
+    args.extend(flag(!options.device_metadata, "--disable-device-metadata"));
     args
 }
 

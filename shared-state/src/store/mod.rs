@@ -330,6 +330,7 @@ mod tests {
             }],
             cpus: CpuSet::parse_cpulist(cpus).unwrap_or_default(),
             prepared_at_unix_ms: 1_700_000_000_000,
+            pod_claim_name: None,
         }
     }
 
@@ -432,6 +433,26 @@ mod tests {
                 (got, want) => panic!("{key}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_pod_claim_name_is_kept_and_older_records_still_read() {
+        let mut templated = record("a", "0-3");
+        templated.pod_claim_name = Some("cpu".into());
+        let bytes = serde_json::to_vec(&templated).unwrap_or_default();
+        assert_eq!(
+            decode_record("claim/a", &bytes).map(|r| r.pod_claim_name),
+            Ok(Some("cpu".to_string()))
+        );
+        // A record without the field is written as before, and one written
+        // before the field existed reads as a claim named in the pod spec.
+        let plain = serde_json::to_vec(&record("a", "0-3")).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&plain).contains("pod_claim_name"));
+        let older = br#"{"claim_uid":"a","namespace":"ns","name":"n","consumer_pods":[],"devices":[],"cpus":"0-3","prepared_at_unix_ms":1}"#;
+        assert_eq!(
+            decode_record("claim/a", older).map(|r| r.pod_claim_name),
+            Ok(None)
+        );
     }
 
     #[test]

@@ -89,6 +89,7 @@ fn half_full_node(
         let parsed = ParsedClaim {
             devices: vec![grouped_device(&format!("cpudevnuma{numa:03}"), size)],
             consumer_pods: vec![uid('p', n)],
+            pod_claim_name: None,
         };
         let claim = claim_ref(n);
         let cpus = resolve_cpus(&claim, &parsed, catalog, allocator, &held, Policy::Packed)
@@ -152,6 +153,7 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
     let parsed = ParsedClaim {
         devices: vec![grouped_device("cpudevnuma000", 8)],
         consumer_pods: vec![uid('p', 1_000_000)],
+        pod_claim_name: None,
     };
     // The pick must give CPUs, or the timing measures an error path.
     match resolve_cpus(&claim, &parsed, &grouped, &allocator, &held, Policy::Packed) {
@@ -214,6 +216,7 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
             })
             .collect(),
         consumer_pods: vec![uid('p', 1_000_000)],
+        pod_claim_name: None,
     };
     match resolve_cpus(
         &claim,
@@ -331,6 +334,7 @@ fn assignment(n: u32, cpus: CpuSet) -> ClaimAssignment {
         devices: vec![grouped_device("cpudevnuma000", cpus.len() as u32)],
         cpus,
         prepared_at_unix_ms: 0,
+        pod_claim_name: None,
     }
 }
 

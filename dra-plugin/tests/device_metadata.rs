@@ -1,0 +1,353 @@
+//! KEP-5304 device metadata through the driver: written with the CDI spec
+//! at prepare, removed at unprepare, rebuilt by start-up reconciliation,
+//! and a failure leaves nothing behind.
+
+use dra_plugin::cdi::CdiDir;
+use dra_plugin::config::{DeviceMode, GroupBy};
+use dra_plugin::device_metadata::{published_attributes, DeviceMetadata};
+use dra_plugin::driver::{Driver, DriverOptions};
+use dra_plugin::metrics::Metrics;
+use dra_plugin::prepare::{ClaimRef, DeviceCatalog, POD_CLAIM_NAME_ANNOTATION};
+use dra_plugin::slices::{devices_for, DeviceOptions};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimConsumerReference, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+use shared_state::alloc::Policy;
+use shared_state::store::{AssignmentStore, MemoryStore};
+use shared_state::topology::{synthetic, Topology};
+use shared_state::CpuSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const NODE: &str = "node-a";
+const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+
+fn topology() -> Topology {
+    synthetic::build(&synthetic::Shape {
+        sockets: 2,
+        numa_per_socket: 1,
+        l3_per_numa: 1,
+        cores_per_l3: 4,
+        threads_per_core: 2,
+        sibling_numbering: synthetic::SiblingNumbering::Split,
+    })
+}
+
+/// Where one test keeps its files.
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    cdi: PathBuf,
+    plugin_data: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    Dirs {
+        cdi: tmp.path().join("cdi"),
+        plugin_data: tmp.path().join("kubelet/plugins/dra.cpu"),
+        _tmp: tmp,
+    }
+}
+
+/// A driver as `dra-plugin run` builds it, with metadata on or off.
+fn driver(store: Arc<dyn AssignmentStore>, dirs: &Dirs, metadata_on: bool) -> Driver {
+    let topo = topology();
+    let catalog = DeviceCatalog::new(
+        &topo,
+        &CpuSet::new(),
+        DeviceMode::Grouped,
+        GroupBy::Numanode,
+    )
+    .unwrap_or_else(|e| panic!("catalog: {e}"));
+    let published = devices_for(
+        &topo,
+        &DeviceOptions {
+            mode: DeviceMode::Grouped,
+            group_by: GroupBy::Numanode,
+            reserved: CpuSet::new(),
+            node_allocatable_mapping: false,
+        },
+    )
+    .unwrap_or_else(|e| panic!("devices: {e}"));
+    let metadata = metadata_on.then(|| {
+        DeviceMetadata::new(
+            "dra.cpu",
+            &dirs.plugin_data,
+            published_attributes(&published),
+            catalog
+                .devices()
+                .map(|(n, c)| (n.to_string(), c.clone()))
+                .collect(),
+        )
+    });
+    Driver::open(
+        DriverOptions {
+            driver_name: "dra.cpu".into(),
+            node_name: NODE.into(),
+            reserved: CpuSet::new(),
+            policy: Policy::Packed,
+            mixed_allocation_mode: false,
+            min_shared_cpus: 1,
+        },
+        catalog,
+        &topo,
+        store,
+        CdiDir::new(&dirs.cdi),
+        Arc::new(Metrics::new()),
+    )
+    .unwrap_or_else(|e| panic!("driver: {e}"))
+    .with_device_metadata(metadata)
+}
+
+fn claim(
+    n: usize,
+    name: &str,
+    cpus: u32,
+    pod_claim_name: Option<&str>,
+) -> (ClaimRef, ResourceClaim) {
+    let reference = ClaimRef {
+        namespace: "team".into(),
+        name: name.into(),
+        uid: format!("{n:08x}-0000-4000-8000-000000000000"),
+    };
+    let object = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(reference.name.clone()),
+            namespace: Some(reference.namespace.clone()),
+            uid: Some(reference.uid.clone()),
+            annotations: pod_claim_name
+                .map(|p| [(POD_CLAIM_NAME_ANNOTATION.to_string(), p.to_string())].into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "cpus".into(),
+                        driver: "dra.cpu".into(),
+                        pool: NODE.into(),
+                        device: "cpudevnuma001".into(),
+                        consumed_capacity: Some(
+                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
+                        ),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: "pod".into(),
+                uid: "feedbeef-0000-4000-8000-000000000000".into(),
+            }]),
+            ..Default::default()
+        }),
+    };
+    (reference, object)
+}
+
+/// The spec's mounts as (host path, container path).
+fn mounts(cdi: &Path, uid: &str) -> Vec<(String, String)> {
+    let text =
+        std::fs::read(cdi.join(format!("dra.k8s.io-cpu_claim-{uid}.json"))).unwrap_or_default();
+    let spec: Value = serde_json::from_slice(&text).unwrap_or_default();
+    spec["devices"][0]["containerEdits"]["mounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["options"], serde_json::json!(["ro", "bind"]), "{m}");
+            (
+                m["hostPath"].as_str().unwrap_or_default().to_string(),
+                m["containerPath"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The first object of a metadata file.
+fn first_object(path: &Path) -> Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::Deserializer::from_slice(&bytes)
+        .into_iter::<Value>()
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default()
+}
+
+#[test]
+fn prepare_writes_the_metadata_its_spec_mounts_and_unprepare_removes_both() {
+    let dirs = dirs();
+    let store = Arc::new(MemoryStore::default());
+    let driver = driver(store, &dirs, true);
+    let (reference, object) = claim(1, "web-cpu", 2, None);
+    let prepared = driver
+        .prepare(&reference, &object)
+        .unwrap_or_else(|e| panic!("prepare: {e}"));
+    let cdi = CdiDir::new(&dirs.cdi);
+    // nri-plugin's strict reading still finds the CPUs.
+    assert_eq!(
+        cdi.read_cpus(&reference.uid),
+        Some(prepared.assignment.cpus.clone())
+    );
+    let host = dirs
+        .plugin_data
+        .join("dra-device-metadata/team_web-cpu/cpus/metadata.json");
+    assert_eq!(
+        mounts(&dirs.cdi, &reference.uid),
+        vec![(
+            host.to_string_lossy().into_owned(),
+            format!("{CONTAINER_DIR}/resourceclaims/web-cpu/cpus/dra.cpu-metadata.json")
+        )]
+    );
+    let doc = first_object(&host);
+    assert_eq!(doc["apiVersion"], "metadata.resource.k8s.io/v1beta1");
+    assert_eq!(doc["metadata"]["uid"], reference.uid.as_str());
+    let device = &doc["requests"][0]["devices"][0];
+    assert_eq!(device["name"], "cpudevnuma001");
+    assert_eq!(
+        device["attributes"]["dra.cpu/cpus"]["string"],
+        prepared.assignment.cpus.to_cpulist().as_str()
+    );
+    assert_eq!(device["attributes"]["dra.cpu/allocatedNumCPUs"]["int"], 2);
+    // A published attribute of the device.
+    assert_eq!(
+        device["attributes"]["resource.kubernetes.io/numaNode"]["int"],
+        1
+    );
+
+    driver
+        .unprepare(&reference)
+        .unwrap_or_else(|e| panic!("unprepare: {e}"));
+    assert_eq!(cdi.read_cpus(&reference.uid), None);
+    assert!(!host.exists());
+    assert!(!dirs
+        .plugin_data
+        .join("dra-device-metadata/team_web-cpu")
+        .exists());
+}
+
+#[test]
+fn a_template_claim_is_mounted_under_its_pod_claim_name() {
+    let dirs = dirs();
+    let driver = driver(Arc::new(MemoryStore::default()), &dirs, true);
+    let (reference, object) = claim(2, "pod-x-cpu-7fk2q", 1, Some("cpu"));
+    driver
+        .prepare(&reference, &object)
+        .unwrap_or_else(|e| panic!("prepare: {e}"));
+    let found = mounts(&dirs.cdi, &reference.uid);
+    assert_eq!(
+        found.first().map(|(_, inside)| inside.as_str()),
+        Some(
+            format!("{CONTAINER_DIR}/resourceclaimtemplates/cpu/cpus/dra.cpu-metadata.json")
+                .as_str()
+        )
+    );
+    let host = PathBuf::from(found.first().map(|(h, _)| h.clone()).unwrap_or_default());
+    assert_eq!(first_object(&host)["podClaimName"], "cpu");
+    // Kept in the store, so reconciliation after a restart can rebuild it.
+    assert_eq!(
+        driver
+            .prepared(&reference.uid)
+            .and_then(|a| a.pod_claim_name),
+        Some("cpu".to_string())
+    );
+}
+
+#[test]
+fn a_repeat_prepare_and_a_restart_rebuild_lost_files() {
+    let dirs = dirs();
+    let store: Arc<dyn AssignmentStore> = Arc::new(MemoryStore::default());
+    let first = driver(store.clone(), &dirs, true);
+    let (reference, object) = claim(3, "web-cpu", 2, None);
+    first
+        .prepare(&reference, &object)
+        .unwrap_or_else(|e| panic!("prepare: {e}"));
+    let host = dirs
+        .plugin_data
+        .join("dra-device-metadata/team_web-cpu/cpus/metadata.json");
+    let written = std::fs::read(&host).unwrap_or_default();
+    // Lost behind our back: kubelet's retry puts it back.
+    std::fs::remove_file(&host).unwrap_or_else(|e| panic!("{e}"));
+    first
+        .prepare(&reference, &object)
+        .unwrap_or_else(|e| panic!("repeat: {e}"));
+    assert_eq!(std::fs::read(&host).unwrap_or_default(), written);
+
+    // A reboot: the CDI directory (tmpfs) is gone, the metadata file was
+    // truncated by a power cut, and a claim unprepared while we were down
+    // left files behind.
+    drop(first);
+    std::fs::remove_dir_all(&dirs.cdi).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&host, b"").unwrap_or_else(|e| panic!("{e}"));
+    let stale = dirs
+        .plugin_data
+        .join("dra-device-metadata/team_gone/cpus/metadata.json");
+    std::fs::create_dir_all(stale.parent().unwrap_or(&dirs.plugin_data))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&stale, b"{}").unwrap_or_else(|e| panic!("{e}"));
+    let second = driver(store.clone(), &dirs, true);
+    let reconciled = second
+        .reconcile_cdi()
+        .unwrap_or_else(|e| panic!("reconcile: {e}"));
+    assert_eq!(reconciled.cdi.write.len(), 1);
+    assert_eq!(reconciled.metadata.write.len(), 1);
+    assert_eq!(reconciled.metadata.remove.len(), 1);
+    assert_eq!(std::fs::read(&host).unwrap_or_default(), written);
+    assert!(!stale.exists());
+    assert_eq!(mounts(&dirs.cdi, &reference.uid).len(), 1);
+
+    // Turned off: the spec loses its mount (and `run` removes the files).
+    drop(second);
+    let off = driver(store, &dirs, false);
+    let reconciled = off
+        .reconcile_cdi()
+        .unwrap_or_else(|e| panic!("reconcile: {e}"));
+    assert_eq!(reconciled.cdi.write.len(), 1);
+    assert!(mounts(&dirs.cdi, &reference.uid).is_empty());
+    assert!(CdiDir::new(&dirs.cdi).read_cpus(&reference.uid).is_some());
+}
+
+#[test]
+fn a_metadata_failure_fails_the_prepare_and_leaves_nothing_behind() {
+    let dirs = dirs();
+    // A file where the metadata directory should be.
+    std::fs::create_dir_all(&dirs.plugin_data).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dirs.plugin_data.join("dra-device-metadata"), b"x")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let store = Arc::new(MemoryStore::default());
+    let driver = driver(store.clone(), &dirs, true);
+    let (reference, object) = claim(4, "web-cpu", 2, None);
+    let error = driver
+        .prepare(&reference, &object)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("dra-device-metadata"), "{error}");
+    assert!(driver.prepared(&reference.uid).is_none());
+    assert!(store.list().unwrap_or_default().is_empty());
+    assert_eq!(CdiDir::new(&dirs.cdi).read_cpus(&reference.uid), None);
+
+    // A claim whose name cannot be a path is refused before any commit.
+    let dirs = self::dirs();
+    let store = Arc::new(MemoryStore::default());
+    let driver = self::driver(store.clone(), &dirs, true);
+    let (mut reference, mut object) = claim(5, "web-cpu", 2, Some("../../etc"));
+    reference.name = "web-cpu".into();
+    object.metadata.name = Some("web-cpu".into());
+    let error = driver
+        .prepare(&reference, &object)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("pod claim name"), "{error}");
+    assert!(store.list().unwrap_or_default().is_empty());
+}
