@@ -163,7 +163,10 @@ impl PcieRoots {
 pub fn parse_root_name(name: &str) -> Option<(&str, &str)> {
     let rest = name.strip_prefix("pci")?;
     let (domain, bus) = rest.split_once(':')?;
-    let hex = |s: &str| s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
     let ok = (4..=8).contains(&domain.len()) && bus.len() == 2 && hex(domain) && hex(bus);
     ok.then_some((domain, bus))
 }
@@ -444,7 +447,8 @@ mod tests {
         // A link named like a PCI function pointing back at the root.
         std::os::unix::fs::symlink(
             t.root().join("sys/devices/pci0000:00"),
-            t.root().join("sys/devices/pci0000:00/0000:00:00.0/0000:00:1f.0"),
+            t.root()
+                .join("sys/devices/pci0000:00/0000:00:00.0/0000:00:1f.0"),
         )
         .expect("symlink");
         t.write("other/0000:00:02.0/numa_node", "1\n");
