@@ -83,6 +83,11 @@ pub struct Settings {
     /// Do not publish the KEP-5517 node-allocatable mapping on devices.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub disable_node_allocatable_mapping: Option<bool>,
+    /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
+    /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
+    /// `DRAListTypeAttributes` feature gate).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub expose_pcie_roots: Option<bool>,
     /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
     #[arg(long)]
     pub coordination_socket: Option<PathBuf>,
@@ -154,6 +159,7 @@ pub struct Config {
     pub allocation_policy: Policy,
     pub mixed_allocation_mode: bool,
     pub node_allocatable_mapping: bool,
+    pub expose_pcie_roots: bool,
     pub coordination_socket: PathBuf,
     pub coordination_allowed_uids: Vec<u32>,
     pub metrics_address: SocketAddr,
@@ -220,6 +226,7 @@ impl Settings {
             disable_node_allocatable_mapping: self
                 .disable_node_allocatable_mapping
                 .or(fallback.disable_node_allocatable_mapping),
+            expose_pcie_roots: self.expose_pcie_roots.or(fallback.expose_pcie_roots),
             coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
             coordination_allowed_uids: self
                 .coordination_allowed_uids
@@ -277,6 +284,7 @@ impl Settings {
             allocation_policy: self.allocation_policy.unwrap_or_default(),
             mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
             node_allocatable_mapping: !self.disable_node_allocatable_mapping.unwrap_or(false),
+            expose_pcie_roots: self.expose_pcie_roots.unwrap_or(false),
             coordination_socket,
             coordination_allowed_uids,
             metrics_address: self.metrics_address.unwrap_or_else(|| {
@@ -377,6 +385,7 @@ mod tests {
         assert_eq!(config.allocation_policy, Policy::Packed);
         assert!(!config.mixed_allocation_mode);
         assert!(config.node_allocatable_mapping);
+        assert!(!config.expose_pcie_roots);
         assert_eq!(config.coordination_allowed_uids, vec![0]);
         assert_eq!(config.log_format, LogFormat::Text);
     }
@@ -397,6 +406,7 @@ mod tests {
             "--allocation-policy=full-pcpus-only",
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
+            "--expose-pcie-roots",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",
@@ -416,6 +426,7 @@ mod tests {
         assert_eq!(c.allocation_policy, Policy::FullPcpusOnly);
         assert!(c.mixed_allocation_mode);
         assert!(!c.node_allocatable_mapping);
+        assert!(c.expose_pcie_roots);
         assert_eq!(c.coordination_socket, PathBuf::from("/c.sock"));
         assert_eq!(c.coordination_allowed_uids, vec![0, 1000]);
         assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9000");
@@ -438,6 +449,7 @@ group-by: socket
 allocation-policy: full-pcpus-only
 mixed-allocation-mode: true
 disable-node-allocatable-mapping: true
+expose-pcie-roots: true
 coordination-socket: /c.sock
 coordination-allowed-uids: [0, 1000]
 metrics-address: 127.0.0.1:9000
@@ -458,6 +470,7 @@ log-format: json
             "--allocation-policy=full-pcpus-only",
             "--mixed-allocation-mode=true",
             "--disable-node-allocatable-mapping=true",
+            "--expose-pcie-roots=true",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",
