@@ -4,6 +4,8 @@
 //! and published again without it, kept where the gate is on, and split 64
 //! devices to a slice while devices carry the list.
 
+mod common;
+
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
@@ -142,5 +144,61 @@ async fn each_release_and_gate_gets_slices_it_accepts() {
             let again = publisher.sync(&sent).await.unwrap();
             assert!(again.applied.is_empty(), "{what}: {again:?}");
         }
+    }
+}
+
+/// The daemon itself: `run` with `--expose-pcie-roots` on the fixture with
+/// a GPU on node 0 and a NIC on node 1 publishes each NUMA device with its
+/// node's roots; without the flag, none.
+#[tokio::test]
+async fn the_daemon_publishes_the_roots_of_the_fixture() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/sysfs-pci/2s-nic-node1-gpu-node0");
+    for expose in [true, false] {
+        let node = common::Node::with(dra_plugin::config::DeviceMode::Grouped, |s| {
+            s.sysfs_root = Some(fixture.clone());
+            s.expose_pcie_roots = Some(expose);
+        });
+        let running = node.start(dra_cpu_tests::kubelet_dra::DraVersion::V1).await;
+        let deadline = tokio::time::Instant::now() + common::WAIT;
+        let published = loop {
+            let slices = node.api.slices();
+            if !slices.is_empty() {
+                break slices;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no slices published"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let by_device: Vec<(String, Option<Vec<String>>)> = published
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| {
+                let roots = d
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(ATTR_PCIE_ROOT))
+                    .and_then(|a| a.strings.clone());
+                (d.name.clone(), roots)
+            })
+            .collect();
+        let list = |r: &[&str]| expose.then(|| r.iter().map(|s| s.to_string()).collect());
+        assert_eq!(
+            by_device,
+            vec![
+                (
+                    "cpudevnuma000".to_string(),
+                    list(&["pci0000:00", "pci0000:40"])
+                ),
+                (
+                    "cpudevnuma001".to_string(),
+                    list(&["pci0000:80", "pci0000:c0"])
+                ),
+            ],
+            "--expose-pcie-roots={expose}"
+        );
+        running.stop().await.unwrap();
     }
 }
