@@ -86,6 +86,7 @@ allocation-policy: {{ $p.allocationPolicy }}
 min-shared-cpus: {{ int $p.minSharedCpus }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
 disable-node-allocatable-mapping: {{ $p.disableNodeAllocatableMapping }}
+expose-pcie-roots: {{ $p.exposePcieRoots }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
 metrics-address: "0.0.0.0:{{ $p.metricsPort }}"
