@@ -876,6 +876,9 @@ mod tests {
         ])
     }
 
+    /// Device name and the pcieRoot list it should carry.
+    type Expected<'a> = Vec<(&'a str, Option<Vec<&'a str>>)>;
+
     fn pcie_roots_of(d: &Device) -> Option<Vec<&str>> {
         let attr = d.attributes.as_ref()?.get(ATTR_PCIE_ROOT)?;
         assert!(attr.string.is_none() && attr.int.is_none(), "{attr:?}");
@@ -887,7 +890,7 @@ mod tests {
         let t = machine();
         let roots = four_roots();
         let (a, b, c, d) = ("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:ff");
-        let cases: Vec<(DeviceOptions, Vec<(&str, Option<Vec<&str>>)>)> = vec![
+        let cases: Vec<(DeviceOptions, Expected)> = vec![
             (
                 options(DeviceMode::Grouped, GroupBy::Numanode, ""),
                 vec![

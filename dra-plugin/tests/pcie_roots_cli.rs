@@ -74,6 +74,9 @@ fn cpu_of(device: &Value) -> i64 {
         .expect("cpuID")
 }
 
+/// Device name and the pcieRoot list it should carry.
+type Expected<'a> = Vec<(&'a str, Option<Vec<String>>)>;
+
 fn list(items: &[&str]) -> Option<Vec<String>> {
     Some(items.iter().map(|s| s.to_string()).collect())
 }
@@ -100,7 +103,7 @@ fn two_sockets_with_a_gpu_on_node_0_and_a_nic_on_node_1() {
     let root = fixture("2s-nic-node1-gpu-node0");
     let node0 = list(&["pci0000:00", "pci0000:40"]);
     let node1 = list(&["pci0000:80", "pci0000:c0"]);
-    let grouped: [(&[&str], Vec<(&str, Option<Vec<String>>)>); 3] = [
+    let grouped: [(&[&str], Expected); 3] = [
         (
             &["--group-by", "numanode"],
             vec![
