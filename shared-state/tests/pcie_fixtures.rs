@@ -22,9 +22,16 @@ fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// A fixture, its roots with their locality, and the roots per NUMA node.
+type Case = (
+    &'static str,
+    Vec<(&'static str, Locality)>,
+    BTreeMap<u32, Vec<String>>,
+);
+
 #[test]
 fn discovery_per_fixture_table() {
-    let cases: [(&str, Vec<(&str, Locality)>, BTreeMap<u32, Vec<String>>); 2] = [
+    let cases: [Case; 2] = [
         (
             "2s-nic-node1-gpu-node0",
             vec![
