@@ -1073,6 +1073,44 @@ mod tests {
     }
 
     #[test]
+    fn refusals_of_the_pcie_root_list_are_recognised() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.to_string(),
+                ..Default::default()
+            }))
+        };
+        let cases = [
+            // 1.36/1.37 without DRAListTypeAttributes: the list dropped,
+            // the attribute left without a value.
+            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].attributes[resource.kubernetes.io/pcieRoot]: Invalid value: "": exactly one value must be specified"#, true),
+            // A schema without list values.
+            (500, "failed to create typed patch object (/n-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): .spec.devices[0].attributes.resource.kubernetes.io/pcieRoot.strings: field not declared in schema", true),
+            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].name: Invalid value"#, false),
+            (500, "failed to create typed patch object (...): .spec.devices[0].nodeAllocatableResources: field not declared in schema", false),
+            (409, "resource.kubernetes.io/pcieRoot", false),
+        ];
+        for (code, message, want) in cases {
+            assert_eq!(
+                is_refused_pcie_roots(&status(code, message)),
+                want,
+                "{code} {message}"
+            );
+        }
+        let doc = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
+            {"string": {}, "strings": {}}}}}});
+        assert!(declared_attribute_fields(&doc)
+            .unwrap()
+            .contains(LIST_FIELD));
+        let old = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
+            {"string": {}, "int": {}}}}}});
+        assert!(!declared_attribute_fields(&old)
+            .unwrap()
+            .contains(LIST_FIELD));
+    }
+
+    #[test]
     fn refusals_and_dropped_sharing_are_recognised() {
         let status = |code: u16, message: &str| {
             kube::Error::Api(Box::new(kube::core::Status {
