@@ -21,7 +21,6 @@
 //!   shared: the individual devices are published instead when a fallback is
 //!   given (`--cpu-device-mode auto`), otherwise nothing, and readiness says
 //!   why.
-//!
 //! - whether a DeviceAttribute declares list values (`strings`, KEP-5491,
 //!   1.36+), where the devices carry `resource.kubernetes.io/pcieRoot`
 //!   (`--expose-pcie-roots`). Before 1.36 the attribute is left out (an
