@@ -147,13 +147,13 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         check(mode, nri_mounts["sysfs"]["mountPath"] == nri["sysfs-root"].rstrip("/") + "/sys" and nri_mounts["sysfs"].get("readOnly") is True, "nri-plugin's sysfs-root is not its read-only sysfs mount")
         check(mode, containers["nri-plugin"]["readinessProbe"]["httpGet"]["path"] == "/readyz", "nri-plugin readiness is not /readyz")
     expect = {
-        "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
+        "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False, "expose-pcie-roots": False},
         "individual": {"cpu-device-mode": "individual"},
         "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "no-device-metadata": {"disable-device-metadata": True},
-        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
+        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig", "expose-pcie-roots": True},
     }.get(mode, {})
     for key, value in expect.items():
         check(mode, dra.get(key) == value, f"dra-plugin.yaml {key} = {dra.get(key)!r}, want {value!r}")

@@ -88,6 +88,11 @@ pub struct Settings {
     /// for prepared claims.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub disable_device_metadata: Option<bool>,
+    /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
+    /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
+    /// `DRAListTypeAttributes` feature gate).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub expose_pcie_roots: Option<bool>,
     /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
     #[arg(long)]
     pub coordination_socket: Option<PathBuf>,
@@ -161,6 +166,7 @@ pub struct Config {
     pub node_allocatable_mapping: bool,
     /// Write KEP-5304 device metadata for prepared claims.
     pub device_metadata: bool,
+    pub expose_pcie_roots: bool,
     pub coordination_socket: PathBuf,
     pub coordination_allowed_uids: Vec<u32>,
     pub metrics_address: SocketAddr,
@@ -230,6 +236,7 @@ impl Settings {
             disable_device_metadata: self
                 .disable_device_metadata
                 .or(fallback.disable_device_metadata),
+            expose_pcie_roots: self.expose_pcie_roots.or(fallback.expose_pcie_roots),
             coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
             coordination_allowed_uids: self
                 .coordination_allowed_uids
@@ -288,6 +295,7 @@ impl Settings {
             mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
             node_allocatable_mapping: !self.disable_node_allocatable_mapping.unwrap_or(false),
             device_metadata: !self.disable_device_metadata.unwrap_or(false),
+            expose_pcie_roots: self.expose_pcie_roots.unwrap_or(false),
             coordination_socket,
             coordination_allowed_uids,
             metrics_address: self.metrics_address.unwrap_or_else(|| {
@@ -388,6 +396,7 @@ mod tests {
             config.plugin_data_dir(),
             PathBuf::from("/var/lib/kubelet/plugins/dra.cpu")
         );
+        assert!(!config.expose_pcie_roots);
         assert_eq!(config.coordination_allowed_uids, vec![0]);
         assert_eq!(config.log_format, LogFormat::Text);
     }
@@ -409,6 +418,7 @@ mod tests {
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
             "--disable-device-metadata",
+            "--expose-pcie-roots",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",
@@ -429,6 +439,7 @@ mod tests {
         assert_eq!(c.allocation_policy, Policy::FullPcpusOnly);
         assert!(c.mixed_allocation_mode);
         assert!(!c.node_allocatable_mapping);
+        assert!(c.expose_pcie_roots);
         assert_eq!(c.coordination_socket, PathBuf::from("/c.sock"));
         assert_eq!(c.coordination_allowed_uids, vec![0, 1000]);
         assert_eq!(c.metrics_address.to_string(), "127.0.0.1:9000");
@@ -452,6 +463,7 @@ allocation-policy: full-pcpus-only
 mixed-allocation-mode: true
 disable-node-allocatable-mapping: true
 disable-device-metadata: true
+expose-pcie-roots: true
 coordination-socket: /c.sock
 coordination-allowed-uids: [0, 1000]
 metrics-address: 127.0.0.1:9000
@@ -473,6 +485,7 @@ log-format: json
             "--mixed-allocation-mode=true",
             "--disable-node-allocatable-mapping=true",
             "--disable-device-metadata=true",
+            "--expose-pcie-roots=true",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
             "--metrics-address=127.0.0.1:9000",

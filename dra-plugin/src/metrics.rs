@@ -81,6 +81,8 @@ pub struct Metrics {
     pub grouped_mode_unsupported: AtomicU64,
     /// 1 while the published devices carry the KEP-5517 mapping.
     pub node_allocatable_mapping_published: AtomicU64,
+    /// 1 while the published devices carry `resource.kubernetes.io/pcieRoot`.
+    pub pcie_roots_published: AtomicU64,
     /// The upstream Go driver's series, exported as well.
     pub upstream: shared_state::upstream_metrics::DriverMetrics,
     /// Claim device-status writes (KEP-4817), done and failed.
@@ -250,6 +252,12 @@ impl Metrics {
             self.node_allocatable_mapping_published
                 .load(Ordering::Relaxed),
         );
+        gauge(
+            &mut out,
+            "dra_cpu_pcie_roots_published",
+            "1 while the published devices carry resource.kubernetes.io/pcieRoot (--expose-pcie-roots, kept by the API server).",
+            self.pcie_roots_published.load(Ordering::Relaxed),
+        );
         self.upstream.render(&mut out);
         out
     }
@@ -299,6 +307,7 @@ mod tests {
             "dra_cpu_slice_publish_failures_total{stage=\"apply\",code=\"500\"} 1",
             "dra_cpu_grouped_mode_unsupported 1",
             "dra_cpu_node_allocatable_mapping_published 0",
+            "dra_cpu_pcie_roots_published 0",
         ] {
             assert!(out.contains(family), "missing {family}:\n{out}");
         }

@@ -21,6 +21,14 @@
 //!   shared: the individual devices are published instead when a fallback is
 //!   given (`--cpu-device-mode auto`), otherwise nothing, and readiness says
 //!   why.
+//! - whether a DeviceAttribute declares list values (`strings`, KEP-5491,
+//!   1.36+), where the devices carry `resource.kubernetes.io/pcieRoot`
+//!   (`--expose-pcie-roots`). Before 1.36 the attribute is left out (an
+//!   apply naming `strings` is refused whole), with a log line. 1.36 and
+//!   1.37 declare it behind the alpha `DRAListTypeAttributes` gate; with the
+//!   gate off the server drops the list and refuses the attribute left
+//!   without a value (HTTP 422 naming it), and the slices are published
+//!   again without it, with a warning and `dra_cpu_pcie_roots_published 0`.
 //!
 //! A failed publish is logged with the server's reason, counted in
 //! `dra_cpu_slice_publish_failures_total` and makes `/readyz` unready with
@@ -33,7 +41,10 @@
 //! the loss as a difference would republish forever.
 
 use crate::metrics::Metrics;
-use crate::slices::{build_slices, field_selector, label_selector, NodeOwner, SliceError};
+use crate::slices::{
+    build_slices, field_selector, has_pcie_roots, label_selector, without_pcie_roots, NodeOwner,
+    SliceError, ATTR_PCIE_ROOT,
+};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
@@ -54,6 +65,11 @@ use tokio::sync::watch;
 /// The OpenAPI v3 document that declares the ResourceSlice fields.
 pub const OPENAPI_RESOURCE_V1: &str = "/openapi/v3/apis/resource.k8s.io/v1";
 const DEVICE_SCHEMA: &str = "io.k8s.api.resource.v1.Device";
+const ATTRIBUTE_SCHEMA: &str = "io.k8s.api.resource.v1.DeviceAttribute";
+/// The list value a pcieRoot attribute is published in.
+const LIST_FIELD: &str = "strings";
+/// The first release whose DeviceAttribute declares [`LIST_FIELD`].
+const LIST_MINOR: u32 = 36;
 /// The KEP-5517 mapping field in its 1.37 shape.
 pub const MAPPING_FIELD: &str = "nodeAllocatableResources";
 /// The first release whose Device declares [`MAPPING_FIELD`] (kubernetes
@@ -149,10 +165,37 @@ pub fn is_undeclared_mapping(error: &kube::Error) -> bool {
 /// The field names of `io.k8s.api.resource.v1.Device` in an OpenAPI v3
 /// document, or `None` if the document does not describe it.
 pub fn declared_device_fields(openapi: &Value) -> Option<BTreeSet<String>> {
+    declared_fields(openapi, DEVICE_SCHEMA)
+}
+
+/// The field names of `io.k8s.api.resource.v1.DeviceAttribute`.
+pub fn declared_attribute_fields(openapi: &Value) -> Option<BTreeSet<String>> {
+    declared_fields(openapi, ATTRIBUTE_SCHEMA)
+}
+
+fn declared_fields(openapi: &Value, schema: &str) -> Option<BTreeSet<String>> {
     let properties = openapi
-        .pointer(&format!("/components/schemas/{DEVICE_SCHEMA}/properties"))?
+        .pointer(&format!("/components/schemas/{schema}/properties"))?
         .as_object()?;
     Some(properties.keys().cloned().collect())
+}
+
+/// Whether `error` is the server refusing the pcieRoot attribute: a
+/// validation error naming it (422; a 1.36/1.37 server without the
+/// `DRAListTypeAttributes` gate drops the list and then finds the attribute
+/// without a value), or a schema without list values (500, `.strings: field
+/// not declared in schema`).
+pub fn is_refused_pcie_roots(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => {
+            (status.code == 422 && status.message.contains(ATTR_PCIE_ROOT))
+                || (status.code == 500
+                    && status
+                        .message
+                        .contains(&format!(".{LIST_FIELD}: field not declared in schema")))
+        }
+        _ => false,
+    }
 }
 
 /// The minor release of a `/version` answer (`"37"`, `"37+"` on some
@@ -301,6 +344,9 @@ pub struct Publisher {
     /// Whether the server keeps `allowMultipleAllocations`; `None` until a
     /// dry-run apply told.
     consumable_capacity: Option<bool>,
+    /// Whether the server takes list-typed attributes (pcieRoot); `None`
+    /// until learned.
+    list_attributes: Option<bool>,
     status: Arc<PublishStatus>,
     metrics: Arc<Metrics>,
 }
@@ -316,6 +362,7 @@ impl Publisher {
             last: None,
             mapping: None,
             consumable_capacity: None,
+            list_attributes: None,
             status: Arc::new(PublishStatus::default()),
             metrics: Arc::new(Metrics::new()),
         }
@@ -335,6 +382,36 @@ impl Publisher {
     /// Whether the server takes the mapping, once learned.
     pub fn mapping_supported(&self) -> Option<bool> {
         self.mapping
+    }
+
+    /// Whether the server takes list-typed attributes, once learned.
+    pub fn list_attributes_supported(&self) -> Option<bool> {
+        self.list_attributes
+    }
+
+    /// Whether this server's DeviceAttribute declares list values: from the
+    /// OpenAPI v3 document, else from `/version`.
+    async fn learn_list_attribute_support(&self) -> Result<bool, PublishError> {
+        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
+            Ok(request) => match self.client.request::<Value>(request).await {
+                Ok(document) => match declared_attribute_fields(&document) {
+                    Some(fields) => return Ok(fields.contains(LIST_FIELD)),
+                    None => format!("no {ATTRIBUTE_SCHEMA} schema in the document"),
+                },
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        let info =
+            self.client
+                .apiserver_version()
+                .await
+                .map_err(|source| PublishError::Discover {
+                    openapi: openapi.clone(),
+                    source,
+                })?;
+        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging list attributes by /version {}.{}", info.major, info.minor);
+        Ok(minor_release(&info).is_some_and(|minor| minor >= LIST_MINOR))
     }
 
     /// Whether the server keeps `allowMultipleAllocations`, once learned.
@@ -421,6 +498,14 @@ impl Publisher {
                     self.mapping = Some(false);
                     tracing::warn!(node = %self.node, "the API server refused the {MAPPING_FIELD} mapping ({err}); publishing without it");
                 }
+                Err(err)
+                    if self.list_attributes == Some(true)
+                        && err.kube_source().is_some_and(is_refused_pcie_roots) =>
+                {
+                    // Bounded as above.
+                    self.list_attributes = Some(false);
+                    tracing::warn!(node = %self.node, "the API server refused {ATTR_PCIE_ROOT} ({err}); is the DRAListTypeAttributes feature gate off? Publishing without it (--expose-pcie-roots has no effect on this cluster)");
+                }
                 other => return other,
             }
         }
@@ -451,11 +536,30 @@ impl Publisher {
             }
             self.mapping = Some(supported);
         }
+        let wants_lists = has_pcie_roots(&desired.devices)
+            || has_pcie_roots(
+                desired
+                    .without_consumable_capacity
+                    .as_deref()
+                    .unwrap_or_default(),
+            );
+        if wants_lists && self.list_attributes.is_none() {
+            let supported = self.learn_list_attribute_support().await?;
+            if !supported {
+                tracing::info!(node = %self.node, "the API server does not declare list-typed attributes (Kubernetes before 1.36): publishing without {ATTR_PCIE_ROOT}");
+            }
+            self.list_attributes = Some(supported);
+        }
         let fit = |devices: &[Device]| {
-            if self.mapping == Some(true) {
+            let devices = if self.mapping == Some(true) {
                 devices.to_vec()
             } else {
                 without_mapping(devices)
+            };
+            if self.list_attributes == Some(false) {
+                without_pcie_roots(&devices)
+            } else {
+                devices
             }
         };
         let base = fit(&desired.devices);
@@ -633,6 +737,9 @@ impl Publisher {
             ),
             Ordering::Relaxed,
         );
+        self.metrics
+            .pcie_roots_published
+            .store(u64::from(has_pcie_roots(devices)), Ordering::Relaxed);
         Ok(outcome)
     }
 
@@ -962,6 +1069,44 @@ mod tests {
         ] {
             assert_eq!(minor_release(&info(major, minor)), want, "{major}.{minor}");
         }
+    }
+
+    #[test]
+    fn refusals_of_the_pcie_root_list_are_recognised() {
+        let status = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.to_string(),
+                ..Default::default()
+            }))
+        };
+        let cases = [
+            // 1.36/1.37 without DRAListTypeAttributes: the list dropped,
+            // the attribute left without a value.
+            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].attributes[resource.kubernetes.io/pcieRoot]: Invalid value: "": exactly one value must be specified"#, true),
+            // A schema without list values.
+            (500, "failed to create typed patch object (/n-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): .spec.devices[0].attributes.resource.kubernetes.io/pcieRoot.strings: field not declared in schema", true),
+            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].name: Invalid value"#, false),
+            (500, "failed to create typed patch object (...): .spec.devices[0].nodeAllocatableResources: field not declared in schema", false),
+            (409, "resource.kubernetes.io/pcieRoot", false),
+        ];
+        for (code, message, want) in cases {
+            assert_eq!(
+                is_refused_pcie_roots(&status(code, message)),
+                want,
+                "{code} {message}"
+            );
+        }
+        let doc = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
+            {"string": {}, "strings": {}}}}}});
+        assert!(declared_attribute_fields(&doc)
+            .unwrap()
+            .contains(LIST_FIELD));
+        let old = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
+            {"string": {}, "int": {}}}}}});
+        assert!(!declared_attribute_fields(&old)
+            .unwrap()
+            .contains(LIST_FIELD));
     }
 
     #[test]

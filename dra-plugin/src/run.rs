@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::prepare::DeviceCatalog;
 use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
 use crate::registration::{Registrar, RegistrationState};
-use crate::slices::{devices_for, DeviceOptions};
+use crate::slices::{devices_with_pcie_roots, DeviceOptions, LeftOutRoots, ATTR_PCIE_ROOT};
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
@@ -27,6 +27,7 @@ use dra_cpu_proto::transport::{
     bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
 use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -81,6 +82,29 @@ fn remove_sockets(paths: &[&Path]) {
     }
 }
 
+/// The PCIe roots for `--expose-pcie-roots`, with what was found in the log.
+fn discover_pcie_roots(config: &Config, topology: &Topology) -> anyhow::Result<PcieRoots> {
+    let devices = config.sysfs_root.join("sys/devices");
+    let roots = PcieRoots::discover(&config.sysfs_root).with_context(|| {
+        format!(
+            "--expose-pcie-roots: discovering the PCIe roots under {}",
+            devices.display()
+        )
+    })?;
+    if roots.is_empty() {
+        tracing::warn!(dir = %devices.display(), "--expose-pcie-roots: no PCIe root complex found, no device will carry {ATTR_PCIE_ROOT}");
+        return Ok(roots);
+    }
+    for (node, names) in roots.by_numa_node(topology) {
+        tracing::info!(numa_node = node, roots = ?names, "PCIe roots local to the CPUs of a NUMA node");
+    }
+    let without = roots.cpus_without_root(topology);
+    if !without.is_empty() {
+        tracing::info!(cpus = %without, "CPUs local to no PCIe root: their individual devices carry no {ATTR_PCIE_ROOT}");
+    }
+    Ok(roots)
+}
+
 /// Run the plugin until `shutdown` completes, then stop gracefully.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let topology = Topology::discover(&config.sysfs_root).with_context(|| {
@@ -109,6 +133,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             config.reserved_cpus.difference(&online)
         );
     }
+    let pcie_roots = if config.expose_pcie_roots {
+        Some(discover_pcie_roots(&config, &topology)?)
+    } else {
+        None
+    };
     let catalog = DeviceCatalog::for_modes(
         &topology,
         &config.reserved_cpus,
@@ -312,7 +341,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
 
     // ResourceSlices, in the background: the API server may be away.
     let devices_in = |mode| {
-        devices_for(
+        let (devices, left_out) = devices_with_pcie_roots(
             &topology,
             &DeviceOptions {
                 mode,
@@ -320,8 +349,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 reserved: config.reserved_cpus.clone(),
                 node_allocatable_mapping: config.node_allocatable_mapping,
             },
+            pcie_roots.as_ref(),
         )
-        .with_context(|| format!("building the node's {mode} devices"))
+        .with_context(|| format!("building the node's {mode} devices"))?;
+        for LeftOutRoots { device, roots } in left_out {
+            tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
+        }
+        anyhow::Ok(devices)
     };
     let desired = match config.device_mode.modes() {
         [preferred, fallback @ ..] => DesiredDevices {

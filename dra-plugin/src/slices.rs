@@ -12,8 +12,13 @@
 //!   (`cpudevsocket%03d`) or the whole machine (`cpudevmachine`), shareable,
 //!   with consumable capacity `dra.cpu/cpu` = its allocatable CPUs;
 //! - reserved CPUs are never published;
-//! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice; one pool per node,
-//!   named after the node, split over as many slices as needed.
+//! - at most [`MAX_DEVICES_PER_SLICE`] devices per slice
+//!   ([`MAX_DEVICES_PER_SLICE_WITH_LIST_ATTRIBUTES`] once a device carries a
+//!   list-typed attribute); one pool per node, named after the node, split
+//!   over as many slices as needed;
+//! - with `--expose-pcie-roots`, `resource.kubernetes.io/pcieRoot` (a list of
+//!   strings, KEP-5491) on every device: the PCIe roots local to any of its
+//!   CPUs (see [`shared_state::topology::pcie`]).
 
 use anyhow::Context;
 use crate::k8s_names::{is_dns_subdomain, is_driver_name};
@@ -25,6 +30,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
+use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -34,6 +40,15 @@ use std::path::PathBuf;
 
 /// The API server refuses a slice with more devices than this.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// ... and, from 1.36, with more than this once any of its devices carries a
+/// list-typed attribute (`ResourceSliceMaxDevicesWithAdvancedFeatures`).
+pub const MAX_DEVICES_PER_SLICE_WITH_LIST_ATTRIBUTES: usize = 64;
+/// Attribute values of one device, each item of a list counted
+/// (`ResourceSliceMaxAttributeValuesPerDevice`).
+pub const MAX_ATTRIBUTE_VALUES_PER_DEVICE: usize = 48;
+/// Attributes and capacities of one device
+/// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
+pub const MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: usize = 32;
 /// Consumable capacity of a grouped device, in whole CPUs.
 pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
 /// Label on every slice this product publishes, with [`MANAGED_BY`].
@@ -53,6 +68,9 @@ pub const ATTR_CPU_ID: &str = "dra.cpu/cpuID";
 pub const ATTR_CORE_TYPE: &str = "dra.cpu/coreType";
 pub const ATTR_SMT_ENABLED: &str = "dra.cpu/smtEnabled";
 pub const ATTR_NUM_CPUS: &str = "dra.cpu/numCPUs";
+/// The standard PCIe root attribute, list-typed as the upstream driver
+/// publishes it (`strings`; the `DRAListTypeAttributes` gate, 1.36+).
+pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
 /// `cacheL3ID` of a CPU without an L3 cache (some Arm parts), as the upstream
 /// driver publishes it, so selectors written for it keep working.
@@ -410,6 +428,123 @@ pub fn build_devices(
         .collect()
 }
 
+/// Whether `attribute` holds a list (`bools`, `ints`, `strings`, `versions`).
+pub fn is_list_attribute(attribute: &DeviceAttribute) -> bool {
+    attribute.bools.is_some()
+        || attribute.ints.is_some()
+        || attribute.strings.is_some()
+        || attribute.versions.is_some()
+}
+
+/// How many attribute values the API server counts for `attribute`: each
+/// item of a list, one for a scalar.
+fn attribute_values(attribute: &DeviceAttribute) -> usize {
+    if is_list_attribute(attribute) {
+        attribute.bools.as_ref().map_or(0, Vec::len)
+            + attribute.ints.as_ref().map_or(0, Vec::len)
+            + attribute.strings.as_ref().map_or(0, Vec::len)
+            + attribute.versions.as_ref().map_or(0, Vec::len)
+    } else {
+        1
+    }
+}
+
+/// PCIe roots of one device that did not fit its attribute limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOutRoots {
+    pub device: String,
+    pub roots: Vec<String>,
+}
+
+/// Adds [`ATTR_PCIE_ROOT`] to every device of `devices` (as planned in
+/// `planned`) that has a root local to one of its CPUs: the sorted names of
+/// those roots. A device none is local to gets no attribute (the API server
+/// refuses an empty list). Roots past the device's attribute limits (48
+/// values, 32 attributes and capacities) are left out and returned, so the
+/// caller can say so; the device keeps the ones that fit.
+pub fn add_pcie_roots(
+    devices: &mut [Device],
+    planned: &[DeviceCpus],
+    topology: &Topology,
+    roots: &PcieRoots,
+) -> Vec<LeftOutRoots> {
+    let cpus_of: BTreeMap<&str, &CpuSet> =
+        planned.iter().map(|p| (p.name.as_str(), &p.cpus)).collect();
+    let mut left_out = Vec::new();
+    for device in devices.iter_mut() {
+        let Some(cpus) = cpus_of.get(device.name.as_str()) else {
+            continue;
+        };
+        let mut local = roots.local_to(cpus, topology);
+        if local.is_empty() {
+            continue;
+        }
+        let attributes = device.attributes.get_or_insert_with(BTreeMap::new);
+        attributes.remove(ATTR_PCIE_ROOT);
+        let entries = attributes.len() + device.capacity.as_ref().map_or(0, BTreeMap::len);
+        let values: usize = attributes.values().map(attribute_values).sum();
+        let room = if entries >= MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE {
+            0
+        } else {
+            MAX_ATTRIBUTE_VALUES_PER_DEVICE.saturating_sub(values)
+        };
+        if local.len() > room {
+            left_out.push(LeftOutRoots {
+                device: device.name.clone(),
+                roots: local.split_off(room),
+            });
+        }
+        if !local.is_empty() {
+            attributes.insert(
+                ATTR_PCIE_ROOT.to_string(),
+                DeviceAttribute {
+                    strings: Some(local),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    left_out
+}
+
+/// The devices without [`ATTR_PCIE_ROOT`], for servers that cannot carry it.
+pub fn without_pcie_roots(devices: &[Device]) -> Vec<Device> {
+    devices
+        .iter()
+        .cloned()
+        .map(|mut d| {
+            if let Some(attributes) = d.attributes.as_mut() {
+                attributes.remove(ATTR_PCIE_ROOT);
+            }
+            d
+        })
+        .collect()
+}
+
+/// Whether any device carries [`ATTR_PCIE_ROOT`].
+pub fn has_pcie_roots(devices: &[Device]) -> bool {
+    devices.iter().any(|d| {
+        d.attributes
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ATTR_PCIE_ROOT))
+    })
+}
+
+/// Devices per slice for these devices: fewer once one carries a list.
+pub fn max_devices_per_slice(devices: &[Device]) -> usize {
+    let any_list = devices.iter().any(|d| {
+        d.attributes
+            .iter()
+            .flat_map(BTreeMap::values)
+            .any(is_list_attribute)
+    });
+    if any_list {
+        MAX_DEVICES_PER_SLICE_WITH_LIST_ATTRIBUTES
+    } else {
+        MAX_DEVICES_PER_SLICE
+    }
+}
+
 /// The driver name as it appears in slice names: already a DNS subdomain
 /// once validated, but anything else is folded to `-` so a name never fails
 /// on a character.
@@ -473,7 +608,7 @@ pub fn field_selector(node: &str) -> String {
     format!("spec.nodeName={node}")
 }
 
-/// The pool's slices: devices in order, [`MAX_DEVICES_PER_SLICE`] per slice,
+/// The pool's slices: devices in order, [`max_devices_per_slice`] per slice,
 /// every slice carrying the pool's generation and slice count. A node
 /// without allocatable CPUs still gets one empty slice, which tells the
 /// scheduler the pool exists and is empty.
@@ -490,10 +625,11 @@ pub fn build_slices(
     if !is_driver_name(driver) {
         return Err(SliceError::InvalidDriverName(driver.to_string()));
     }
+    let per_slice = max_devices_per_slice(&devices);
     let mut chunks: Vec<Vec<Device>> = Vec::new();
     let mut devices = devices.into_iter().peekable();
     while devices.peek().is_some() {
-        chunks.push(devices.by_ref().take(MAX_DEVICES_PER_SLICE).collect());
+        chunks.push(devices.by_ref().take(per_slice).collect());
     }
     if chunks.is_empty() {
         chunks.push(Vec::new());
@@ -550,6 +686,22 @@ pub fn devices_for(
     ))
 }
 
+/// [`devices_for`], with [`ATTR_PCIE_ROOT`] from `roots` where given; the
+/// roots left out of a device for its attribute limits come back too.
+pub fn devices_with_pcie_roots(
+    topology: &Topology,
+    options: &DeviceOptions,
+    roots: Option<&PcieRoots>,
+) -> Result<(Vec<Device>, Vec<LeftOutRoots>), SliceError> {
+    let planned = plan_devices(topology, options)?;
+    let mut devices = build_devices(topology, &planned, options.node_allocatable_mapping);
+    let left_out = match roots {
+        Some(roots) => add_pcie_roots(&mut devices, &planned, topology, roots),
+        None => Vec::new(),
+    };
+    Ok((devices, left_out))
+}
+
 /// Arguments of `dra-plugin slices`.
 #[derive(Debug, Clone, Args)]
 pub struct SlicesArgs {
@@ -575,6 +727,10 @@ pub struct SlicesArgs {
     /// Leave out the KEP-5517 `nodeAllocatableResources` mapping.
     #[arg(long)]
     pub disable_node_allocatable_mapping: bool,
+    /// Add `resource.kubernetes.io/pcieRoot` (the PCIe roots local to each
+    /// device's CPUs, read under `sys/devices`).
+    #[arg(long)]
+    pub expose_pcie_roots: bool,
 }
 
 /// `dra-plugin slices`: print, as a JSON list, the slices a first publish
@@ -592,7 +748,27 @@ pub fn print(args: &SlicesArgs, out: &mut impl Write) -> anyhow::Result<()> {
         reserved: args.reserved_cpus.clone(),
         node_allocatable_mapping: !args.disable_node_allocatable_mapping,
     };
-    let devices = devices_for(&topology, &options)?;
+    let roots = if args.expose_pcie_roots {
+        let roots = PcieRoots::discover(&args.sysfs_root).with_context(|| {
+            format!(
+                "discovering the PCIe roots under {}",
+                args.sysfs_root.join("sys/devices").display()
+            )
+        })?;
+        if roots.is_empty() {
+            eprintln!(
+                "no PCIe root complex under {}: no device gets {ATTR_PCIE_ROOT}",
+                args.sysfs_root.join("sys/devices").display()
+            );
+        }
+        Some(roots)
+    } else {
+        None
+    };
+    let (devices, left_out) = devices_with_pcie_roots(&topology, &options, roots.as_ref())?;
+    for LeftOutRoots { device, roots } in &left_out {
+        eprintln!("device {device}: PCIe roots {roots:?} left out of {ATTR_PCIE_ROOT} (at most {MAX_ATTRIBUTE_VALUES_PER_DEVICE} attribute values per device)");
+    }
     let owner = args.node_uid.as_ref().map(|uid| NodeOwner {
         name: args.node_name.clone(),
         uid: uid.clone(),
@@ -658,6 +834,184 @@ mod tests {
 
     fn capacity(d: &Device) -> Option<&str> {
         Some(d.capacity.as_ref()?.get(CPU_CAPACITY)?.value.0.as_str())
+    }
+
+    /// Four roots over [`machine`]: one by affinity on node 0, one by
+    /// `numa_node` on node 1, one by affinity on node 2, one local to every
+    /// CPU (`numa_node` -1). Node 3 has only the last.
+    fn four_roots() -> PcieRoots {
+        use shared_state::topology::pcie::{Locality, PcieRoot};
+        PcieRoots::new(vec![
+            PcieRoot {
+                name: "pci0000:00".into(),
+                locality: Locality::Cpus(cs("0-1,8-9")),
+            },
+            PcieRoot {
+                name: "pci0000:40".into(),
+                locality: Locality::NumaNodes([1].into()),
+            },
+            PcieRoot {
+                name: "pci0000:80".into(),
+                locality: Locality::Cpus(cs("4-5,12-13")),
+            },
+            PcieRoot {
+                name: "pci0000:ff".into(),
+                locality: Locality::Anywhere,
+            },
+        ])
+    }
+
+    /// Device name and the pcieRoot list it should carry.
+    type Expected<'a> = Vec<(&'a str, Option<Vec<&'a str>>)>;
+
+    fn pcie_roots_of(d: &Device) -> Option<Vec<&str>> {
+        let attr = d.attributes.as_ref()?.get(ATTR_PCIE_ROOT)?;
+        assert!(attr.string.is_none() && attr.int.is_none(), "{attr:?}");
+        Some(attr.strings.as_ref()?.iter().map(String::as_str).collect())
+    }
+
+    #[test]
+    fn pcie_roots_per_device_mode_table() {
+        let t = machine();
+        let roots = four_roots();
+        let (a, b, c, d) = ("pci0000:00", "pci0000:40", "pci0000:80", "pci0000:ff");
+        let cases: Vec<(DeviceOptions, Expected)> = vec![
+            (
+                options(DeviceMode::Grouped, GroupBy::Numanode, ""),
+                vec![
+                    ("cpudevnuma000", Some(vec![a, d])),
+                    ("cpudevnuma001", Some(vec![b, d])),
+                    ("cpudevnuma002", Some(vec![c, d])),
+                    ("cpudevnuma003", Some(vec![d])),
+                ],
+            ),
+            (
+                options(DeviceMode::Grouped, GroupBy::Socket, ""),
+                vec![
+                    ("cpudevsocket000", Some(vec![a, b, d])),
+                    ("cpudevsocket001", Some(vec![c, d])),
+                ],
+            ),
+            (
+                options(DeviceMode::Grouped, GroupBy::Machine, ""),
+                vec![("cpudevmachine", Some(vec![a, b, c, d]))],
+            ),
+            // Node 0 all reserved: its root is local to no published CPU.
+            (
+                options(DeviceMode::Grouped, GroupBy::Socket, "0-1,8-9"),
+                vec![
+                    ("cpudevsocket000", Some(vec![b, d])),
+                    ("cpudevsocket001", Some(vec![c, d])),
+                ],
+            ),
+        ];
+        for (opts, want) in cases {
+            let (devices, left_out) = devices_with_pcie_roots(&t, &opts, Some(&roots)).unwrap();
+            assert!(left_out.is_empty());
+            let got: Vec<(&str, Option<Vec<&str>>)> = devices
+                .iter()
+                .map(|dev| (dev.name.as_str(), pcie_roots_of(dev)))
+                .collect();
+            assert_eq!(got, want, "{opts:?}");
+        }
+        // Individual: each CPU by its own node.
+        let opts = options(DeviceMode::Individual, GroupBy::Numanode, "");
+        let plan = plan_devices(&t, &opts).unwrap();
+        let (devices, _) = devices_with_pcie_roots(&t, &opts, Some(&roots)).unwrap();
+        assert_eq!(devices.len(), 16);
+        for (planned, device) in plan.iter().zip(&devices) {
+            let DeviceScope::Cpu(cpu) = planned.scope else {
+                panic!("{planned:?}")
+            };
+            let want = match t.cpu(cpu).unwrap().numa {
+                0 => vec![a, d],
+                1 => vec![b, d],
+                2 => vec![c, d],
+                _ => vec![d],
+            };
+            assert_eq!(pcie_roots_of(device), Some(want), "cpu {cpu}");
+        }
+        // Without roots (flag off) nothing changes.
+        let (plain, _) = devices_with_pcie_roots(&t, &opts, None).unwrap();
+        assert_eq!(plain, devices_for(&t, &opts).unwrap());
+        assert!(!has_pcie_roots(&plain) && has_pcie_roots(&devices));
+        assert_eq!(without_pcie_roots(&devices), plain);
+    }
+
+    #[test]
+    fn a_device_no_root_is_local_to_gets_no_attribute() {
+        use shared_state::topology::pcie::{Locality, PcieRoot};
+        let t = machine();
+        let roots = PcieRoots::new(vec![PcieRoot {
+            name: "pci0000:00".into(),
+            locality: Locality::Cpus(cs("0")),
+        }]);
+        let opts = options(DeviceMode::Grouped, GroupBy::Numanode, "");
+        let (devices, _) = devices_with_pcie_roots(&t, &opts, Some(&roots)).unwrap();
+        let with: Vec<&str> = devices
+            .iter()
+            .filter(|d| pcie_roots_of(d).is_some())
+            .map(|d| d.name.as_str())
+            .collect();
+        assert_eq!(with, vec!["cpudevnuma000"]);
+        let (none, _) = devices_with_pcie_roots(&t, &opts, Some(&PcieRoots::default())).unwrap();
+        assert!(!has_pcie_roots(&none));
+    }
+
+    #[test]
+    fn pcie_roots_stop_at_the_attribute_value_limit() {
+        use shared_state::topology::pcie::{Locality, PcieRoot};
+        let t = machine();
+        let many: Vec<PcieRoot> = (0..60)
+            .map(|i| PcieRoot {
+                name: format!("pci{i:04x}:00"),
+                locality: Locality::Anywhere,
+            })
+            .collect();
+        let roots = PcieRoots::new(many);
+        for mode in [DeviceMode::Individual, DeviceMode::Grouped] {
+            let opts = options(mode, GroupBy::Numanode, "");
+            let (devices, left_out) = devices_with_pcie_roots(&t, &opts, Some(&roots)).unwrap();
+            assert_eq!(left_out.len(), devices.len(), "{mode}");
+            for (device, left) in devices.iter().zip(&left_out) {
+                let attrs = device.attributes.as_ref().unwrap();
+                let values: usize = attrs.values().map(attribute_values).sum();
+                assert_eq!(values, MAX_ATTRIBUTE_VALUES_PER_DEVICE, "{}", device.name);
+                let kept = pcie_roots_of(device).unwrap();
+                assert_eq!(kept.len() + left.roots.len(), 60);
+                // The first names are kept, the last ones reported.
+                assert_eq!(kept[0], "pci0000:00");
+                assert_eq!(left.roots.last().map(String::as_str), Some("pci003b:00"));
+            }
+        }
+    }
+
+    #[test]
+    fn list_attributes_halve_the_devices_per_slice() {
+        let t = build(&Shape {
+            sockets: 1,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 50,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        });
+        let opts = options(DeviceMode::Individual, GroupBy::Numanode, "");
+        let sizes = |devices: Vec<Device>| -> Vec<usize> {
+            build_slices("dra.cpu", "n", None, devices, 1)
+                .unwrap()
+                .iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .collect()
+        };
+        let plain = devices_for(&t, &opts).unwrap();
+        assert_eq!(sizes(plain), vec![100]);
+        let one_root = PcieRoots::new(vec![shared_state::topology::pcie::PcieRoot {
+            name: "pci0000:00".into(),
+            locality: shared_state::topology::pcie::Locality::Anywhere,
+        }]);
+        let (with, _) = devices_with_pcie_roots(&t, &opts, Some(&one_root)).unwrap();
+        assert_eq!(sizes(with), vec![64, 36]);
     }
 
     #[test]

@@ -85,6 +85,7 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
                 && c.allocation_policy == Policy::Packed
                 && !c.mixed_allocation_mode
                 && c.node_allocatable_mapping
+                && !c.expose_pcie_roots
                 && c.reserved_cpus.is_empty()
                 && c.kubeconfig.is_none()
                 && c.coordination_allowed_uids == [0]
@@ -116,6 +117,7 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
                 && c.coordination_socket == Path::new("/var/lib/cpu-driver/sock/coord.sock")
                 && c.metrics_address.port() == 19440
                 && c.log_format == LogFormat::Json
+                && c.expose_pcie_roots
         }),
     ];
     for (values, check) in cases {

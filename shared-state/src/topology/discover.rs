@@ -312,7 +312,7 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, Top
     Ok(out)
 }
 
-fn read_optional(path: &Path) -> Result<Option<(PathBuf, String)>, TopologyError> {
+pub(super) fn read_optional(path: &Path) -> Result<Option<(PathBuf, String)>, TopologyError> {
     match std::fs::read(path) {
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => Ok(Some((path.to_path_buf(), text))),
@@ -342,7 +342,7 @@ fn read_cpulist(path: &Path) -> Result<CpuSet, TopologyError> {
     parse_cpulist_at(path, &read_required(path)?)
 }
 
-fn parse_cpulist_at(path: &Path, text: &str) -> Result<CpuSet, TopologyError> {
+pub(super) fn parse_cpulist_at(path: &Path, text: &str) -> Result<CpuSet, TopologyError> {
     CpuSet::parse_cpulist(text).map_err(|e| TopologyError::Malformed {
         path: path.to_path_buf(),
         content: quote(text),
@@ -390,7 +390,7 @@ fn read_optional_id(path: &Path) -> Result<u32, TopologyError> {
     }
 }
 
-fn quote(text: &str) -> String {
+pub(super) fn quote(text: &str) -> String {
     if text.chars().count() <= QUOTE_LIMIT {
         text.to_string()
     } else {

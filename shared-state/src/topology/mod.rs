@@ -223,6 +223,7 @@ pub struct CpuReport {
 }
 
 pub mod discover;
+pub mod pcie;
 pub mod synthetic;
 
 #[cfg(test)]

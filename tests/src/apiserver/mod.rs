@@ -116,8 +116,9 @@ pub struct FakeApiServerOptions {
 }
 
 impl Default for FakeApiServerOptions {
-    /// A 1.37 server with `DRANodeAllocatableResources` on (off by default
-    /// in 1.37, where it is alpha): the release the driver's full contract
+    /// A 1.37 server with `DRANodeAllocatableResources` and
+    /// `DRAListTypeAttributes` on (off by default in 1.37, where they are
+    /// alpha): the release the driver's full contract
     /// needs. [`FakeApiServerOptions::for_version`] gives a release's
     /// defaults.
     fn default() -> Self {
@@ -127,6 +128,7 @@ impl Default for FakeApiServerOptions {
             feature_gates: FeatureGates {
                 dra_consumable_capacity: true,
                 dra_node_allocatable_resources: true,
+                dra_list_type_attributes: true,
             },
         }
     }

@@ -7,7 +7,8 @@ use super::patch;
 use super::selector::{fields_match, labels_match, FieldRequirement, LabelRequirement};
 use super::validate::{self, Cause};
 use super::version::{
-    drop_disabled_fields, undeclared_message, FeatureGates, KubernetesVersion, SliceSchema,
+    drop_disabled_fields, drop_disabled_list_attributes, undeclared_message, FeatureGates,
+    KubernetesVersion, SliceSchema,
 };
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::RandomState;
@@ -388,6 +389,7 @@ impl Store {
             gates: FeatureGates {
                 dra_consumable_capacity: true,
                 dra_node_allocatable_resources: true,
+                dra_list_type_attributes: true,
             },
         }
     }
@@ -506,6 +508,11 @@ impl Store {
     fn admit(&self, rt: &'static ResourceType, object: Value) -> Result<Value, ApiError> {
         let name = name_of(&object).to_string();
         let mut causes = Vec::new();
+        let mut object = object;
+        if rt.kind == "ResourceSlice" {
+            // Before validation, as the registry strategy's PrepareFor*.
+            drop_disabled_list_attributes(&self.gates, &mut object);
+        }
         match rt.kind {
             "ResourceSlice" => causes.extend(validate::validate_resource_slice(&object)),
             "ResourceClaim" => {
@@ -517,7 +524,6 @@ impl Store {
         if !causes.is_empty() {
             return Err(ApiError::invalid(rt, &name, &causes));
         }
-        let mut object = object;
         if rt.kind == "ResourceSlice" {
             // The decoder drops what this release does not know.
             self.slice_schema.prune(&mut object);

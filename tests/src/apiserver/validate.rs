@@ -96,6 +96,11 @@ pub fn validate_metadata_name(object: &Value, causes: &mut Vec<Cause>) {
 
 /// Per-slice limits from `resource.k8s.io/v1`.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// ... once a device carries a list-typed attribute (or taints, counters).
+pub const MAX_DEVICES_PER_SLICE_WITH_ADVANCED_FEATURES: usize = 64;
+/// Attribute values of one device, each list item counted.
+pub const MAX_ATTRIBUTE_VALUES_PER_DEVICE: usize = 48;
+const LIST_KINDS: [&str; 4] = ["bools", "ints", "strings", "versions"];
 pub const MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: usize = 32;
 pub const MAX_ALLOCATION_RESULTS: usize = 32;
 pub const MAX_RESERVED_FOR: usize = 256;
@@ -161,12 +166,24 @@ pub fn validate_resource_slice(object: &Value) -> Vec<Cause> {
         causes.push(invalid("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required, but multiple fields are set"));
     }
     if let Some(devices) = spec.get("devices").and_then(Value::as_array) {
-        if devices.len() > MAX_DEVICES_PER_SLICE {
-            causes.push(too_many(
-                "spec.devices",
-                MAX_DEVICES_PER_SLICE,
-                devices.len(),
-            ));
+        let has_lists = devices.iter().any(|d| {
+            d.get("attributes")
+                .and_then(Value::as_object)
+                .is_some_and(|attrs| {
+                    attrs.values().any(|a| {
+                        LIST_KINDS
+                            .iter()
+                            .any(|k| a.get(*k).is_some_and(|v| !v.is_null()))
+                    })
+                })
+        });
+        let max_devices = if has_lists {
+            MAX_DEVICES_PER_SLICE_WITH_ADVANCED_FEATURES
+        } else {
+            MAX_DEVICES_PER_SLICE
+        };
+        if devices.len() > max_devices {
+            causes.push(too_many("spec.devices", max_devices, devices.len()));
         }
         let mut names = BTreeSet::new();
         for (i, device) in devices.iter().enumerate() {
@@ -203,6 +220,7 @@ fn validate_device(
         }
     }
     let mut entries = 0usize;
+    let mut values = 0usize;
     if let Some(attributes) = device.get("attributes").and_then(Value::as_object) {
         entries += attributes.len();
         for (key, attr) in attributes {
@@ -210,8 +228,34 @@ fn validate_device(
             if !is_qualified_device_name(key) {
                 causes.push(invalid(&field, format!("{key:?}: must be a C identifier of at most 32 characters, optionally prefixed by a DNS subdomain and '/'")));
             }
+            let mut list_items = 0usize;
+            for list in LIST_KINDS {
+                let Some(items) = attr.get(list).filter(|v| !v.is_null()) else {
+                    continue;
+                };
+                let items = items.as_array().map(Vec::as_slice).unwrap_or_default();
+                if items.is_empty() {
+                    causes.push(invalid(
+                        &format!("{field}.{list}"),
+                        "must not be empty if specified",
+                    ));
+                }
+                list_items += items.len();
+                if list == "strings" || list == "versions" {
+                    for (i, item) in items.iter().enumerate() {
+                        if item.as_str().is_some_and(|s| s.len() > 64) {
+                            causes.push(invalid(
+                                &format!("{field}.{list}[{i}]"),
+                                "may not be longer than 64",
+                            ));
+                        }
+                    }
+                }
+            }
+            values += list_items.max(1);
             let kinds = ["bool", "int", "string", "version"]
                 .iter()
+                .chain(LIST_KINDS.iter())
                 .filter(|k| attr.get(**k).is_some_and(|v| !v.is_null()))
                 .count();
             if kinds != 1 {
@@ -241,6 +285,12 @@ fn validate_device(
                 causes.push(required(&format!("{field}.value")));
             }
         }
+    }
+    if values > MAX_ATTRIBUTE_VALUES_PER_DEVICE {
+        causes.push(invalid(
+            path,
+            format!("the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES_PER_DEVICE}, got {values}"),
+        ));
     }
     if entries > MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE {
         causes.push(too_many(
@@ -426,6 +476,39 @@ mod tests {
                 "spec.devices[0].attributes[dra.cpu/9x]",
             ),
             (
+                "empty list",
+                |s| {
+                    s["spec"]["devices"][0]["attributes"]["x.example.com/roots"] =
+                        json!({"strings": []})
+                },
+                "spec.devices[0].attributes[x.example.com/roots].strings",
+            ),
+            (
+                "list and scalar",
+                |s| {
+                    s["spec"]["devices"][0]["attributes"]["x.example.com/roots"] =
+                        json!({"strings": ["a"], "string": "a"})
+                },
+                "spec.devices[0].attributes[x.example.com/roots]",
+            ),
+            (
+                "long list item",
+                |s| {
+                    s["spec"]["devices"][0]["attributes"]["x.example.com/roots"] =
+                        json!({"strings": ["a", "x".repeat(65)]})
+                },
+                "spec.devices[0].attributes[x.example.com/roots].strings[1]",
+            ),
+            (
+                "too many attribute values",
+                |s| {
+                    let many: Vec<String> = (0..48).map(|i| format!("pci{i:04x}:00")).collect();
+                    s["spec"]["devices"][0]["attributes"]["x.example.com/roots"] =
+                        json!({ "strings": many });
+                },
+                "spec.devices[0]",
+            ),
+            (
                 "capacity without value",
                 |s| s["spec"]["devices"][0]["capacity"]["dra.cpu/cpu"] = json!({}),
                 "spec.devices[0].capacity[dra.cpu/cpu].value",
@@ -489,6 +572,26 @@ mod tests {
         assert_eq!(fields(&validate_resource_slice(&s)), vec!["spec.devices"]);
         s["spec"]["devices"].as_array_mut().map(|a| a.pop());
         assert_eq!(validate_resource_slice(&s), vec![]);
+    }
+
+    #[test]
+    fn list_attributes_lower_the_devices_per_slice() {
+        let mut s = slice();
+        let device = |i: usize| json!({"name": format!("cpudev{i:03}"), "attributes": {"x.example.com/roots": {"strings": ["pci0000:00"]}}});
+        s["spec"]["devices"] = Value::Array(
+            (0..=MAX_DEVICES_PER_SLICE_WITH_ADVANCED_FEATURES)
+                .map(device)
+                .collect(),
+        );
+        assert_eq!(fields(&validate_resource_slice(&s)), vec!["spec.devices"]);
+        s["spec"]["devices"].as_array_mut().map(|a| a.pop());
+        assert_eq!(validate_resource_slice(&s), vec![]);
+        // A list item is one value: 47 besides a one-item list still fits.
+        let mut one = slice();
+        let mut attrs = serde_json::Map::new();
+        attrs.insert("x.example.com/roots".into(), json!({"strings": ["a"]}));
+        one["spec"]["devices"][0]["attributes"] = Value::Object(attrs);
+        assert_eq!(validate_resource_slice(&one), vec![]);
     }
 
     proptest! {

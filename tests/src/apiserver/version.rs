@@ -98,6 +98,11 @@ pub struct FeatureGates {
     /// on devices (`nodeAllocatableResourceMappings` in 1.36,
     /// `nodeAllocatableResources` in 1.37). Alpha, off by default, in both.
     pub dra_node_allocatable_resources: bool,
+    /// `DRAListTypeAttributes` (KEP-5491): list-typed device attributes
+    /// (`bools`, `ints`, `strings`, `versions`). Declared from 1.36, alpha
+    /// (off) in 1.36 and 1.37. Off, the values are dropped and the
+    /// attribute left without a value fails validation (422).
+    pub dra_list_type_attributes: bool,
 }
 
 impl FeatureGates {
@@ -106,6 +111,7 @@ impl FeatureGates {
         FeatureGates {
             dra_consumable_capacity: version >= KubernetesVersion::V1_36,
             dra_node_allocatable_resources: false,
+            dra_list_type_attributes: false,
         }
     }
 
@@ -121,6 +127,7 @@ impl FeatureGates {
             match name {
                 "DRAConsumableCapacity" => self.dra_consumable_capacity = value,
                 "DRANodeAllocatableResources" => self.dra_node_allocatable_resources = value,
+                "DRAListTypeAttributes" => self.dra_list_type_attributes = value,
                 other => return Err(format!("unknown feature gate {other:?}")),
             }
         }
@@ -333,6 +340,32 @@ pub fn drop_disabled_fields(gates: &FeatureGates, slice: &mut Value) {
     }
 }
 
+/// Drops the list values of every device attribute when the
+/// `DRAListTypeAttributes` gate is off, as the registry strategy does
+/// before validation: an attribute that had only a list is left with no
+/// value, which validation then refuses.
+pub fn drop_disabled_list_attributes(gates: &FeatureGates, slice: &mut Value) {
+    if gates.dra_list_type_attributes {
+        return;
+    }
+    let Some(devices) = slice
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for device in devices.iter_mut() {
+        let Some(attributes) = device.get_mut("attributes").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for attribute in attributes.values_mut().filter_map(Value::as_object_mut) {
+            for list in ["bools", "ints", "strings", "versions"] {
+                attribute.remove(list);
+            }
+        }
+    }
+}
+
 /// The OpenAPI v3 document of `resource.k8s.io/v1` as far as this server
 /// models it: the ResourceSlice definitions under `components.schemas`.
 pub fn openapi_v3_resource_v1(version: KubernetesVersion) -> Value {
@@ -480,6 +513,13 @@ mod tests {
             .unwrap();
         assert!(gates.dra_consumable_capacity && gates.dra_node_allocatable_resources);
         assert!(gates.with_flags("Nope=true").is_err());
+        assert!(!FeatureGates::defaults(KubernetesVersion::V1_37).dra_list_type_attributes);
+        assert!(
+            FeatureGates::defaults(KubernetesVersion::V1_36)
+                .with_flags("DRAListTypeAttributes=true")
+                .unwrap()
+                .dra_list_type_attributes
+        );
         assert!(gates.with_flags("DRAConsumableCapacity").is_err());
         let mut slice = slice_with(json!({"name": "g", "allowMultipleAllocations": true,
             "capacity": {"dra.cpu/cpu": {"value": "4", "requestPolicy": {"default": "1"}}},
