@@ -203,12 +203,27 @@ pub struct StatusWriteStats {
     warned: AtomicBool,
 }
 
-/// Writes claim statuses in the background.
+/// Status writes waiting for the writer's one background task: the newest
+/// body per claim (an older one is never worth sending once a newer exists).
+#[derive(Default)]
+struct PendingWrites {
+    bodies: std::sync::Mutex<BTreeMap<String, (ClaimRef, Value, &'static str)>>,
+    wake: tokio::sync::Notify,
+    worker_started: AtomicBool,
+}
+
+/// Writes claim statuses in the background, one at a time. A burst of
+/// prepares would otherwise put one API request per claim in flight at
+/// once, competing for the node's CPUs with the prepares themselves; a
+/// queue that keeps only the newest body per claim sends each claim's final
+/// state once the burst has passed, and never more requests at once than
+/// one.
 #[derive(Clone)]
 pub struct ClaimStatusWriter {
     sink: Arc<dyn ClaimStatusSink>,
     field_manager: String,
     pub stats: Arc<StatusWriteStats>,
+    pending: Arc<PendingWrites>,
 }
 
 impl ClaimStatusWriter {
@@ -221,16 +236,56 @@ impl ClaimStatusWriter {
             sink,
             field_manager: field_manager.to_string(),
             stats,
+            pending: Arc::new(PendingWrites::default()),
         }
     }
 
-    /// Apply `body` to the claim's status without making anyone wait.
+    /// Queue `body` for the claim's status without making anyone wait; it
+    /// replaces a body of the same claim not yet sent.
     pub fn spawn_apply(&self, claim: &ClaimRef, body: Value, what: &'static str) {
-        let writer = self.clone();
-        let claim = claim.clone();
-        tokio::spawn(async move {
-            writer.apply(&claim, body, what).await;
-        });
+        {
+            let mut bodies = self
+                .pending
+                .bodies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            bodies.insert(claim.uid.clone(), (claim.clone(), body, what));
+        }
+        if !self.pending.worker_started.swap(true, Ordering::AcqRel) {
+            let writer = self.clone();
+            tokio::spawn(async move { writer.drain_forever().await });
+        }
+        self.pending.wake.notify_one();
+    }
+
+    /// The background task: sends what is queued, oldest claim key first,
+    /// then sleeps until more is queued.
+    async fn drain_forever(self) {
+        loop {
+            let batch = std::mem::take(
+                &mut *self
+                    .pending
+                    .bodies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            if batch.is_empty() {
+                self.pending.wake.notified().await;
+                continue;
+            }
+            for (_, (claim, body, what)) in batch {
+                self.apply(&claim, body, what).await;
+            }
+        }
+    }
+
+    /// Bodies queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        self.pending
+            .bodies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// Apply `body` now; the outcome is counted and logged, never returned.
@@ -376,5 +431,84 @@ mod tests {
         assert_eq!(sink.0.load(Ordering::Relaxed), 2);
         assert_eq!(stats.failed.load(Ordering::Relaxed), 2);
         assert_eq!(stats.written.load(Ordering::Relaxed), 0);
+    }
+
+    /// Counts the writes in flight at once and keeps every body it saw.
+    struct Recording {
+        in_flight: AtomicU64,
+        most_in_flight: AtomicU64,
+        seen: std::sync::Mutex<Vec<(String, Value)>>,
+    }
+
+    #[tonic::async_trait]
+    impl ClaimStatusSink for Recording {
+        async fn apply_status(
+            &self,
+            _: &str,
+            name: &str,
+            _: &str,
+            body: Value,
+        ) -> Result<bool, String> {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            self.seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((name.to_string(), body));
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(true)
+        }
+    }
+
+    #[tokio::test]
+    async fn queued_writes_go_one_at_a_time_and_only_the_newest_body_of_a_claim() {
+        let sink = Arc::new(Recording {
+            in_flight: AtomicU64::new(0),
+            most_in_flight: AtomicU64::new(0),
+            seen: std::sync::Mutex::new(Vec::new()),
+        });
+        let stats = Arc::new(StatusWriteStats::default());
+        let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", stats.clone());
+        let named = |i: usize| ClaimRef {
+            namespace: "ns".into(),
+            name: format!("c{i}"),
+            uid: format!("00000000-0000-4000-8000-{i:012}"),
+        };
+        for i in 0..32 {
+            writer.spawn_apply(&named(i), json!({"n": i, "v": "prepare"}), "prepare");
+        }
+        // Claim 3 is unprepared before its prepared status went out: only
+        // the cleared body may reach the server after this point.
+        writer.spawn_apply(&named(3), cleared_status(&named(3)), "unprepare");
+        for _ in 0..400 {
+            if stats.written.load(Ordering::Relaxed) >= 32 && writer.queued() == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let seen = sink
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        assert_eq!(
+            sink.most_in_flight.load(Ordering::SeqCst),
+            1,
+            "one write at a time"
+        );
+        let last_of_3 = seen
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "c3")
+            .map(|(_, b)| b.clone());
+        assert_eq!(last_of_3, Some(cleared_status(&named(3))), "{seen:?}");
+        let names: BTreeSet<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names.len(), 32, "every claim written: {names:?}");
+        assert!(
+            seen.len() <= 33,
+            "no more than one stale body: {}",
+            seen.len()
+        );
     }
 }

@@ -53,7 +53,13 @@ mod tests {
         assert!(is_dns_subdomain(&long_label));
         assert!(!is_driver_name(&long_label));
         assert!(is_driver_name(&"a".repeat(63)));
-        let node = ["a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61)].join(".");
+        let node = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61),
+        ]
+        .join(".");
         assert_eq!(node.len(), 253);
         assert!(is_dns_subdomain(&node));
         assert!(!is_dns_subdomain(&format!("{node}e")));

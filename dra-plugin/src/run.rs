@@ -165,21 +165,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     );
     let metrics = Arc::new(Metrics::new());
     let device_metadata = if config.device_metadata {
-        // The attributes as published, in every mode this node may publish.
+        // The attributes as published (PCIe roots included), in every mode
+        // this node may publish.
         let mut published = Vec::new();
         for &mode in config.device_mode.modes() {
-            published.extend(
-                devices_for(
-                    &topology,
-                    &DeviceOptions {
-                        mode,
-                        group_by: config.group_by,
-                        reserved: config.reserved_cpus.clone(),
-                        node_allocatable_mapping: config.node_allocatable_mapping,
-                    },
-                )
-                .with_context(|| format!("building the node's {mode} devices"))?,
-            );
+            let (devices, _) = devices_with_pcie_roots(
+                &topology,
+                &DeviceOptions {
+                    mode,
+                    group_by: config.group_by,
+                    reserved: config.reserved_cpus.clone(),
+                    node_allocatable_mapping: config.node_allocatable_mapping,
+                },
+                pcie_roots.as_ref(),
+            )
+            .with_context(|| format!("building the node's {mode} devices"))?;
+            published.extend(devices);
         }
         Some(DeviceMetadata::new(
             &config.driver_name,

@@ -20,8 +20,8 @@
 //!   strings, KEP-5491) on every device: the PCIe roots local to any of its
 //!   CPUs (see [`shared_state::topology::pcie`]).
 
-use anyhow::Context;
 use crate::k8s_names::{is_dns_subdomain, is_driver_name};
+use anyhow::Context;
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceCapacity, NodeAllocatableMapping, NodeAllocatableResource,

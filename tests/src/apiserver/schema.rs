@@ -28,15 +28,24 @@ fn defer_checks(
     static BATCH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = BATCH.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let batch = root.join(format!("{}-{n:04}", std::process::id()));
-    std::fs::create_dir_all(&batch)
-        .map_err(|e| format!("creating {} for a deferred schema check: {e}", batch.display()))?;
+    std::fs::create_dir_all(&batch).map_err(|e| {
+        format!(
+            "creating {} for a deferred schema check: {e}",
+            batch.display()
+        )
+    })?;
     let entries = std::fs::read_dir(files.path())
         .map_err(|e| format!("reading {}: {e}", files.path().display()))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("reading {}: {e}", files.path().display()))?;
         let to = batch.join(entry.file_name());
-        std::fs::copy(entry.path(), &to)
-            .map_err(|e| format!("copying {} to {}: {e}", entry.path().display(), to.display()))?;
+        std::fs::copy(entry.path(), &to).map_err(|e| {
+            format!(
+                "copying {} to {}: {e}",
+                entry.path().display(),
+                to.display()
+            )
+        })?;
     }
     let write = |name: &str, text: String| {
         std::fs::write(batch.join(name), text)
