@@ -1,0 +1,420 @@
+//! The topology tree the allocator walks, and the per-call counts on it.
+
+use super::Allocator;
+use crate::cpuset::CpuSet;
+use crate::topology::{CpuInfo, Topology};
+use std::collections::BTreeMap;
+
+pub(super) const NO_PARENT: u32 = u32::MAX;
+
+/// One group of the topology tree. Children are sorted by lowest CPU id,
+/// which makes "first" the lowest-id tie-break everywhere.
+#[derive(Debug, Clone)]
+pub(super) struct Node {
+    pub(super) parent: u32,
+    /// Into `Allocator::children` for inner nodes, into `Allocator::threads`
+    /// for cores.
+    pub(super) start: u32,
+    pub(super) end: u32,
+    /// Range of this subtree's cores in `Allocator::cores` (pre-order).
+    pub(super) cores_start: u32,
+    pub(super) cores_end: u32,
+    pub(super) is_core: bool,
+    /// Online CPUs in the subtree.
+    pub(super) size: u32,
+    /// How many sockets, NUMA nodes and L3 groups the subtree's online CPUs
+    /// are in. An L3 group is counted per socket and NUMA node, and a NUMA
+    /// node without L3 counts as one group, so `l3 == 1` means "inside one
+    /// socket, one NUMA node and one L3".
+    pub(super) spans: Spans,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Spans {
+    pub(super) sockets: u32,
+    pub(super) numa: u32,
+    pub(super) l3: u32,
+}
+
+/// Per-call counts, indexed like `Allocator::nodes`.
+pub(super) struct Counts {
+    pub(super) free: Vec<u32>,
+    /// CPUs of wholly free cores.
+    pub(super) whole: Vec<u32>,
+    /// Cores with at least one free thread not yet taken by the current
+    /// one-thread-per-core pass.
+    pub(super) open: Vec<u32>,
+    /// Sockets, NUMA nodes and L3 groups of the subtree with a free CPU.
+    pub(super) occupied: Vec<Spans>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Metric {
+    /// CPUs of wholly free cores.
+    Whole,
+    /// Free CPUs.
+    Free,
+    /// One free thread per core.
+    Spread,
+}
+
+type LevelKey = fn(&CpuInfo) -> u64;
+
+impl Allocator {
+    pub fn new(topology: &Topology) -> Allocator {
+        let numa_ids: std::collections::BTreeSet<u32> =
+            topology.cpus.iter().map(|c| c.numa).collect();
+        let socket_ids: std::collections::BTreeSet<u32> =
+            topology.cpus.iter().map(|c| c.socket).collect();
+        let socket_key: LevelKey = |c| u64::from(c.socket);
+        let numa_key: LevelKey = |c| u64::from(c.numa);
+        // The level with fewer groups is the coarser one: normally sockets
+        // hold NUMA nodes, but a machine with NUMA off has one node over all
+        // sockets.
+        let (outer, inner) = if numa_ids.len() < socket_ids.len() {
+            (numa_key, socket_key)
+        } else {
+            (socket_key, numa_key)
+        };
+        let levels: [LevelKey; 6] = [
+            outer,
+            inner,
+            |c| c.l3.map_or(0, |l| u64::from(l) + 1),
+            |c| c.core_type as u64,
+            |c| u64::from(c.cluster),
+            // A core is its sibling set; core_id alone repeats per socket.
+            |c| u64::from(c.siblings.first().unwrap_or(c.id)),
+        ];
+        let mut alloc = Allocator {
+            nodes: Vec::new(),
+            children: Vec::new(),
+            threads: Vec::new(),
+            cores: Vec::new(),
+            online: topology.cpus.iter().map(|c| c.id).collect(),
+            numa_nodes: Vec::new(),
+            width: 1,
+            uniform_width: true,
+        };
+        let all: Vec<&CpuInfo> = topology.cpus.iter().collect();
+        alloc.build(&all, &levels, NO_PARENT);
+        let mut numa: BTreeMap<u32, CpuSet> = BTreeMap::new();
+        for c in &topology.cpus {
+            numa.entry(c.numa).or_default().insert(c.id);
+        }
+        alloc.numa_nodes = numa.into_iter().collect();
+        let widths: Vec<u32> = alloc
+            .cores
+            .iter()
+            .map(|&n| alloc.nodes[n as usize].size)
+            .collect();
+        alloc.width = widths.iter().copied().max().unwrap_or(1).max(1) as usize;
+        alloc.uniform_width = widths.iter().all(|&w| w as usize == alloc.width);
+        alloc
+    }
+
+    /// Add the subtree for `cpus` (all sharing the keys of the levels above)
+    /// and return its node index.
+    fn build(&mut self, cpus: &[&CpuInfo], levels: &[LevelKey], parent: u32) -> u32 {
+        let index = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            parent,
+            start: 0,
+            end: 0,
+            cores_start: self.cores.len() as u32,
+            cores_end: 0,
+            is_core: false,
+            size: cpus.len() as u32,
+            spans: spans_of(cpus),
+        });
+        // Skip levels that do not divide this group: fewer, more useful nodes.
+        let mut rest = levels;
+        let groups = loop {
+            let Some((key, tail)) = rest.split_first() else {
+                break None;
+            };
+            let mut by_key: BTreeMap<u64, Vec<&CpuInfo>> = BTreeMap::new();
+            for c in cpus {
+                by_key.entry(key(c)).or_default().push(c);
+            }
+            rest = tail;
+            if by_key.len() > 1 || tail.is_empty() {
+                let mut groups: Vec<Vec<&CpuInfo>> = by_key.into_values().collect();
+                groups.sort_by_key(|g| g.iter().map(|c| c.id).min());
+                break Some((groups, tail.is_empty()));
+            }
+        };
+        match groups {
+            // The last level (the core) produced the groups: they are cores.
+            Some((groups, true)) => {
+                let mut kids = Vec::with_capacity(groups.len());
+                for group in groups {
+                    kids.push(self.push_core(&group, index));
+                }
+                self.set_children(index, kids);
+            }
+            Some((groups, false)) => {
+                let mut kids = Vec::with_capacity(groups.len());
+                for group in groups {
+                    kids.push(self.build(&group, rest, index));
+                }
+                self.set_children(index, kids);
+            }
+            None => {
+                // No levels at all: treat the group as a single core.
+                let core = self.push_core(cpus, index);
+                self.set_children(index, vec![core]);
+            }
+        }
+        self.nodes[index as usize].cores_end = self.cores.len() as u32;
+        index
+    }
+
+    fn push_core(&mut self, cpus: &[&CpuInfo], parent: u32) -> u32 {
+        let index = self.nodes.len() as u32;
+        let mut ids: Vec<u32> = cpus.iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        let start = self.threads.len() as u32;
+        self.threads.extend_from_slice(&ids);
+        self.nodes.push(Node {
+            parent,
+            start,
+            end: self.threads.len() as u32,
+            cores_start: self.cores.len() as u32,
+            cores_end: self.cores.len() as u32 + 1,
+            is_core: true,
+            size: ids.len() as u32,
+            spans: spans_of(cpus),
+        });
+        self.cores.push(index);
+        index
+    }
+
+    fn set_children(&mut self, index: u32, kids: Vec<u32>) {
+        let start = self.children.len() as u32;
+        self.children.extend_from_slice(&kids);
+        let node = &mut self.nodes[index as usize];
+        node.start = start;
+        node.end = self.children.len() as u32;
+    }
+
+    pub(super) fn counts(&self, available: &CpuSet) -> Counts {
+        let n = self.nodes.len();
+        let mut free = vec![0u32; n];
+        let mut whole = vec![0u32; n];
+        let mut open = vec![0u32; n];
+        let mut occupied = vec![Spans::default(); n];
+        for &core in &self.cores {
+            let node = &self.nodes[core as usize];
+            let threads = &self.threads[node.start as usize..node.end as usize];
+            let f = threads.iter().filter(|&&t| available.contains(t)).count() as u32;
+            free[core as usize] = f;
+            open[core as usize] = u32::from(f > 0);
+            if f == node.size {
+                whole[core as usize] = f;
+            }
+        }
+        // Parents precede children in `nodes` (pre-order), so one backwards
+        // pass sums every subtree: when node i is reached, all its
+        // descendants have been added to it.
+        for i in (0..n).rev() {
+            let spans = self.nodes[i].spans;
+            let has_free = u32::from(free[i] > 0);
+            // A group at one level counts once however many children hold
+            // its free CPUs; above that level the children's counts add up.
+            let occ = &mut occupied[i];
+            if spans.sockets == 1 {
+                occ.sockets = has_free;
+            }
+            if spans.numa == 1 {
+                occ.numa = has_free;
+            }
+            if spans.l3 == 1 {
+                occ.l3 = has_free;
+            }
+            let occ = *occ;
+            let parent = self.nodes[i].parent;
+            if parent != NO_PARENT {
+                let p = parent as usize;
+                free[p] += free[i];
+                whole[p] += whole[i];
+                open[p] += open[i];
+                occupied[p].sockets += occ.sockets;
+                occupied[p].numa += occ.numa;
+                occupied[p].l3 += occ.l3;
+            }
+        }
+        Counts {
+            free,
+            whole,
+            open,
+            occupied,
+        }
+    }
+
+    pub(super) fn kids(&self, node: u32) -> &[u32] {
+        let n = &self.nodes[node as usize];
+        &self.children[n.start as usize..n.end as usize]
+    }
+
+    /// Take `k` free threads (lowest ids) of `core`, updating the counts of
+    /// its ancestors.
+    pub(super) fn take_threads(
+        &self,
+        core: u32,
+        k: u32,
+        available: &CpuSet,
+        counts: &mut Counts,
+        out: &mut Vec<u32>,
+    ) {
+        let node = &self.nodes[core as usize];
+        let was_whole = counts.whole[core as usize];
+        let was_open = counts.open[core as usize];
+        let threads = &self.threads[node.start as usize..node.end as usize];
+        // Threads are taken lowest id first, so the ones an earlier pass of
+        // this call took from this core are the first available ones.
+        let available_here = threads.iter().filter(|&&t| available.contains(t)).count() as u32;
+        let mut skip = available_here - counts.free[core as usize];
+        let mut taken = 0u32;
+        for &t in threads {
+            if taken == k {
+                break;
+            }
+            if available.contains(t) {
+                if skip > 0 {
+                    skip -= 1;
+                    continue;
+                }
+                out.push(t);
+                taken += 1;
+            }
+        }
+        // A touched core is no longer wholly free, and a one-thread-per-core
+        // pass does not come back to it.
+        let mut i = core;
+        while i != NO_PARENT {
+            counts.free[i as usize] -= taken;
+            counts.whole[i as usize] -= was_whole;
+            counts.open[i as usize] -= was_open;
+            i = self.nodes[i as usize].parent;
+        }
+    }
+
+    /// Take everything `metric` counts in the subtree of `node`: its wholly
+    /// free cores, all its free threads, or one free thread of each core.
+    pub(super) fn take_all(
+        &self,
+        node: u32,
+        metric: Metric,
+        available: &CpuSet,
+        counts: &mut Counts,
+        out: &mut Vec<u32>,
+    ) {
+        let n = &self.nodes[node as usize];
+        for &core in &self.cores[n.cores_start as usize..n.cores_end as usize] {
+            let c = core as usize;
+            let take = match metric {
+                Metric::Whole => counts.whole[c],
+                Metric::Free => counts.free[c],
+                Metric::Spread => counts.open[c],
+            };
+            if take > 0 {
+                self.take_threads(core, take, available, counts, out);
+            }
+        }
+    }
+
+    /// Take `need` CPUs counted by `metric` from the subtree of `scope`,
+    /// best fit per level. Returns how many could not be taken (non-zero only
+    /// when the subtree has too few).
+    pub(super) fn fill(
+        &self,
+        scope: u32,
+        mut need: u32,
+        metric: Metric,
+        available: &CpuSet,
+        counts: &mut Counts,
+        out: &mut Vec<u32>,
+    ) -> u32 {
+        let value = |counts: &Counts, i: u32| match metric {
+            Metric::Whole => counts.whole[i as usize],
+            Metric::Free => counts.free[i as usize],
+            Metric::Spread => counts.open[i as usize],
+        };
+        // Spreading one thread per core, a core whose other threads are
+        // already in use goes first: it costs no one a whole core.
+        let tie = |counts: &Counts, i: u32| match metric {
+            Metric::Spread => counts.free[i as usize],
+            Metric::Whole | Metric::Free => 0,
+        };
+        let mut node = scope;
+        while need > 0 {
+            let n = &self.nodes[node as usize];
+            if n.is_core {
+                let have = value(counts, node);
+                if have == 0 || (metric == Metric::Whole && have > need) {
+                    return need;
+                }
+                let take = have.min(need);
+                self.take_threads(node, take, available, counts, out);
+                need -= take;
+                return need;
+            }
+            let kids = self.kids(node);
+            // Whole cores only go where they fit entirely.
+            let usable = |counts: &Counts, k: u32| {
+                metric != Metric::Whole
+                    || !self.nodes[k as usize].is_core
+                    || counts.whole[k as usize] <= need
+            };
+            let best_fit = kids
+                .iter()
+                .copied()
+                .filter(|&k| value(counts, k) >= need && usable(counts, k))
+                .min_by_key(|&k| (value(counts, k), tie(counts, k)));
+            if let Some(k) = best_fit {
+                node = k;
+                continue;
+            }
+            // Nothing holds the rest: take the largest child whole and go on.
+            let largest = kids
+                .iter()
+                .copied()
+                .filter(|&k| value(counts, k) > 0 && usable(counts, k))
+                .fold(None::<u32>, |best, k| match best {
+                    Some(b)
+                        if (value(counts, b), std::cmp::Reverse(tie(counts, b)))
+                            >= (value(counts, k), std::cmp::Reverse(tie(counts, k))) =>
+                    {
+                        Some(b)
+                    }
+                    _ => Some(k),
+                });
+            let Some(k) = largest else {
+                return need;
+            };
+            let before = out.len();
+            self.take_all(k, metric, available, counts, out);
+            need = need.saturating_sub((out.len() - before) as u32);
+        }
+        0
+    }
+}
+
+/// Sockets, NUMA nodes and L3 groups `cpus` are in.
+fn spans_of(cpus: &[&CpuInfo]) -> Spans {
+    let mut sockets: Vec<u32> = cpus.iter().map(|c| c.socket).collect();
+    let mut numa: Vec<u32> = cpus.iter().map(|c| c.numa).collect();
+    let mut l3: Vec<(u32, u32, Option<u32>)> =
+        cpus.iter().map(|c| (c.socket, c.numa, c.l3)).collect();
+    sockets.sort_unstable();
+    sockets.dedup();
+    numa.sort_unstable();
+    numa.dedup();
+    l3.sort_unstable();
+    l3.dedup();
+    Spans {
+        sockets: sockets.len() as u32,
+        numa: numa.len() as u32,
+        l3: l3.len() as u32,
+    }
+}
