@@ -45,7 +45,7 @@ impl Allocator {
         if self.nodes.is_empty() || count == 0 {
             return CpuSet::new();
         }
-        let mut counts = self.counts(available);
+        let mut counts = self.counts(available, inside == Inside::OneThreadPerCore);
         let mut out = Vec::with_capacity(count);
         self.execute(0, count as u32, inside, available, &mut counts, &mut out);
         out.into_iter().collect()
@@ -98,7 +98,7 @@ impl Allocator {
             },
         };
         for kid in whole_kids {
-            let occ = counts.occupied[kid as usize];
+            let occ = self.occupied(kid, counts);
             cost.sockets += occ.sockets;
             cost.numa += occ.numa;
             cost.l3 += occ.l3;

@@ -42,10 +42,9 @@ pub(super) struct Counts {
     /// CPUs of wholly free cores.
     pub(super) whole: Vec<u32>,
     /// Cores with at least one free thread not yet taken by the current
-    /// one-thread-per-core pass.
+    /// one-thread-per-core pass; empty unless asked for (spreading), as
+    /// packing never reads it.
     pub(super) open: Vec<u32>,
-    /// Sockets, NUMA nodes and L3 groups of the subtree with a free CPU.
-    pub(super) occupied: Vec<Spans>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -197,58 +196,74 @@ impl Allocator {
         node.end = self.children.len() as u32;
     }
 
-    pub(super) fn counts(&self, available: &CpuSet) -> Counts {
+    pub(super) fn counts(&self, available: &CpuSet, with_open: bool) -> Counts {
         let n = self.nodes.len();
         let mut free = vec![0u32; n];
         let mut whole = vec![0u32; n];
-        let mut open = vec![0u32; n];
-        let mut occupied = vec![Spans::default(); n];
+        let mut open = if with_open { vec![0u32; n] } else { Vec::new() };
         for &core in &self.cores {
             let node = &self.nodes[core as usize];
             let threads = &self.threads[node.start as usize..node.end as usize];
             let f = threads.iter().filter(|&&t| available.contains(t)).count() as u32;
             free[core as usize] = f;
-            open[core as usize] = u32::from(f > 0);
+            if with_open {
+                open[core as usize] = u32::from(f > 0);
+            }
             if f == node.size {
                 whole[core as usize] = f;
             }
         }
         // Parents precede children in `nodes` (pre-order), so one backwards
-        // pass sums every subtree: when node i is reached, all its
-        // descendants have been added to it.
+        // pass sums every subtree.
         for i in (0..n).rev() {
-            let spans = self.nodes[i].spans;
-            let has_free = u32::from(free[i] > 0);
-            // A group at one level counts once however many children hold
-            // its free CPUs; above that level the children's counts add up.
-            let occ = &mut occupied[i];
-            if spans.sockets == 1 {
-                occ.sockets = has_free;
-            }
-            if spans.numa == 1 {
-                occ.numa = has_free;
-            }
-            if spans.l3 == 1 {
-                occ.l3 = has_free;
-            }
-            let occ = *occ;
             let parent = self.nodes[i].parent;
             if parent != NO_PARENT {
                 let p = parent as usize;
                 free[p] += free[i];
                 whole[p] += whole[i];
-                open[p] += open[i];
-                occupied[p].sockets += occ.sockets;
-                occupied[p].numa += occ.numa;
-                occupied[p].l3 += occ.l3;
             }
         }
-        Counts {
-            free,
-            whole,
-            open,
-            occupied,
+        if with_open {
+            for i in (1..n).rev() {
+                let parent = self.nodes[i].parent as usize;
+                open[parent] += open[i];
+            }
         }
+        Counts { free, whole, open }
+    }
+
+    /// Sockets, NUMA nodes and L3 groups of `node`'s subtree holding a free
+    /// CPU. Only asked of the few nodes above the L3 level, so it is
+    /// counted on demand rather than for every node of every call.
+    pub(super) fn occupied(&self, node: u32, counts: &Counts) -> Spans {
+        let n = &self.nodes[node as usize];
+        let has_free = u32::from(counts.free[node as usize] > 0);
+        if n.is_core || n.spans.l3 <= 1 {
+            return Spans {
+                sockets: has_free,
+                numa: has_free,
+                l3: has_free,
+            };
+        }
+        let mut occ = Spans::default();
+        if has_free == 0 {
+            return occ;
+        }
+        for &kid in self.kids(node) {
+            let k = self.occupied(kid, counts);
+            occ.sockets += k.sockets;
+            occ.numa += k.numa;
+            occ.l3 += k.l3;
+        }
+        // A socket or NUMA node counts once however many children hold its
+        // free CPUs.
+        if n.spans.sockets == 1 {
+            occ.sockets = has_free;
+        }
+        if n.spans.numa == 1 {
+            occ.numa = has_free;
+        }
+        occ
     }
 
     pub(super) fn kids(&self, node: u32) -> &[u32] {
@@ -268,7 +283,7 @@ impl Allocator {
     ) {
         let node = &self.nodes[core as usize];
         let was_whole = counts.whole[core as usize];
-        let was_open = counts.open[core as usize];
+        let was_open = counts.open.get(core as usize).copied().unwrap_or(0);
         let threads = &self.threads[node.start as usize..node.end as usize];
         // Threads are taken lowest id first, so the ones an earlier pass of
         // this call took from this core are the first available ones.
@@ -294,7 +309,9 @@ impl Allocator {
         while i != NO_PARENT {
             counts.free[i as usize] -= taken;
             counts.whole[i as usize] -= was_whole;
-            counts.open[i as usize] -= was_open;
+            if was_open > 0 {
+                counts.open[i as usize] -= was_open;
+            }
             i = self.nodes[i as usize].parent;
         }
     }
