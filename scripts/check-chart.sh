@@ -89,7 +89,7 @@ def configs(docs):
 def pod(docs):
     return one(docs, "DaemonSet")["spec"]["template"]["spec"]
 
-for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set"]:
+for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set", "distribute-across-cores"]:
     docs = load(mode)
     kinds = sorted(d["kind"] for d in docs)
     check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]), f"objects {kinds}")
@@ -142,6 +142,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False},
         "individual": {"cpu-device-mode": "individual"},
         "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
+        "distribute-across-cores": {"allocation-policy": "distribute-across-cores"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig"},
