@@ -357,11 +357,22 @@ impl Allocator {
             Metric::Free => counts.free[i as usize],
             Metric::Spread => counts.open[i as usize],
         };
-        // Spreading one thread per core, a core whose other threads are
-        // already in use goes first: it costs no one a whole core.
-        let tie = |counts: &Counts, i: u32| match metric {
-            Metric::Spread => counts.free[i as usize],
-            Metric::Whole | Metric::Free => 0,
+        // The value in the high half; spreading one thread per core, the
+        // low half makes a core whose other threads are already in use come
+        // first among equals: it costs no one a whole core.
+        let fewest_first = |counts: &Counts, i: u32| -> u64 {
+            let low = match metric {
+                Metric::Spread => counts.free[i as usize],
+                Metric::Whole | Metric::Free => 0,
+            };
+            u64::from(value(counts, i)) << 32 | u64::from(low)
+        };
+        let most_first = |counts: &Counts, i: u32| -> u64 {
+            let low = match metric {
+                Metric::Spread => u32::MAX - counts.free[i as usize],
+                Metric::Whole | Metric::Free => 0,
+            };
+            u64::from(value(counts, i)) << 32 | u64::from(low)
         };
         let mut node = scope;
         while need > 0 {
@@ -387,25 +398,24 @@ impl Allocator {
                 .iter()
                 .copied()
                 .filter(|&k| value(counts, k) >= need && usable(counts, k))
-                .min_by_key(|&k| (value(counts, k), tie(counts, k)));
+                .min_by_key(|&k| fewest_first(counts, k));
             if let Some(k) = best_fit {
                 node = k;
                 continue;
             }
-            // Nothing holds the rest: take the largest child whole and go on.
-            let largest = kids
-                .iter()
-                .copied()
-                .filter(|&k| value(counts, k) > 0 && usable(counts, k))
-                .fold(None::<u32>, |best, k| match best {
-                    Some(b)
-                        if (value(counts, b), std::cmp::Reverse(tie(counts, b)))
-                            >= (value(counts, k), std::cmp::Reverse(tie(counts, k))) =>
-                    {
-                        Some(b)
-                    }
-                    _ => Some(k),
-                });
+            // Nothing holds the rest: take the largest child whole and go on
+            // (the first of equals).
+            let mut largest: Option<(u32, u64)> = None;
+            for &k in kids {
+                if value(counts, k) == 0 || !usable(counts, k) {
+                    continue;
+                }
+                let key = most_first(counts, k);
+                if largest.is_none_or(|(_, best)| key > best) {
+                    largest = Some((k, key));
+                }
+            }
+            let largest = largest.map(|(k, _)| k);
             let Some(k) = largest else {
                 return need;
             };
