@@ -2,9 +2,8 @@
 //!
 //! The topology is turned once into a tree (machine → socket/NUMA → L3 →
 //! core type → cluster → core → thread, `tree.rs`); each call counts, per
-//! tree node, the free CPUs, the CPUs of wholly free cores, the cores with a
-//! free thread and the sockets, NUMA nodes and L3 groups holding free CPUs,
-//! then walks down the tree (`place.rs`).
+//! tree node, the free CPUs, the CPUs of wholly free cores and (spreading)
+//! the cores with a free thread, then walks down the tree (`place.rs`).
 //!
 //! Packed (kubelet's `TakeByTopologyNUMAPacked` with uncore-cache alignment)
 //! prefers, in this order:
