@@ -429,19 +429,33 @@ impl Allocator {
 
 /// Sockets, NUMA nodes and L3 groups `cpus` are in.
 fn spans_of(cpus: &[&CpuInfo]) -> Spans {
-    let mut sockets: Vec<u32> = cpus.iter().map(|c| c.socket).collect();
-    let mut numa: Vec<u32> = cpus.iter().map(|c| c.numa).collect();
-    let mut l3: Vec<(u32, u32, Option<u32>)> =
-        cpus.iter().map(|c| (c.socket, c.numa, c.l3)).collect();
-    sockets.sort_unstable();
-    sockets.dedup();
-    numa.sort_unstable();
-    numa.dedup();
-    l3.sort_unstable();
-    l3.dedup();
     Spans {
-        sockets: sockets.len() as u32,
-        numa: numa.len() as u32,
-        l3: l3.len() as u32,
+        sockets: distinct(cpus, |c| (c.socket, 0, None)),
+        numa: distinct(cpus, |c| (0, c.numa, None)),
+        l3: distinct(cpus, |c| (c.socket, c.numa, c.l3)),
     }
+}
+
+/// How many distinct `key`s `cpus` have. A node holds few groups and its
+/// CPUs come in runs of the same group, so a short list with a check of the
+/// previous key beats sorting.
+fn distinct(cpus: &[&CpuInfo], key: fn(&CpuInfo) -> (u32, u32, Option<u32>)) -> u32 {
+    // Most tree nodes lie inside one group: answer those without allocating.
+    let first = cpus.first().map(|c| key(c));
+    if cpus.iter().all(|c| Some(key(c)) == first) {
+        return u32::from(first.is_some());
+    }
+    let mut seen: Vec<(u32, u32, Option<u32>)> = Vec::new();
+    let mut last = None;
+    for c in cpus {
+        let k = key(c);
+        if last == Some(k) {
+            continue;
+        }
+        last = Some(k);
+        if !seen.contains(&k) {
+            seen.push(k);
+        }
+    }
+    seen.len() as u32
 }
