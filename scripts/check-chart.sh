@@ -97,7 +97,7 @@ def configs(docs):
 def pod(docs):
     return one(docs, "DaemonSet")["spec"]["template"]["spec"]
 
-for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set"]:
+for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set", "distribute-across-cores"]:
     docs = load(mode)
     kinds = sorted(d["kind"] for d in docs)
     check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]), f"objects {kinds}")
@@ -150,6 +150,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False, "expose-pcie-roots": False},
         "individual": {"cpu-device-mode": "individual"},
         "group-by-socket": {"cpu-device-mode": "auto", "group-by": "socket"},
+        "distribute-across-cores": {"allocation-policy": "distribute-across-cores"},
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "no-device-metadata": {"disable-device-metadata": True},

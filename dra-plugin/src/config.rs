@@ -75,7 +75,8 @@ pub struct Settings {
     /// Grouped mode: numanode, socket or machine.
     #[arg(long, value_enum)]
     pub group_by: Option<GroupBy>,
-    /// packed, full-pcpus-only or distribute-across-numa.
+    /// packed, full-pcpus-only, distribute-across-numa or
+    /// distribute-across-cores.
     #[arg(long)]
     pub allocation_policy: Option<Policy>,
     /// A claim container that also requests CPU gets the shared pool too.
@@ -492,6 +493,28 @@ log-format: json
             "--log-format=json",
         ]);
         assert_eq!(from_file, from_flags);
+    }
+
+    #[test]
+    fn every_policy_is_read_from_flag_and_file() {
+        for policy in [
+            Policy::Packed,
+            Policy::FullPcpusOnly,
+            Policy::DistributeAcrossNuma,
+            Policy::DistributeAcrossCores,
+        ] {
+            let flag = format!("--allocation-policy={policy}");
+            let from_flag = flags(&[flag.as_str()])
+                .resolve(Some("n".into()))
+                .expect("resolves");
+            assert_eq!(from_flag.allocation_policy, policy, "{flag}");
+            let text = format!("allocation-policy: {policy}\n");
+            let from_file = parse_file(Path::new("c.yaml"), &text)
+                .expect("parses")
+                .resolve(Some("n".into()))
+                .expect("resolves");
+            assert_eq!(from_file.allocation_policy, policy, "{text}");
+        }
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub struct AllocateArgs {
     /// Number of CPUs to allocate.
     #[arg(long)]
     pub count: usize,
-    /// packed, full-pcpus-only or distribute-across-numa.
+    /// packed, full-pcpus-only, distribute-across-numa or
+    /// distribute-across-cores.
     #[arg(long, default_value_t = Policy::Packed)]
     pub policy: Policy,
     /// Free CPUs to choose from (cpulist); all allocatable CPUs by default.

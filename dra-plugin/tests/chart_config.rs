@@ -77,7 +77,7 @@ fn dra_plugin(values: Option<&str>) -> (Config, Vec<PathBuf>) {
 #[test]
 fn every_mode_resolves_to_what_its_values_ask_for() {
     type Check = fn(&Config) -> bool;
-    let cases: [(Option<&str>, Check); 7] = [
+    let cases: [(Option<&str>, Check); 8] = [
         (None, |c| {
             c.driver_name == "dra.cpu"
                 && c.device_mode == CpuDeviceMode::Auto
@@ -98,6 +98,9 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
         }),
         (Some("group-by-socket-values.yaml"), |c| {
             c.device_mode == CpuDeviceMode::Auto && c.group_by == GroupBy::Socket
+        }),
+        (Some("distribute-across-cores-values.yaml"), |c| {
+            c.allocation_policy == Policy::DistributeAcrossCores
         }),
         (Some("mixed-values.yaml"), |c| c.mixed_allocation_mode),
         (Some("no-node-allocatable-mapping-values.yaml"), |c| {

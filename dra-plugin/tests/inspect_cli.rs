@@ -137,6 +137,19 @@ fn allocate_picks_by_topology() {
             "0-1,64-65",
         ),
         (
+            "one thread per core: four cores, none of them split into two of its threads",
+            &intel,
+            vec![
+                "--count",
+                "4",
+                "--policy",
+                "distribute-across-cores",
+                "--available",
+                "0-127",
+            ],
+            "0-3",
+        ),
+        (
             "distribute over both NUMA nodes of the adjacent-numbered machine",
             &adjacent,
             vec!["--count", "64", "--policy", "distribute-across-numa"],

@@ -86,7 +86,11 @@ fn bench_alloc(c: &mut Criterion) {
             }
         }
         let count = 8;
-        for policy in [Policy::FullPcpusOnly, Policy::DistributeAcrossNuma] {
+        for policy in [
+            Policy::FullPcpusOnly,
+            Policy::DistributeAcrossNuma,
+            Policy::DistributeAcrossCores,
+        ] {
             if allocator.allocate(&free, count, policy).is_ok() {
                 let id = BenchmarkId::new(format!("{policy}/{percent}%"), count);
                 group.bench_with_input(id, &count, |b, &count| {

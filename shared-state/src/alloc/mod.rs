@@ -1,33 +1,39 @@
 //! Choosing which CPUs a claim gets.
 //!
 //! The topology is turned once into a tree (machine → socket/NUMA → L3 →
-//! core type → cluster → core → thread); each call counts, per tree node, the
-//! free CPUs and the CPUs of wholly free cores, then walks down the tree.
+//! core type → cluster → core → thread, `tree.rs`); each call counts, per
+//! tree node, the free CPUs, the CPUs of wholly free cores and (spreading)
+//! the cores with a free thread, then walks down the tree (`place.rs`).
 //!
-//! Packed (kubelet's `TakeByTopologyNUMAPacked` with uncore-cache alignment,
-//! and the order it uses):
-//! 1. Scope: descend to the smallest group that can hold the whole request
-//!    with whole cores for its multiple-of-SMT-width part, choosing at each
-//!    level the fitting group with the fewest free CPUs (best fit; ties go to
-//!    the lowest CPU id). This is what keeps a request inside one socket, one
-//!    NUMA node and one L3 whenever they can hold it.
-//! 2. Whole cores: inside the scope, take `count / width * width` CPUs as
-//!    whole free cores, again best fit per level; where no single child can
-//!    hold the rest, the child with the most whole cores is taken whole, so
-//!    whole sockets, NUMA nodes and L3 groups go first when the count covers
-//!    them.
-//! 3. Threads: the remainder comes from the core with the fewest free threads
-//!    that still holds it, so a partly used core's free thread is used before
-//!    a whole core is split.
+//! Packed (kubelet's `TakeByTopologyNUMAPacked` with uncore-cache alignment)
+//! prefers, in this order:
+//! 1. fewer sockets,
+//! 2. fewer NUMA nodes,
+//! 3. one L3 group that holds the whole request, looked for on every NUMA
+//!    node that can hold it (not only inside the one with the fewest free
+//!    CPUs), and otherwise as few L3 groups as possible,
+//! 4. whole cores for the multiple-of-SMT-width part of the request, and the
+//!    free thread of a partly used core before a whole core is split.
+//!
+//! Where a request fits in one group, the group that fits at the lowest price
+//! is chosen, ties going to the one with the fewest free CPUs (best fit) and
+//! then the lowest CPU id. Where it fits in none, the groups with the most
+//! free CPUs are taken whole, so as few as possible are touched, and the rest
+//! goes to the remaining group that holds it at the lowest price.
+//!
+//! Distribute-across-cores (kubelet's `distribute-cpus-across-cores`) makes
+//! the same choice of sockets, NUMA nodes and L3 groups but takes one thread
+//! per core before any second thread, so the claim's CPUs share no core with
+//! each other while cores are left; a core whose other threads are already
+//! in use goes first.
 //!
 //! A user running latency-critical work pays for every cache boundary and
 //! every shared core, which is why whole cores come before single threads
 //! and why nothing here is random: the same state gives the same CPUs.
 
 use crate::cpuset::CpuSet;
-use crate::topology::{CpuInfo, Topology};
+use crate::topology::Topology;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -44,6 +50,9 @@ pub enum Policy {
     /// Spread evenly, in core-sized chunks, over the fewest NUMA nodes that
     /// can hold the request.
     DistributeAcrossNuma,
+    /// Like packed in sockets, NUMA nodes and L3 groups, but one thread per
+    /// physical core before any core's second thread.
+    DistributeAcrossCores,
 }
 
 impl Policy {
@@ -52,6 +61,7 @@ impl Policy {
             Policy::Packed => "packed",
             Policy::FullPcpusOnly => "full-pcpus-only",
             Policy::DistributeAcrossNuma => "distribute-across-numa",
+            Policy::DistributeAcrossCores => "distribute-across-cores",
         }
     }
 }
@@ -64,7 +74,7 @@ impl fmt::Display for Policy {
 
 /// An allocation policy name that is not one of ours.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown CPU allocation policy {0:?}: expected packed, full-pcpus-only or distribute-across-numa")]
+#[error("unknown CPU allocation policy {0:?}: expected packed, full-pcpus-only, distribute-across-numa or distribute-across-cores")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {
@@ -74,6 +84,7 @@ impl FromStr for Policy {
             "packed" => Ok(Policy::Packed),
             "full-pcpus-only" => Ok(Policy::FullPcpusOnly),
             "distribute-across-numa" => Ok(Policy::DistributeAcrossNuma),
+            "distribute-across-cores" => Ok(Policy::DistributeAcrossCores),
             other => Err(UnknownPolicy(other.to_string())),
         }
     }
@@ -124,24 +135,13 @@ pub fn allocate_in(
     Allocator::new(topology).allocate_in(available, group, count, policy)
 }
 
-const NO_PARENT: u32 = u32::MAX;
+#[cfg(test)]
+mod kubelet_cases;
+mod place;
+mod tree;
 
-/// One group of the topology tree. Children are sorted by lowest CPU id,
-/// which makes "first" the lowest-id tie-break everywhere.
-#[derive(Debug, Clone)]
-struct Node {
-    parent: u32,
-    /// Into `Allocator::children` for inner nodes, into `Allocator::threads`
-    /// for cores.
-    start: u32,
-    end: u32,
-    /// Range of this subtree's cores in `Allocator::cores` (pre-order).
-    cores_start: u32,
-    cores_end: u32,
-    is_core: bool,
-    /// Online CPUs in the subtree.
-    size: u32,
-}
+use place::Inside;
+use tree::Node;
 
 /// The topology tree, built once per topology.
 #[derive(Debug, Clone)]
@@ -160,156 +160,7 @@ pub struct Allocator {
     uniform_width: bool,
 }
 
-/// Per-call counts, indexed like `Allocator::nodes`.
-struct Counts {
-    free: Vec<u32>,
-    /// CPUs of wholly free cores.
-    whole: Vec<u32>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Metric {
-    Whole,
-    Free,
-}
-
-type LevelKey = fn(&CpuInfo) -> u64;
-
 impl Allocator {
-    pub fn new(topology: &Topology) -> Allocator {
-        let numa_ids: std::collections::BTreeSet<u32> =
-            topology.cpus.iter().map(|c| c.numa).collect();
-        let socket_ids: std::collections::BTreeSet<u32> =
-            topology.cpus.iter().map(|c| c.socket).collect();
-        let socket_key: LevelKey = |c| u64::from(c.socket);
-        let numa_key: LevelKey = |c| u64::from(c.numa);
-        // The level with fewer groups is the coarser one: normally sockets
-        // hold NUMA nodes, but a machine with NUMA off has one node over all
-        // sockets.
-        let (outer, inner) = if numa_ids.len() < socket_ids.len() {
-            (numa_key, socket_key)
-        } else {
-            (socket_key, numa_key)
-        };
-        let levels: [LevelKey; 6] = [
-            outer,
-            inner,
-            |c| c.l3.map_or(0, |l| u64::from(l) + 1),
-            |c| c.core_type as u64,
-            |c| u64::from(c.cluster),
-            // A core is its sibling set; core_id alone repeats per socket.
-            |c| u64::from(c.siblings.first().unwrap_or(c.id)),
-        ];
-        let mut alloc = Allocator {
-            nodes: Vec::new(),
-            children: Vec::new(),
-            threads: Vec::new(),
-            cores: Vec::new(),
-            online: topology.cpus.iter().map(|c| c.id).collect(),
-            numa_nodes: Vec::new(),
-            width: 1,
-            uniform_width: true,
-        };
-        let all: Vec<&CpuInfo> = topology.cpus.iter().collect();
-        alloc.build(&all, &levels, NO_PARENT);
-        let mut numa: BTreeMap<u32, CpuSet> = BTreeMap::new();
-        for c in &topology.cpus {
-            numa.entry(c.numa).or_default().insert(c.id);
-        }
-        alloc.numa_nodes = numa.into_iter().collect();
-        let widths: Vec<u32> = alloc
-            .cores
-            .iter()
-            .map(|&n| alloc.nodes[n as usize].size)
-            .collect();
-        alloc.width = widths.iter().copied().max().unwrap_or(1).max(1) as usize;
-        alloc.uniform_width = widths.iter().all(|&w| w as usize == alloc.width);
-        alloc
-    }
-
-    /// Add the subtree for `cpus` (all sharing the keys of the levels above)
-    /// and return its node index.
-    fn build(&mut self, cpus: &[&CpuInfo], levels: &[LevelKey], parent: u32) -> u32 {
-        let index = self.nodes.len() as u32;
-        self.nodes.push(Node {
-            parent,
-            start: 0,
-            end: 0,
-            cores_start: self.cores.len() as u32,
-            cores_end: 0,
-            is_core: false,
-            size: cpus.len() as u32,
-        });
-        // Skip levels that do not divide this group: fewer, more useful nodes.
-        let mut rest = levels;
-        let groups = loop {
-            let Some((key, tail)) = rest.split_first() else {
-                break None;
-            };
-            let mut by_key: BTreeMap<u64, Vec<&CpuInfo>> = BTreeMap::new();
-            for c in cpus {
-                by_key.entry(key(c)).or_default().push(c);
-            }
-            rest = tail;
-            if by_key.len() > 1 || tail.is_empty() {
-                let mut groups: Vec<Vec<&CpuInfo>> = by_key.into_values().collect();
-                groups.sort_by_key(|g| g.iter().map(|c| c.id).min());
-                break Some((groups, tail.is_empty()));
-            }
-        };
-        match groups {
-            // The last level (the core) produced the groups: they are cores.
-            Some((groups, true)) => {
-                let mut kids = Vec::with_capacity(groups.len());
-                for group in groups {
-                    kids.push(self.push_core(&group, index));
-                }
-                self.set_children(index, kids);
-            }
-            Some((groups, false)) => {
-                let mut kids = Vec::with_capacity(groups.len());
-                for group in groups {
-                    kids.push(self.build(&group, rest, index));
-                }
-                self.set_children(index, kids);
-            }
-            None => {
-                // No levels at all: treat the group as a single core.
-                let core = self.push_core(cpus, index);
-                self.set_children(index, vec![core]);
-            }
-        }
-        self.nodes[index as usize].cores_end = self.cores.len() as u32;
-        index
-    }
-
-    fn push_core(&mut self, cpus: &[&CpuInfo], parent: u32) -> u32 {
-        let index = self.nodes.len() as u32;
-        let mut ids: Vec<u32> = cpus.iter().map(|c| c.id).collect();
-        ids.sort_unstable();
-        let start = self.threads.len() as u32;
-        self.threads.extend_from_slice(&ids);
-        self.nodes.push(Node {
-            parent,
-            start,
-            end: self.threads.len() as u32,
-            cores_start: self.cores.len() as u32,
-            cores_end: self.cores.len() as u32 + 1,
-            is_core: true,
-            size: ids.len() as u32,
-        });
-        self.cores.push(index);
-        index
-    }
-
-    fn set_children(&mut self, index: u32, kids: Vec<u32>) {
-        let start = self.children.len() as u32;
-        self.children.extend_from_slice(&kids);
-        let node = &mut self.nodes[index as usize];
-        node.start = start;
-        node.end = self.children.len() as u32;
-    }
-
     /// Hardware threads per core (the largest, on hybrid parts).
     pub fn smt_width(&self) -> usize {
         self.width
@@ -341,6 +192,9 @@ impl Allocator {
             Policy::Packed => Ok(self.packed(available, count)),
             Policy::FullPcpusOnly => self.full_cores(available, count),
             Policy::DistributeAcrossNuma => Ok(self.distributed(available, count)),
+            Policy::DistributeAcrossCores => {
+                Ok(self.place(available, count, Inside::OneThreadPerCore))
+            }
         }
     }
 
@@ -360,202 +214,8 @@ impl Allocator {
         self.allocate(&available.intersection(group), count, policy)
     }
 
-    fn counts(&self, available: &CpuSet) -> Counts {
-        let mut free = vec![0u32; self.nodes.len()];
-        let mut whole = vec![0u32; self.nodes.len()];
-        for &core in &self.cores {
-            let node = &self.nodes[core as usize];
-            let threads = &self.threads[node.start as usize..node.end as usize];
-            let f = threads.iter().filter(|&&t| available.contains(t)).count() as u32;
-            free[core as usize] = f;
-            if f == node.size {
-                whole[core as usize] = f;
-            }
-        }
-        // Parents precede children in `nodes` (pre-order), so one backwards
-        // pass sums every subtree.
-        for i in (0..self.nodes.len()).rev() {
-            let parent = self.nodes[i].parent;
-            if parent != NO_PARENT {
-                free[parent as usize] += free[i];
-                whole[parent as usize] += whole[i];
-            }
-        }
-        Counts { free, whole }
-    }
-
-    fn kids(&self, node: u32) -> &[u32] {
-        let n = &self.nodes[node as usize];
-        &self.children[n.start as usize..n.end as usize]
-    }
-
-    /// Take `k` free threads (lowest ids) of `core`, updating the counts of
-    /// its ancestors.
-    fn take_threads(
-        &self,
-        core: u32,
-        k: u32,
-        available: &CpuSet,
-        counts: &mut Counts,
-        out: &mut Vec<u32>,
-    ) {
-        let node = &self.nodes[core as usize];
-        let was_whole = counts.whole[core as usize];
-        let mut taken = 0u32;
-        for &t in &self.threads[node.start as usize..node.end as usize] {
-            if taken == k {
-                break;
-            }
-            if available.contains(t) {
-                out.push(t);
-                taken += 1;
-            }
-        }
-        // A touched core is no longer wholly free.
-        let mut i = core;
-        while i != NO_PARENT {
-            counts.free[i as usize] -= taken;
-            counts.whole[i as usize] -= was_whole;
-            i = self.nodes[i as usize].parent;
-        }
-    }
-
-    /// Take everything `metric` counts in the subtree of `node`: its wholly
-    /// free cores, or all its free threads.
-    fn take_all(
-        &self,
-        node: u32,
-        metric: Metric,
-        available: &CpuSet,
-        counts: &mut Counts,
-        out: &mut Vec<u32>,
-    ) {
-        let n = &self.nodes[node as usize];
-        for &core in &self.cores[n.cores_start as usize..n.cores_end as usize] {
-            let c = core as usize;
-            let take = match metric {
-                Metric::Whole => counts.whole[c],
-                Metric::Free => counts.free[c],
-            };
-            if take > 0 {
-                self.take_threads(core, take, available, counts, out);
-            }
-        }
-    }
-
-    /// Take `need` CPUs counted by `metric` from the subtree of `scope`,
-    /// best fit per level. Returns how many could not be taken (non-zero only
-    /// when the subtree has too few).
-    fn fill(
-        &self,
-        scope: u32,
-        mut need: u32,
-        metric: Metric,
-        available: &CpuSet,
-        counts: &mut Counts,
-        out: &mut Vec<u32>,
-    ) -> u32 {
-        let value = |counts: &Counts, i: u32| match metric {
-            Metric::Whole => counts.whole[i as usize],
-            Metric::Free => counts.free[i as usize],
-        };
-        let mut node = scope;
-        while need > 0 {
-            let n = &self.nodes[node as usize];
-            if n.is_core {
-                let have = value(counts, node);
-                if have == 0 || (metric == Metric::Whole && have > need) {
-                    return need;
-                }
-                let take = have.min(need);
-                self.take_threads(node, take, available, counts, out);
-                need -= take;
-                return need;
-            }
-            let kids = self.kids(node);
-            // Whole cores only go where they fit entirely.
-            let usable = |counts: &Counts, k: u32| {
-                metric == Metric::Free
-                    || !self.nodes[k as usize].is_core
-                    || counts.whole[k as usize] <= need
-            };
-            let best_fit = kids
-                .iter()
-                .copied()
-                .filter(|&k| value(counts, k) >= need && usable(counts, k))
-                .min_by_key(|&k| value(counts, k));
-            if let Some(k) = best_fit {
-                node = k;
-                continue;
-            }
-            // Nothing holds the rest: take the largest child whole and go on.
-            let largest = kids
-                .iter()
-                .copied()
-                .filter(|&k| value(counts, k) > 0 && usable(counts, k))
-                .fold(None::<u32>, |best, k| match best {
-                    Some(b) if value(counts, b) >= value(counts, k) => Some(b),
-                    _ => Some(k),
-                });
-            let Some(k) = largest else {
-                return need;
-            };
-            let before = out.len();
-            self.take_all(k, metric, available, counts, out);
-            need = need.saturating_sub((out.len() - before) as u32);
-        }
-        0
-    }
-
-    /// The smallest group that holds `need` CPUs with `whole_need` of them in
-    /// whole cores, best fit per level; the root when none does.
-    fn scope(&self, need: u32, whole_need: u32, counts: &Counts) -> u32 {
-        let fits =
-            |i: u32| counts.free[i as usize] >= need && counts.whole[i as usize] >= whole_need;
-        let mut node = 0u32;
-        if !fits(node) {
-            return node;
-        }
-        loop {
-            let best = self
-                .kids(node)
-                .iter()
-                .copied()
-                .filter(|&k| !self.nodes[k as usize].is_core && fits(k))
-                .min_by_key(|&k| counts.free[k as usize]);
-            match best {
-                Some(k) => node = k,
-                None => return node,
-            }
-        }
-    }
-
     fn packed(&self, available: &CpuSet, count: usize) -> CpuSet {
-        if self.nodes.is_empty() {
-            return CpuSet::new();
-        }
-        let mut counts = self.counts(available);
-        let need = count as u32;
-        let whole_need = need / self.width as u32 * self.width as u32;
-        let scope = self.scope(need, whole_need, &counts);
-        let mut out = Vec::with_capacity(count);
-        let missing_whole = self.fill(
-            scope,
-            whole_need,
-            Metric::Whole,
-            available,
-            &mut counts,
-            &mut out,
-        );
-        let rest = need - whole_need + missing_whole;
-        let missing = self.fill(scope, rest, Metric::Free, available, &mut counts, &mut out);
-        if missing > 0 {
-            // The scope is the root whenever the request is not held whole by
-            // a group, and the root holds every available CPU, so this only
-            // tops up from the whole machine if a smaller scope fell short.
-            self.fill(0, missing, Metric::Free, available, &mut counts, &mut out);
-        }
-        out.into_iter().collect()
+        self.place(available, count, Inside::WholeCores)
     }
 
     fn whole_core_cpus(&self, available: &CpuSet) -> CpuSet {
@@ -639,6 +299,7 @@ impl Allocator {
 mod tests {
     use super::*;
     use crate::topology::synthetic::{build, Shape, SiblingNumbering};
+    use crate::topology::CpuInfo;
     use proptest::prelude::*;
 
     fn cs(list: &str) -> CpuSet {
@@ -679,6 +340,7 @@ mod tests {
             ("packed", Policy::Packed),
             ("full-pcpus-only", Policy::FullPcpusOnly),
             ("distribute-across-numa", Policy::DistributeAcrossNuma),
+            ("distribute-across-cores", Policy::DistributeAcrossCores),
         ] {
             assert_eq!(text.parse::<Policy>().unwrap(), policy);
             assert_eq!(policy.to_string(), text);
@@ -748,6 +410,170 @@ mod tests {
         ];
         for (what, avail, count, expected) in cases {
             let got = allocate(&t, &cs(avail), *count, Policy::Packed).unwrap();
+            assert_eq!(
+                got,
+                cs(expected),
+                "{what}: available {avail}, count {count}"
+            );
+        }
+    }
+
+    /// 1 socket × 2 NUMA × 2 L3 × 2 cores × 2 threads, adjacent numbering:
+    /// core c has CPUs 2c and 2c+1, L3 k holds CPUs 4k..4k+3, NUMA 0 holds
+    /// 0-7 and NUMA 1 holds 8-15.
+    fn two_l3_per_numa() -> Topology {
+        build(&Shape {
+            sockets: 1,
+            numa_per_socket: 2,
+            l3_per_numa: 2,
+            cores_per_l3: 2,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        })
+    }
+
+    /// 1 socket × 2 NUMA × 1 L3 × 4 cores × 2 threads, adjacent numbering:
+    /// NUMA 0 holds cores 0-3 (CPUs 0-7), NUMA 1 cores 4-7 (CPUs 8-15).
+    fn one_l3_per_numa() -> Topology {
+        build(&Shape {
+            sockets: 1,
+            numa_per_socket: 2,
+            l3_per_numa: 1,
+            cores_per_l3: 4,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Adjacent,
+        })
+    }
+
+    /// (what, topology, available, count, expected)
+    type PlacementCase = (
+        &'static str,
+        fn() -> Topology,
+        &'static str,
+        usize,
+        &'static str,
+    );
+
+    /// Where the order of preferences changes the answer: several L3 groups
+    /// per NUMA node, NUMA nodes with unequal free CPUs, partly used cores.
+    #[test]
+    fn packed_preference_order_table() {
+        let cases: &[PlacementCase] = &[
+            // (what, topology, available, count, expected)
+            (
+                "the NUMA node with the fewest free CPUs holds 2 only across two L3 \
+                 groups; one L3 group of the other node holds them: that one wins",
+                two_l3_per_numa,
+                "1,5,8-15",
+                2,
+                "8-9",
+            ),
+            (
+                "the fitting L3 group with the fewest free CPUs on any node (best fit), \
+                 its whole core before the partly used one",
+                two_l3_per_numa,
+                "1,5,8-10,12-15",
+                2,
+                "8-9",
+            ),
+            (
+                "3 CPUs: one L3 group's whole core and the free thread of its \
+                 partly used core",
+                two_l3_per_numa,
+                "1,5,8-10,12-15",
+                3,
+                "8-10",
+            ),
+            (
+                "fewer NUMA nodes before whole cores: NUMA 0 holds 6 free CPUs with \
+                 only 2 whole cores, and stays the only node used",
+                one_l3_per_numa,
+                "0-3,5,7,8-11,13",
+                6,
+                "0-3,5,7",
+            ),
+            (
+                "unequal NUMA nodes, request larger than either: the one with more \
+                 free CPUs is taken whole, the rest is a whole core of the other",
+                one_l3_per_numa,
+                "0-5,8-15",
+                10,
+                "0-1,8-15",
+            ),
+            (
+                "a request no L3 group holds: two L3 groups of one NUMA node, the \
+                 node with fewer free CPUs (best fit), a whole L3 group first",
+                two_l3_per_numa,
+                "0-7,9-15",
+                6,
+                "10-15",
+            ),
+        ];
+        for (what, topology, avail, count, expected) in cases {
+            let t = topology();
+            let got = allocate(&t, &cs(avail), *count, Policy::Packed).unwrap();
+            assert_eq!(
+                got,
+                cs(expected),
+                "{what}: available {avail}, count {count}"
+            );
+        }
+    }
+
+    /// An offline thread is simply not there: its core's online thread
+    /// serves a 1-CPU request before a whole core is split, and 2 CPUs
+    /// come from a core with both threads online.
+    #[test]
+    fn packed_with_an_offline_sibling() {
+        let mut t = small();
+        t.cpus.retain(|c| c.id != 16);
+        for c in &mut t.cpus {
+            c.siblings.remove(16);
+        }
+        let online = t.online();
+        assert_eq!(allocate(&t, &online, 1, Policy::Packed).unwrap(), cs("0"));
+        assert_eq!(
+            allocate(&t, &online, 2, Policy::Packed).unwrap(),
+            cs("1,17")
+        );
+        let err = allocate(&t, &all(&small()), 1, Policy::Packed).unwrap_err();
+        assert_eq!(err, AllocError::UnknownCpus { cpus: cs("16") });
+    }
+
+    #[test]
+    fn distribute_across_cores_table() {
+        let t = small();
+        let cases: &[(&str, &str, usize, &str)] = &[
+            // (what, available, count, expected)
+            (
+                "one thread of each of 4 cores of one L3 group",
+                "0-31",
+                4,
+                "0-3",
+            ),
+            (
+                "a core whose other thread is in use goes first",
+                "0-16,18-31",
+                1,
+                "1",
+            ),
+            (
+                "6 CPUs in one L3 group of 4 cores: one thread each, then 2 second threads, \
+                 rather than a second L3 group",
+                "0-31",
+                6,
+                "0-3,16-17",
+            ),
+            (
+                "8 CPUs: one L3 group holds them, so its second threads come \
+                 before a second L3 group",
+                "0-31",
+                8,
+                "0-3,16-19",
+            ),
+        ];
+        for (what, avail, count, expected) in cases {
+            let got = allocate(&t, &cs(avail), *count, Policy::DistributeAcrossCores).unwrap();
             assert_eq!(
                 got,
                 cs(expected),
@@ -926,7 +752,7 @@ mod tests {
                     Just(shape),
                     proptest::collection::vec(any::<bool>(), total),
                     1..=total,
-                    0u8..3,
+                    0u8..4,
                 )
             })
     }
@@ -935,8 +761,64 @@ mod tests {
         match p {
             0 => Policy::Packed,
             1 => Policy::FullPcpusOnly,
-            _ => Policy::DistributeAcrossNuma,
+            2 => Policy::DistributeAcrossNuma,
+            _ => Policy::DistributeAcrossCores,
         }
+    }
+
+    /// The simple baseline: sockets with the most free CPUs first (lowest id
+    /// on ties), inside each the NUMA nodes with the most free CPUs first,
+    /// CPUs in id order, until `count`.
+    fn baseline_pick(t: &Topology, avail: &CpuSet, count: usize) -> CpuSet {
+        let free_in = |f: &dyn Fn(&CpuInfo) -> bool| -> CpuSet {
+            t.cpus
+                .iter()
+                .filter(|c| f(c) && avail.contains(c.id))
+                .map(|c| c.id)
+                .collect()
+        };
+        let mut sockets: Vec<u32> = t.cpus.iter().map(|c| c.socket).collect();
+        sockets.sort_unstable();
+        sockets.dedup();
+        sockets.sort_by_key(|&s| std::cmp::Reverse(free_in(&|c| c.socket == s).len()));
+        let mut out = Vec::new();
+        for s in sockets {
+            let mut numa: Vec<u32> = t
+                .cpus
+                .iter()
+                .filter(|c| c.socket == s)
+                .map(|c| c.numa)
+                .collect();
+            numa.sort_unstable();
+            numa.dedup();
+            numa.sort_by_key(|&n| {
+                std::cmp::Reverse(free_in(&|c| c.socket == s && c.numa == n).len())
+            });
+            for n in numa {
+                out.extend(free_in(&|c| c.socket == s && c.numa == n).iter());
+            }
+        }
+        out.into_iter().take(count).collect()
+    }
+
+    fn spread_of(t: &Topology, cpus: &CpuSet) -> (usize, usize) {
+        let mut sockets: Vec<u32> = t
+            .cpus
+            .iter()
+            .filter(|c| cpus.contains(c.id))
+            .map(|c| c.socket)
+            .collect();
+        let mut numa: Vec<u32> = t
+            .cpus
+            .iter()
+            .filter(|c| cpus.contains(c.id))
+            .map(|c| c.numa)
+            .collect();
+        sockets.sort_unstable();
+        sockets.dedup();
+        numa.sort_unstable();
+        numa.dedup();
+        (sockets.len(), numa.len())
     }
 
     proptest! {
@@ -968,10 +850,11 @@ mod tests {
         }
 
         /// Packed and whole cores, checked from outside: write the request as
-        /// `q * width + r`. If `available` holds at least `q` wholly free
-        /// cores, the result contains at least `q` whole cores, and at most
-        /// one core that was wholly free is split (some of its threads taken,
-        /// not all).
+        /// `q * width + r`. Whole cores come after sockets, NUMA nodes and
+        /// L3 groups, so: if the result lies in one L3 group whose free CPUs
+        /// hold at least `q` wholly free cores, it contains at least `q`
+        /// whole cores; and never is more than one wholly free core split
+        /// (some of its threads taken, not all).
         #[test]
         fn packed_does_not_split_cores_needlessly((shape, mask, count, _p) in arb_case()) {
             let t = build(&shape);
@@ -982,16 +865,69 @@ mod tests {
             let mut cores: Vec<CpuSet> = t.cpus.iter().map(|c| c.siblings.clone()).collect();
             cores.sort();
             cores.dedup();
-            let whole_free = cores.iter().filter(|s| s.is_subset(&avail)).count();
-            let whole_taken = cores.iter().filter(|s| s.is_subset(&got)).count();
+            let mut groups: Vec<Option<u32>> = t.cpus.iter().filter(|c| got.contains(c.id)).map(|c| c.l3).collect();
+            groups.dedup();
+            if let [l3] = groups[..] {
+                let in_group = |s: &CpuSet| s.iter().all(|id| t.cpu(id).is_some_and(|c| c.l3 == l3));
+                let whole_free = cores.iter().filter(|s| in_group(s) && s.is_subset(&avail)).count();
+                let whole_taken = cores.iter().filter(|s| s.is_subset(&got)).count();
+                if whole_free >= count / width {
+                    prop_assert!(whole_taken >= count / width, "{} whole cores taken, {} needed", whole_taken, count / width);
+                }
+            }
             let split = cores
                 .iter()
                 .filter(|s| s.is_subset(&avail) && !s.is_subset(&got) && !s.is_disjoint(&got))
                 .count();
-            if whole_free >= count / width {
-                prop_assert!(whole_taken >= count / width, "{} whole cores taken, {} needed", whole_taken, count / width);
-            }
             prop_assert!(split <= 1, "{} wholly free cores split", split);
+        }
+
+        /// On random machines with offline and reserved CPUs and random
+        /// occupancy, packed and distribute-across-cores always give exactly
+        /// `count` free, online, unreserved CPUs, and never touch more
+        /// sockets or NUMA nodes than the simple baseline: sockets with the
+        /// most free CPUs first, inside each the NUMA nodes with the most
+        /// free CPUs first, CPUs in id order.
+        #[test]
+        fn never_worse_than_the_baseline_and_always_valid(
+            (shape, mask, count, p) in arb_case(),
+            offline_seed in any::<u64>(),
+            reserved_seed in any::<u64>(),
+        ) {
+            let full = build(&shape);
+            let total = full.cpus.len() as u64;
+            // Up to a quarter of the CPUs offline, never all of them; an
+            // offline CPU is gone from its siblings' lists too, as in sysfs.
+            let offline: CpuSet = (0..total.div_ceil(4))
+                .map(|i| (offline_seed.rotate_left(i as u32 * 7) % total) as u32)
+                .filter(|&id| id != 0 && offline_seed % 3 != 0)
+                .collect();
+            let mut t = full.clone();
+            t.cpus.retain(|c| !offline.contains(c.id));
+            for c in &mut t.cpus {
+                c.siblings = c.siblings.difference(&offline);
+            }
+            let online = t.online();
+            let reserved: CpuSet = online.iter().filter(|&id| (reserved_seed >> (id % 64)) & 1 == 1 && reserved_seed % 4 == 0).collect();
+            let used: CpuSet = full.cpus.iter().zip(&mask).filter(|(_, &m)| !m).map(|(c, _)| c.id).collect();
+            let avail = online.difference(&reserved).difference(&used);
+            let policy = if p % 2 == 0 { Policy::Packed } else { Policy::DistributeAcrossCores };
+            let got = allocate(&t, &avail, count, policy);
+            if count > avail.len() {
+                prop_assert_eq!(got, Err(AllocError::NotEnoughCpus { requested: count, free: avail.len() }));
+                return Ok(());
+            }
+            let got = got.unwrap();
+            prop_assert_eq!(got.len(), count);
+            prop_assert!(got.is_subset(&avail));
+            prop_assert!(got.is_subset(&online));
+            prop_assert!(got.is_disjoint(&reserved));
+            prop_assert!(got.is_disjoint(&used));
+            let baseline = baseline_pick(&t, &avail, count);
+            let (sockets, numa) = spread_of(&t, &got);
+            let (base_sockets, base_numa) = spread_of(&t, &baseline);
+            prop_assert!(sockets <= base_sockets, "{} sockets, baseline {}: {} vs {}", sockets, base_sockets, got, baseline);
+            prop_assert!(numa <= base_numa, "{} NUMA nodes, baseline {}: {} vs {}", numa, base_numa, got, baseline);
         }
 
         /// Full-pcpus-only returns only whole cores.
