@@ -392,26 +392,8 @@ impl Publisher {
     /// Whether this server's DeviceAttribute declares list values: from the
     /// OpenAPI v3 document, else from `/version`.
     async fn learn_list_attribute_support(&self) -> Result<bool, PublishError> {
-        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
-            Ok(request) => match self.client.request::<Value>(request).await {
-                Ok(document) => match declared_attribute_fields(&document) {
-                    Some(fields) => return Ok(fields.contains(LIST_FIELD)),
-                    None => format!("no {ATTRIBUTE_SCHEMA} schema in the document"),
-                },
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        let info =
-            self.client
-                .apiserver_version()
-                .await
-                .map_err(|source| PublishError::Discover {
-                    openapi: openapi.clone(),
-                    source,
-                })?;
-        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging list attributes by /version {}.{}", info.major, info.minor);
-        Ok(minor_release(&info).is_some_and(|minor| minor >= LIST_MINOR))
+        self.learn_field_support(ATTRIBUTE_SCHEMA, LIST_FIELD, LIST_MINOR, "list attributes")
+            .await
     }
 
     /// Whether the server keeps `allowMultipleAllocations`, once learned.
@@ -422,11 +404,25 @@ impl Publisher {
     /// Whether this server's Device declares the mapping field: from the
     /// OpenAPI v3 document, else from `/version`.
     async fn learn_mapping_support(&self) -> Result<bool, PublishError> {
+        self.learn_field_support(DEVICE_SCHEMA, MAPPING_FIELD, MAPPING_MINOR, "the mapping")
+            .await
+    }
+
+    /// Whether `schema` of this server declares `field`: from the OpenAPI v3
+    /// document (exactly what the server takes), else from `/version`
+    /// (`field` came with release 1.`minor`).
+    async fn learn_field_support(
+        &self,
+        schema: &str,
+        field: &str,
+        minor: u32,
+        what: &str,
+    ) -> Result<bool, PublishError> {
         let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
             Ok(request) => match self.client.request::<Value>(request).await {
-                Ok(document) => match declared_device_fields(&document) {
-                    Some(fields) => return Ok(fields.contains(MAPPING_FIELD)),
-                    None => format!("no {DEVICE_SCHEMA} schema in the document"),
+                Ok(document) => match declared_fields(&document, schema) {
+                    Some(fields) => return Ok(fields.contains(field)),
+                    None => format!("no {schema} schema in the document"),
                 },
                 Err(e) => e.to_string(),
             },
@@ -440,8 +436,8 @@ impl Publisher {
                     openapi: openapi.clone(),
                     source,
                 })?;
-        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging the mapping by /version {}.{}", info.major, info.minor);
-        Ok(minor_release(&info).is_some_and(|minor| minor >= MAPPING_MINOR))
+        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging {what} by /version {}.{}", info.major, info.minor);
+        Ok(minor_release(&info).is_some_and(|release| release >= minor))
     }
 
     /// Whether the server keeps `allowMultipleAllocations`: a dry-run apply

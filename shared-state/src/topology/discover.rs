@@ -277,9 +277,9 @@ fn read_siblings(topo: &Path) -> Result<(PathBuf, CpuSet), TopologyError> {
     Err(TopologyError::Missing { path: list })
 }
 
-/// Entries of `dir` named `<prefix><number>`, sorted by number. An absent
-/// directory has no entries.
-fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, TopologyError> {
+/// `(name, path)` of every entry of `dir`, sorted; an absent directory has
+/// none.
+pub(super) fn dir_entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, TopologyError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -296,18 +296,27 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, Top
             path: dir.to_path_buf(),
             source,
         })?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(digits) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(n) = digits.parse::<u32>() {
-            out.push((n, entry.path()));
+        if let Some(name) = entry.file_name().to_str() {
+            out.push((name.to_string(), entry.path()));
         }
     }
+    out.sort();
+    Ok(out)
+}
+
+/// Entries of `dir` named `<prefix><number>`, sorted by number. An absent
+/// directory has no entries.
+fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, TopologyError> {
+    let mut out: Vec<(u32, PathBuf)> = dir_entries(dir)?
+        .into_iter()
+        .filter_map(|(name, path)| {
+            let digits = name.strip_prefix(prefix)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            digits.parse::<u32>().ok().map(|n| (n, path))
+        })
+        .collect();
     out.sort();
     Ok(out)
 }

@@ -26,12 +26,11 @@
 //! `numa_node` that does not parse is an error naming the path and its
 //! content. Entries of `sys/devices` that are not root complexes are skipped.
 
-use super::discover::{parse_cpulist_at, quote, read_optional};
+use super::discover::{dir_entries, parse_cpulist_at, quote, read_optional};
 use super::{Topology, TopologyError};
 use crate::cpuset::CpuSet;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// PCI bridges nest a few levels deep; the bound keeps a malformed tree
 /// (or a bind mount looping back) from walking forever.
@@ -195,33 +194,6 @@ fn is_pci_function_name(name: &str) -> bool {
         && hex(device)
         && function.len() == 1
         && function.bytes().all(|b| (b'0'..=b'7').contains(&b))
-}
-
-/// `(name, path)` of every entry of `dir`, sorted; an absent directory has
-/// none.
-fn dir_entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, TopologyError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(TopologyError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| TopologyError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        if let Some(name) = entry.file_name().to_str() {
-            out.push((name.to_string(), entry.path()));
-        }
-    }
-    out.sort();
-    Ok(out)
 }
 
 /// The nodes named by the `numa_node` files of the PCI functions under
