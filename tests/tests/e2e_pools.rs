@@ -8,30 +8,7 @@ mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{log_messages_with, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
-use e2e_common::{claim_env, node, node_with_mixed_mode, shared_pod, Must};
-
-/// Scheduler and kubelet for a pod whose one container `app` names a fresh
-/// claim of one CPU and requests `request_milli`.
-async fn claim_pod(
-    node: &mut dra_cpu_tests::node::Node,
-    name: &str,
-    request_milli: Option<i64>,
-) -> (PreparedClaim, RunningPod, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
-        .await
-        .must(&format!("preparing the claim of {name}"));
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&claim.cdi_device)
-        .with_cpu(request_milli, None);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must(&format!("starting {name}"));
-    let id = running.id("app").to_string();
-    (claim, running, id)
-}
+use e2e_common::{claim_env, claim_pod, node, node_with_mixed_mode, shared_pod, Must};
 
 /// Kubelet deleting a claim pod: pod first, then unprepare.
 async fn delete_claim_pod(

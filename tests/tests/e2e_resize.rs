@@ -14,7 +14,7 @@ use dra_cpu_tests::cri::{milli_cpu_to_shares, ContainerSpec};
 use dra_cpu_tests::node::{
     log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod,
 };
-use e2e_common::{node, shared_pod, Must};
+use e2e_common::{claim_pod, node, shared_pod, Must};
 
 /// Mixed mode on; the shared pool's floor off, so a later claim may take
 /// the last shared CPU of a two-CPU machine.
@@ -25,29 +25,6 @@ async fn mixed_node() -> Node {
         ..Default::default()
     })
     .await
-}
-
-/// A pod whose container `app` names a fresh claim of one CPU and requests
-/// `request_milli`.
-async fn claim_pod(
-    node: &mut Node,
-    name: &str,
-    request_milli: Option<i64>,
-) -> (PreparedClaim, RunningPod, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
-        .await
-        .must(&format!("preparing the claim of {name}"));
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&claim.cdi_device)
-        .with_cpu(request_milli, None);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must(&format!("starting {name}"));
-    let id = running.id("app").to_string();
-    (claim, running, id)
 }
 
 /// Kubelet resizing container `id` to `request_milli`, then checking that

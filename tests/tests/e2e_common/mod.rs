@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod};
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
 use shared_state::CpuSet;
 use std::fmt::Display;
 
@@ -59,4 +59,27 @@ pub async fn claim_env(node: &mut Node, id: &str, claim_uid: &str) -> Option<Cpu
         .must("reading the container's environment");
     env.get(&format!("DRA_CPUSET_{claim_uid}"))
         .and_then(|v| CpuSet::parse_cpulist(v).ok())
+}
+
+/// Scheduler and kubelet for a pod whose one container `app` names a fresh
+/// claim of one CPU and requests `request_milli`.
+pub async fn claim_pod(
+    node: &mut Node,
+    name: &str,
+    request_milli: Option<i64>,
+) -> (PreparedClaim, RunningPod, String) {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .create_claim(&format!("{name}-cpu"), 1, &pod)
+        .await
+        .must(&format!("preparing the claim of {name}"));
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&claim.cdi_device)
+        .with_cpu(request_milli, None);
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must(&format!("starting {name}"));
+    let id = running.id("app").to_string();
+    (claim, running, id)
 }
