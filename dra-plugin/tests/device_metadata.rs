@@ -2,6 +2,8 @@
 //! at prepare, removed at unprepare, rebuilt by start-up reconciliation,
 //! and a failure leaves nothing behind.
 
+mod common;
+
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::device_metadata::{published_attributes, DeviceMetadata};
@@ -9,12 +11,7 @@ use dra_plugin::driver::{Driver, DriverOptions};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::{ClaimRef, DeviceCatalog, POD_CLAIM_NAME_ANNOTATION};
 use dra_plugin::slices::{devices_for, DeviceOptions};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::Value;
 use shared_state::alloc::Policy;
 use shared_state::store::{AssignmentStore, MemoryStore};
@@ -114,42 +111,13 @@ fn claim(
         name: name.into(),
         uid: format!("{n:08x}-0000-4000-8000-000000000000"),
     };
-    let object = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some(reference.namespace.clone()),
-            uid: Some(reference.uid.clone()),
-            annotations: pod_claim_name
-                .map(|p| [(POD_CLAIM_NAME_ANNOTATION.to_string(), p.to_string())].into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: "dra.cpu".into(),
-                        pool: NODE.into(),
-                        device: "cpudevnuma001".into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    };
+    let object = common::allocated_claim_object(
+        &reference,
+        NODE,
+        "cpudevnuma001",
+        cpus,
+        pod_claim_name.map(|p| [(POD_CLAIM_NAME_ANNOTATION.to_string(), p.to_string())].into()),
+    );
     (reference, object)
 }
 

@@ -1,6 +1,8 @@
 //! The driver core without sockets: a store that fails, a CDI directory
 //! that cannot be written, and a subscriber too slow to keep up.
 
+mod common;
+
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
 use dra_plugin::cdi::CdiDir;
@@ -13,12 +15,7 @@ use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
 use dra_plugin::run::Health;
 use futures::StreamExt;
 use hyper::{Method, StatusCode};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::Policy;
 use shared_state::store::{AssignmentStore, LenientListing, MemoryStore, StoreError, StoreOp};
 use shared_state::topology::synthetic;
@@ -118,40 +115,7 @@ fn claim(n: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
         name: format!("c{n}"),
         uid: uid(n),
     };
-    let object = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some("default".into()),
-            uid: Some(reference.uid.clone()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: "dra.cpu".into(),
-                        pool: NODE.into(),
-                        device: "cpudevnuma000".into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    };
+    let object = common::allocated_claim_object(&reference, NODE, "cpudevnuma000", cpus, None);
     (reference, object)
 }
 

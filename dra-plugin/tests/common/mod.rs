@@ -277,3 +277,50 @@ pub async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
     );
     Some(())
 }
+
+/// The ResourceClaim the scheduler leaves for `reference`: `cpus` CPUs of
+/// grouped device `device` in pool `pool` for request `cpus`, reserved for
+/// one pod, with `annotations` on the object.
+pub fn allocated_claim_object(
+    reference: &dra_plugin::prepare::ClaimRef,
+    pool: &str,
+    device: &str,
+    cpus: u32,
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(reference.name.clone()),
+            namespace: Some(reference.namespace.clone()),
+            uid: Some(reference.uid.clone()),
+            annotations,
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        request: "cpus".into(),
+                        driver: DRIVER.into(),
+                        pool: pool.into(),
+                        device: device.into(),
+                        consumed_capacity: Some(
+                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
+                        ),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            reserved_for: Some(vec![ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: "pod".into(),
+                uid: "feedbeef-0000-4000-8000-000000000000".into(),
+            }]),
+            ..Default::default()
+        }),
+    }
+}
