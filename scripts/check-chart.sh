@@ -127,6 +127,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
     check(mode, mounts["plugin-dir"]["mountPath"] == volumes["plugin-dir"]["hostPath"]["path"] == f"{kubelet}/plugins/{dra['driver-name']}", "plugin dir differs between host and container")
     check(mode, mounts["plugins-registry"]["mountPath"] == volumes["plugins-registry"]["hostPath"]["path"] == f"{kubelet}/plugins_registry", "registration dir differs between host and container")
     check(mode, mounts["cdi"]["mountPath"] == volumes["cdi"]["hostPath"]["path"] == dra["cdi-dir"], "CDI dir differs between host and container")
+    check(mode, mounts["device-metadata"]["mountPath"] == volumes["device-metadata"]["hostPath"]["path"] == dra["device-metadata-dir"], "device metadata dir differs between host and container")
     dc = one(docs, "DeviceClass")
     check(mode, dc["spec"]["selectors"][0]["cel"]["expression"] == f'device.driver == "{dra["driver-name"]}"', "DeviceClass does not select the driver")
     binding = one(docs, "ClusterRoleBinding")

@@ -89,6 +89,13 @@ pub struct Settings {
     /// for prepared claims.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub disable_device_metadata: Option<bool>,
+    /// Host directory of the device metadata files, bind-mounted from here
+    /// into containers; `<kubelet-root-dir>/plugins/<driver>/dra-device-metadata`
+    /// by default. A tmpfs (the chart uses `/var/run/dra-cpu/device-metadata`)
+    /// keeps their writes out of the store disk's journal; they are rebuilt
+    /// from the store at every start, as the CDI specs are.
+    #[arg(long)]
+    pub device_metadata_dir: Option<PathBuf>,
     /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
     /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
     /// `DRAListTypeAttributes` feature gate).
@@ -147,6 +154,40 @@ pub enum ConfigError {
     BadDriverName(String),
     #[error("--coordination-allowed-uids is empty: nobody could subscribe")]
     NoAllowedUids,
+    #[error("--device-metadata-dir {dir}: {why}")]
+    BadDeviceMetadataDir { dir: PathBuf, why: &'static str },
+}
+
+/// Why `dir` cannot hold the device metadata files, if it cannot: dra-plugin
+/// owns that directory (it removes whatever no stored claim explains), so
+/// it must be an absolute path of its own, not one that holds the CDI
+/// specs, the store or kubelet's files.
+fn device_metadata_dir_problem(
+    dir: &Path,
+    cdi_dir: &Path,
+    state_dir: &Path,
+    kubelet_root_dir: &Path,
+) -> Option<&'static str> {
+    use std::path::Component;
+    if !dir.is_absolute() {
+        return Some("must be an absolute path");
+    }
+    if dir.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Some("must not contain '..'");
+    }
+    if dir.parent().is_none() {
+        return Some("must not be the root directory");
+    }
+    [
+        (cdi_dir, "must not be or hold the CDI directory"),
+        (state_dir, "must not be or hold the state directory"),
+        (
+            kubelet_root_dir,
+            "must not be or hold kubelet's root directory",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(owned, why)| owned.starts_with(dir).then_some(why))
 }
 
 /// The settings of a running plugin, defaults applied.
@@ -167,6 +208,8 @@ pub struct Config {
     pub node_allocatable_mapping: bool,
     /// Write KEP-5304 device metadata for prepared claims.
     pub device_metadata: bool,
+    /// Where the device metadata files go on the host.
+    pub device_metadata_dir: PathBuf,
     pub expose_pcie_roots: bool,
     pub coordination_socket: PathBuf,
     pub coordination_allowed_uids: Vec<u32>,
@@ -237,6 +280,7 @@ impl Settings {
             disable_device_metadata: self
                 .disable_device_metadata
                 .or(fallback.disable_device_metadata),
+            device_metadata_dir: self.device_metadata_dir.or(fallback.device_metadata_dir),
             expose_pcie_roots: self.expose_pcie_roots.or(fallback.expose_pcie_roots),
             coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
             coordination_allowed_uids: self
@@ -275,17 +319,36 @@ impl Settings {
         if coordination_allowed_uids.is_empty() {
             return Err(ConfigError::NoAllowedUids);
         }
+        let kubelet_root_dir = self
+            .kubelet_root_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT_DIR));
+        let device_metadata_dir = self.device_metadata_dir.unwrap_or_else(|| {
+            crate::device_metadata::default_host_root(&plugin_data_dir(
+                &kubelet_root_dir,
+                &driver_name,
+            ))
+        });
+        let cdi_dir = self
+            .cdi_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR));
+        if let Some(why) = device_metadata_dir_problem(
+            &device_metadata_dir,
+            &cdi_dir,
+            &state_dir,
+            &kubelet_root_dir,
+        ) {
+            return Err(ConfigError::BadDeviceMetadataDir {
+                dir: device_metadata_dir,
+                why,
+            });
+        }
         Ok(Config {
             driver_name,
             node_name,
             kubeconfig: self.kubeconfig,
-            kubelet_root_dir: self
-                .kubelet_root_dir
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT_DIR)),
+            kubelet_root_dir,
             state_dir,
-            cdi_dir: self
-                .cdi_dir
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR)),
+            cdi_dir,
             sysfs_root: self
                 .sysfs_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_SYSFS_ROOT)),
@@ -296,6 +359,7 @@ impl Settings {
             mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
             node_allocatable_mapping: !self.disable_node_allocatable_mapping.unwrap_or(false),
             device_metadata: !self.disable_device_metadata.unwrap_or(false),
+            device_metadata_dir,
             expose_pcie_roots: self.expose_pcie_roots.unwrap_or(false),
             coordination_socket,
             coordination_allowed_uids,
@@ -311,6 +375,11 @@ impl Settings {
             min_shared_cpus: self.min_shared_cpus.unwrap_or(DEFAULT_MIN_SHARED_CPUS),
         })
     }
+}
+
+/// `<kubelet-root>/plugins/<driver>`.
+fn plugin_data_dir(kubelet_root_dir: &Path, driver_name: &str) -> PathBuf {
+    kubelet_root_dir.join("plugins").join(driver_name)
 }
 
 impl Config {
@@ -333,9 +402,7 @@ impl Config {
     /// `<kubelet-root>/plugins/<driver>`, the plugin data directory (the Go
     /// helper's `PluginDataDirectoryPath`), where device metadata lives.
     pub fn plugin_data_dir(&self) -> PathBuf {
-        self.kubelet_root_dir
-            .join("plugins")
-            .join(&self.driver_name)
+        plugin_data_dir(&self.kubelet_root_dir, &self.driver_name)
     }
 
     /// The sled store's directory.
@@ -397,9 +464,54 @@ mod tests {
             config.plugin_data_dir(),
             PathBuf::from("/var/lib/kubelet/plugins/dra.cpu")
         );
+        assert_eq!(
+            config.device_metadata_dir,
+            PathBuf::from("/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata")
+        );
         assert!(!config.expose_pcie_roots);
         assert_eq!(config.coordination_allowed_uids, vec![0]);
         assert_eq!(config.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn device_metadata_dir_must_be_a_directory_of_its_own() {
+        let (cdi, state, kubelet) = (
+            Path::new("/var/run/cdi"),
+            Path::new("/var/lib/dra-cpu"),
+            Path::new("/var/lib/kubelet"),
+        );
+        for (dir, problem) in [
+            ("/var/run/dra-cpu/device-metadata", None),
+            ("/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata", None),
+            ("/var/run/cdi/metadata", None),
+            ("run/md", Some("must be an absolute path")),
+            ("/var/run/../md", Some("must not contain '..'")),
+            ("/", Some("must not be the root directory")),
+            ("/var/run", Some("must not be or hold the CDI directory")),
+            (
+                "/var/run/cdi",
+                Some("must not be or hold the CDI directory"),
+            ),
+            ("/var/lib", Some("must not be or hold the state directory")),
+            (
+                "/var/lib/kubelet",
+                Some("must not be or hold kubelet's root directory"),
+            ),
+        ] {
+            assert_eq!(
+                device_metadata_dir_problem(Path::new(dir), cdi, state, kubelet),
+                problem,
+                "{dir}"
+            );
+        }
+        let refused = flags(&["--node-name=n", "--device-metadata-dir=/var/run"])
+            .resolve(None)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            refused.as_deref(),
+            Some("--device-metadata-dir /var/run: must not be or hold the CDI directory")
+        );
     }
 
     #[test]
@@ -419,6 +531,7 @@ mod tests {
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
             "--disable-device-metadata",
+            "--device-metadata-dir=/run/md",
             "--expose-pcie-roots",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",
@@ -427,6 +540,7 @@ mod tests {
         ]);
         let c = s.resolve(None).expect("resolves");
         assert!(!c.device_metadata);
+        assert_eq!(c.device_metadata_dir, PathBuf::from("/run/md"));
         assert_eq!(c.driver_name, "cpu.example.com");
         assert_eq!(c.node_name, "n1");
         assert_eq!(c.kubeconfig, Some(PathBuf::from("/k")));
@@ -464,6 +578,7 @@ allocation-policy: full-pcpus-only
 mixed-allocation-mode: true
 disable-node-allocatable-mapping: true
 disable-device-metadata: true
+device-metadata-dir: /run/md
 expose-pcie-roots: true
 coordination-socket: /c.sock
 coordination-allowed-uids: [0, 1000]
@@ -486,6 +601,7 @@ log-format: json
             "--mixed-allocation-mode=true",
             "--disable-node-allocatable-mapping=true",
             "--disable-device-metadata=true",
+            "--device-metadata-dir=/run/md",
             "--expose-pcie-roots=true",
             "--coordination-socket=/c.sock",
             "--coordination-allowed-uids=0,1000",

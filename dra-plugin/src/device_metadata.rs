@@ -112,7 +112,8 @@ pub const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 pub const RESOURCE_CLAIMS_SUBDIR: &str = "resourceclaims";
 /// Under [`CONTAINER_DIR`], claims made from a template.
 pub const RESOURCE_CLAIM_TEMPLATES_SUBDIR: &str = "resourceclaimtemplates";
-/// Under the plugin data directory, on the host.
+/// Under the plugin data directory, on the host: where the files go unless
+/// `--device-metadata-dir` names another directory (the Go helper's place).
 pub const HOST_SUBDIR: &str = "dra-device-metadata";
 pub const HOST_FILE_NAME: &str = "metadata.json";
 /// Metadata only (not published): CPUs of the device given to the claim.
@@ -241,24 +242,24 @@ fn base_request(request: &str) -> &str {
 #[derive(Debug, Clone)]
 pub struct DeviceMetadata {
     driver_name: String,
-    /// `<plugin data dir>/dra-device-metadata`.
+    /// `--device-metadata-dir`, by default `<plugin data dir>/dra-device-metadata`.
     host_root: PathBuf,
     attributes: PublishedAttributes,
     device_cpus: BTreeMap<String, CpuSet>,
 }
 
 impl DeviceMetadata {
-    /// `plugin_data_dir` is `<kubelet root>/plugins/<driver>`;
-    /// `device_cpus` the CPUs each device stands for.
+    /// `host_root` is the host directory the files go under (see
+    /// [`default_host_root`]); `device_cpus` the CPUs each device stands for.
     pub fn new(
         driver_name: &str,
-        plugin_data_dir: &Path,
+        host_root: &Path,
         attributes: PublishedAttributes,
         device_cpus: BTreeMap<String, CpuSet>,
     ) -> DeviceMetadata {
         DeviceMetadata {
             driver_name: driver_name.to_string(),
-            host_root: host_root(plugin_data_dir),
+            host_root: host_root.to_path_buf(),
             attributes,
             device_cpus,
         }
@@ -466,19 +467,19 @@ pub fn check_names(claim: &ClaimAssignment) -> Result<(), MetadataError> {
     Ok(())
 }
 
-/// `<plugin data dir>/dra-device-metadata`.
-pub fn host_root(plugin_data_dir: &Path) -> PathBuf {
+/// `<plugin data dir>/dra-device-metadata`, where the Go helper writes the
+/// files and where they go unless `--device-metadata-dir` says otherwise.
+pub fn default_host_root(plugin_data_dir: &Path) -> PathBuf {
     plugin_data_dir.join(HOST_SUBDIR)
 }
 
-/// Remove every metadata file under `plugin_data_dir` (device metadata
-/// turned off after it was on).
-pub fn remove_all(plugin_data_dir: &Path) -> Result<bool, MetadataError> {
-    let root = host_root(plugin_data_dir);
-    match std::fs::remove_dir_all(&root) {
+/// Remove every metadata file under `root` (device metadata turned off
+/// after it was on, or moved to another directory).
+pub fn remove_all(root: &Path) -> Result<bool, MetadataError> {
+    match std::fs::remove_dir_all(root) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_error(&root, "remove")(e)),
+        Err(e) => Err(io_error(root, "remove")(e)),
     }
 }
 
@@ -615,7 +616,7 @@ mod tests {
         let cpu5 = BTreeMap::from([("dra.cpu/cpuID".to_string(), int(5))]);
         DeviceMetadata::new(
             "dra.cpu",
-            root,
+            &default_host_root(root),
             BTreeMap::from([
                 ("cpudevnuma000".to_string(), numa0),
                 ("cpudev005".to_string(), cpu5),
@@ -952,8 +953,8 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(again, MetadataPlan::default());
         // Turned off: everything goes.
-        assert_eq!(remove_all(dir.path()).ok(), Some(true));
+        assert_eq!(remove_all(m.host_root()).ok(), Some(true));
         assert!(!m.host_root().exists());
-        assert_eq!(remove_all(dir.path()).ok(), Some(false));
+        assert_eq!(remove_all(m.host_root()).ok(), Some(false));
     }
 }

@@ -182,9 +182,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .with_context(|| format!("building the node's {mode} devices"))?;
             published.extend(devices);
         }
+        // Files an earlier start left in the default place are mounted by
+        // no future container once the specs name the configured one.
+        let default_root = crate::device_metadata::default_host_root(&config.plugin_data_dir());
+        if default_root != config.device_metadata_dir
+            && crate::device_metadata::remove_all(&default_root)
+                .context("removing device metadata files from their earlier directory")?
+        {
+            tracing::info!(
+                from = %default_root.display(),
+                to = %config.device_metadata_dir.display(),
+                "device metadata moved: removed the files of the earlier directory"
+            );
+        }
         Some(DeviceMetadata::new(
             &config.driver_name,
-            &config.plugin_data_dir(),
+            &config.device_metadata_dir,
             published_attributes(&published),
             catalog
                 .devices()
@@ -192,7 +205,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
                 .collect(),
         ))
     } else {
-        if crate::device_metadata::remove_all(&config.plugin_data_dir())
+        if crate::device_metadata::remove_all(&config.device_metadata_dir)
             .context("removing device metadata files (--disable-device-metadata)")?
         {
             tracing::info!("device metadata is off: removed the files written while it was on");

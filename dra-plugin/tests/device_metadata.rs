@@ -73,7 +73,7 @@ fn driver(store: Arc<dyn AssignmentStore>, dirs: &Dirs, metadata_on: bool) -> Dr
     let metadata = metadata_on.then(|| {
         DeviceMetadata::new(
             "dra.cpu",
-            &dirs.plugin_data,
+            &dra_plugin::device_metadata::default_host_root(&dirs.plugin_data),
             published_attributes(&published),
             catalog
                 .devices()

@@ -779,3 +779,65 @@ fn a_mixed_config_file_is_refused_naming_the_keys() {
         "{stderr}"
     );
 }
+
+/// `--device-metadata-dir` (the chart points it at a tmpfs): the files are
+/// written there, the claim's CDI device mounts them from there, and files
+/// an earlier start left in the default place are removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_metadata_goes_to_its_configured_directory() {
+    let node = Node::new(DeviceMode::Grouped);
+    let default_root =
+        dra_plugin::device_metadata::default_host_root(&node.config.plugin_data_dir());
+    let stale = default_root.join("team_old/cpus/metadata.json");
+    std::fs::create_dir_all(stale.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&stale, b"{}\n").expect("stale file");
+    let configured = node.config.state_dir.join("run-md");
+
+    let mut child = run_command(&node)
+        .arg(format!("--device-metadata-dir={}", configured.display()))
+        .spawn()
+        .expect("spawn dra-plugin run");
+    let kubelet = register(&node, &mut child).await;
+    let claim = node.claim("c0", &[("cpudevnuma000", Some("2"))], &pod_uid(0));
+    let answers = kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .expect("prepare");
+    assert_eq!(answers[&claim.uid].error, "", "prepare refused");
+
+    let written = files_under(&configured);
+    assert_eq!(written.len(), 1, "one request, one file: {written:?}");
+    let (path, body) = &written[0];
+    assert_eq!(
+        path.file_name().and_then(|n| n.to_str()),
+        Some("metadata.json")
+    );
+    assert!(
+        String::from_utf8_lossy(body).contains(&claim.uid),
+        "the file names its claim"
+    );
+    let spec = node.cdi_spec(&claim.uid).expect("CDI spec");
+    let host_paths: Vec<&str> = spec
+        .pointer("/devices/0/containerEdits/mounts")
+        .and_then(|m| m.as_array())
+        .map(|mounts| {
+            mounts
+                .iter()
+                .filter_map(|m| m["hostPath"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(host_paths, [path.to_str().expect("utf-8 path")]);
+    assert!(
+        !default_root.exists(),
+        "the default place still holds files"
+    );
+
+    let output = terminate(child).await;
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -87,6 +87,7 @@ min-shared-cpus: {{ int $p.minSharedCpus }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
 disable-node-allocatable-mapping: {{ $p.disableNodeAllocatableMapping }}
 disable-device-metadata: {{ $p.disableDeviceMetadata }}
+device-metadata-dir: {{ $p.deviceMetadataDir | quote }}
 expose-pcie-roots: {{ $p.exposePcieRoots }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]

@@ -125,19 +125,23 @@ pub struct DraBench {
     next_claim: u32,
     /// Where the CDI specs live, said in the rows' labels.
     cdi: CdiPlacement,
-    /// A tmpfs mounted for the CDI directory, unmounted on drop.
+    /// A tmpfs mounted for the CDI directory and the device metadata
+    /// files, unmounted on drop.
     cdi_mount: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
-/// Where the benchmark puts the CDI directory. On a node `--cdi-dir`
-/// defaults to `/var/run/cdi`, and `/var/run` is a tmpfs, so the spec write
-/// costs no disk I/O there; the store is on disk under `/var/lib`. This VM
-/// has no tmpfs on `/run`, so the benchmark mounts one to lay the node out
-/// the same way, and can also measure the specs on the store's disk.
+/// Where the benchmark puts the CDI directory and the device metadata
+/// files. On a node `--cdi-dir` defaults to `/var/run/cdi` and the chart
+/// puts the metadata under `/var/run/dra-cpu/device-metadata`; `/var/run`
+/// is a tmpfs, so those writes cost no disk I/O there; the store is on disk
+/// under `/var/lib`. This VM has no tmpfs on `/run`, so the benchmark mounts
+/// one to lay the node out the same way, and can also measure both on the
+/// store's disk (the metadata then in its default place, the plugin data
+/// directory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CdiPlacement {
-    /// A private tmpfs, as `/var/run/cdi` is on a node.
+    /// A private tmpfs, as `/var/run` is on a node.
     Tmpfs,
     /// The disk of the store (ext4 here).
     Disk,
@@ -151,6 +155,9 @@ impl CdiPlacement {
         }
     }
 }
+
+/// Under the tmpfs, as the chart's `/var/run/dra-cpu/device-metadata`.
+const METADATA_UNDER_RUN: &str = "dra-cpu/device-metadata";
 
 /// Mount a private tmpfs on `dir` (root only).
 fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
@@ -218,10 +225,22 @@ impl DraBench {
         let api = FakeApiServer::start()?;
         api.insert_node(NODE)?;
         api.insert_device_class(device_class()?)?;
+        // `run/` stands for the node's `/var/run`: a tmpfs, or a plain
+        // directory on the store's disk.
+        let run_dir = dir.path().join("run");
+        std::fs::create_dir_all(&run_dir)
+            .with_context(|| format!("creating {}", run_dir.display()))?;
+        let cdi_mount = match cdi {
+            CdiPlacement::Tmpfs => {
+                mount_tmpfs(&run_dir)?;
+                Some(run_dir.clone())
+            }
+            CdiPlacement::Disk => None,
+        };
         let layout = NodeLayout {
             dir: dir.path().to_path_buf(),
             nri_socket: dir.path().join("no-runtime/nri.sock"),
-            cdi_dir: dir.path().join("cdi"),
+            cdi_dir: run_dir.join("cdi"),
             kubeconfig: api.kubeconfig_path().to_path_buf(),
             dra_metrics: free_port()?,
             nri_metrics: free_port()?,
@@ -233,13 +252,6 @@ impl DraBench {
         ] {
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
-        let cdi_mount = match cdi {
-            CdiPlacement::Tmpfs => {
-                mount_tmpfs(&layout.cdi_dir)?;
-                Some(layout.cdi_dir.clone())
-            }
-            CdiPlacement::Disk => None,
-        };
         let options = NodeOptions {
             node_name: NODE.into(),
             ..NodeOptions::default()
@@ -252,7 +264,14 @@ impl DraBench {
             }
             args
         };
-        let args = with_sysfs(dra_plugin_args(&layout, &options));
+        let mut args = with_sysfs(dra_plugin_args(&layout, &options));
+        if cdi == CdiPlacement::Tmpfs {
+            // As the chart deploys it.
+            args.push(format!(
+                "--device-metadata-dir={}",
+                run_dir.join(METADATA_UNDER_RUN).display()
+            ));
+        }
         let nri_args = with_sysfs(nri_plugin_args(&layout, &options));
         Ok(DraBench {
             api,
