@@ -356,7 +356,10 @@ async fn spawn(node: &Node) -> Result<Daemon, String> {
     let deadline = Instant::now() + WAIT;
     let registered = loop {
         match KubeletDra::register(&node.registry_dir(), DRIVER, DraVersion::V1, WAIT).await {
-            Err(KubeletDraError::Connect { .. })
+            // Kubelet's plugin watcher retries a registration that failed
+            // (a GetInfo past its timeout on a slow emulated boot as well
+            // as a refused dial) until the socket goes away.
+            Err(KubeletDraError::Connect { .. } | KubeletDraError::Call { .. })
                 if Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) =>
             {
                 tokio::time::sleep(Duration::from_millis(10)).await;
