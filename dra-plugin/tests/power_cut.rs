@@ -15,7 +15,19 @@
 //!    right after registration: every acknowledged prepare stored with the
 //!    same CPUs, every acknowledged unprepare gone, no CPU in two claims, the
 //!    CDI directory exactly the store; then repeats every interrupted call
-//!    as kubelet would and checks again;
+//!    as kubelet would and checks again; then starts the real nri-plugin
+//!    (`NRI_PLUGIN_BIN`) subscribed to that dra-plugin and connected to a
+//!    stand-in NRI runtime (`dra_cpu_tests::nri_runtime`: a real Unix
+//!    socket, NRI over ttrpc, as containerd speaks it; the fixture's CPUs
+//!    are not the guest's, so a real runtime could not place containers on
+//!    them), which Synchronizes the containers it re-creates (one per
+//!    acknowledged claim but the last two, with its CDI env, the first
+//!    mixed; two shared) and then creates one more of each kind (the last
+//!    two claims' containers, mixed and exclusive; a shared one); every
+//!    container's cpuset, as nri-plugin's replies and updates leave it,
+//!    must be its claim's CPUs (exclusive), the fixture's CPUs minus every
+//!    claim's (shared), or both (mixed): `repinned=N wrong=M` on the boot's
+//!    `checked` record (`dra_cpu_tests::repin`);
 //! 3. runs a prepare/unprepare storm and cuts the power: `echo b >
 //!    /proc/sysrq-trigger` (reboot with no sync and no unmount) after a
 //!    seeded random delay, or, on the cuts the host takes, waits for the
