@@ -315,7 +315,11 @@ fn spawn_nri_plugin(setup: &RepinSetup, socket: &Path) -> Result<NriPlugin, Repi
         .stderr(Stdio::from(log_file))
         .kill_on_drop(true)
         .spawn()
-        .map_err(io(format!("spawning {}", setup.nri_plugin.display())))?;
+        .map_err(io(format!(
+            "spawning {} (set ${} or run `cargo build -p nri-plugin`)",
+            setup.nri_plugin.display(),
+            crate::node::NRI_PLUGIN_BIN_ENV
+        )))?;
     Ok(NriPlugin {
         child,
         log,
