@@ -9,7 +9,9 @@
 # checks what the last cut left (every acknowledged prepare stored with the
 # same CPUs, every acknowledged unprepare gone, no CPU in two claims, the
 # CDI directory rebuilt to match the store by registration, every
-# interrupted call converging when repeated), then storms prepares and
+# interrupted call converging when repeated, and nri-plugin, started then,
+# putting every container a stand-in NRI runtime re-creates on the right
+# CPUs: repinned=N wrong=M), then storms prepares and
 # unprepares and cuts the power: sysrq b from inside (the guest reboots in
 # the same QEMU), or, on every Kth cut (--host-kill-every, default 4; 0:
 # never), the host SIGKILLs QEMU and boots the same disk again. Each
@@ -33,7 +35,7 @@ while [ $# -gt 0 ]; do
     --seed) seed="$2"; shift 2 ;;
     --host-kill-every) host_kill_every="$2"; shift 2 ;;
     --no-sync-control) control=1; shift ;;
-    -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "power-cut-storm: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,6 +62,9 @@ if [ "$control" -eq 1 ]; then
   plugin="$target_dir/power-cut/dra-plugin-no-sync"
 fi
 cargo build --quiet -p dra-plugin --bin dra-plugin
+# Started by every boot's re-pin check (dra-plugin/tests/power_cut.rs).
+cargo build --quiet -p nri-plugin --bin nri-plugin
+nri_plugin="$target_dir/debug/nri-plugin"
 test_bin="$(cargo test --quiet -p dra-plugin --test power_cut --no-run --message-format=json |
   python3 -c '
 import json, sys
@@ -155,7 +160,7 @@ while :; do
   scripts/vm-node.sh --sockets 1 --cores 2 --threads 1 --numa-nodes 1 --memory 768 \
     --disk "$disk" --extra-disk "$acks" --reboot --pidfile "$pidfile" \
     --timeout $((cuts * 180 + 600)) --share "$fixtures" \
-    --env DRA_CPU_FIXTURES="$fixtures" --env DRA_PLUGIN_BIN="$plugin" \
+    --env DRA_CPU_FIXTURES="$fixtures" --env DRA_PLUGIN_BIN="$plugin" --env NRI_PLUGIN_BIN="$nri_plugin" \
     --env DRA_CPU_POWER_CUT_LOG=/dev/vdb --env DRA_CPU_POWER_CUT_SEED="$seed" \
     --env DRA_CPU_POWER_CUT_CUTS="$cuts" --env DRA_CPU_POWER_CUT_HOST_KILL_EVERY="$host_kill_every" \
     --env DRA_CPU_POWER_CUT_CONTROL="$control" \
@@ -197,8 +202,8 @@ with open(log, "rb") as fh:
             break
         lines.append(block.split(b"\n", 1)[0].decode(errors="replace"))
 f = dict(cuts=0, sysrq=0, host=0, P=0, U=0, lost_prepares=0, lost_unprepares=0, doubled=0, cdi_wrong=0,
-         converged=0, refused=0)
-uptimes, starts = [], []
+         converged=0, refused=0, repinned=0, wrong=0)
+uptimes, starts, repins = [], [], []
 for line in lines:
     w = line.split()
     kv = dict(x.split("=", 1) for x in w if "=" in x)
@@ -210,9 +215,10 @@ for line in lines:
     elif w[0] == "boot" and w[1] != "0":
         uptimes.append(float(kv.get("uptime", "nan")))
     elif w[0] == "checked":
-        for k in ("lost_prepares", "lost_unprepares", "doubled", "cdi_wrong", "converged"):
+        for k in ("lost_prepares", "lost_unprepares", "doubled", "cdi_wrong", "converged", "repinned", "wrong"):
             f[k] += int(kv.get(k, 0))
         starts.append(int(kv.get("start_ms", 0)) / 1000)
+        repins.append(int(kv.get("repin_ms", 0)) / 1000)
     elif w[0] == "refused":
         f["refused"] += 1
         f["lost_prepares"] += int(kv.get("lost_prepares", 0))
@@ -222,11 +228,13 @@ print(f"power-cut-storm: {cuts} cuts ({f['sysrq']} sysrq b, {f['host']} host SIG
       f"{hung_resets} hung resets killed); "
       f"acknowledged {f['P']} prepares, {f['U']} unprepares; lost {f['lost_prepares']} prepares, {f['lost_unprepares']} unprepares "
       f"(store refused to open {f['refused']} times); doubled CPUs {f['doubled']}; wrong CDI {f['cdi_wrong']}; "
-      f"interrupted calls converged {f['converged']}")
+      f"interrupted calls converged {f['converged']}; "
+      f"re-created containers re-pinned by nri-plugin {f['repinned']}, on wrong CPUs {f['wrong']}")
 print(f"power-cut-storm: wall {wall} s, {wall / max(cuts, 1):.1f} s per cut; guest uptime when the check began "
       f"{mean(uptimes):.1f} s on average (max {max(uptimes, default=float('nan')):.1f}); "
-      f"dra-plugin start to registration {mean(starts):.2f} s on average")
-bad = f["lost_prepares"] + f["lost_unprepares"] + f["doubled"] + f["cdi_wrong"]
+      f"dra-plugin start to registration {mean(starts):.2f} s on average; "
+      f"re-pin check {mean(repins):.2f} s on average (max {max(repins, default=float('nan')):.2f})")
+bad = f["lost_prepares"] + f["lost_unprepares"] + f["doubled"] + f["cdi_wrong"] + f["wrong"]
 if cuts != cuts_wanted:
     print(f"power-cut-storm: FAILED: {cuts} cuts, {cuts_wanted} wanted", file=sys.stderr)
     sys.exit(1)

@@ -15,7 +15,19 @@
 //!    right after registration: every acknowledged prepare stored with the
 //!    same CPUs, every acknowledged unprepare gone, no CPU in two claims, the
 //!    CDI directory exactly the store; then repeats every interrupted call
-//!    as kubelet would and checks again;
+//!    as kubelet would and checks again; then starts the real nri-plugin
+//!    (`NRI_PLUGIN_BIN`) subscribed to that dra-plugin and connected to a
+//!    stand-in NRI runtime (`dra_cpu_tests::nri_runtime`: a real Unix
+//!    socket, NRI over ttrpc, as containerd speaks it; the fixture's CPUs
+//!    are not the guest's, so a real runtime could not place containers on
+//!    them), which Synchronizes the containers it re-creates (one per
+//!    acknowledged claim but the last two, with its CDI env, the first
+//!    mixed; two shared) and then creates one more of each kind (the last
+//!    two claims' containers, mixed and exclusive; a shared one); every
+//!    container's cpuset, as nri-plugin's replies and updates leave it,
+//!    must be its claim's CPUs (exclusive), the fixture's CPUs minus every
+//!    claim's (shared), or both (mixed): `repinned=N wrong=M` on the boot's
+//!    `checked` record (`dra_cpu_tests::repin`);
 //! 3. runs a prepare/unprepare storm and cuts the power: `echo b >
 //!    /proc/sysrq-trigger` (reboot with no sync and no unmount) after a
 //!    seeded random delay, or, on the cuts the host takes, waits for the
@@ -42,6 +54,7 @@ mod common;
 
 use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
+use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::DeviceMode;
 use dra_plugin::inspect_state::StateReport;
@@ -114,6 +127,8 @@ struct History {
     lost_unprepares: usize,
     refused_opens: usize,
     converged: usize,
+    repinned: usize,
+    wrong_cpusets: usize,
     ended: bool,
 }
 
@@ -176,6 +191,8 @@ fn replay(lines: &[String], claims: usize) -> Result<History, String> {
                 h.lost_prepares += field(&words, "lost_prepares");
                 h.lost_unprepares += field(&words, "lost_unprepares");
                 h.converged += field(&words, "converged");
+                h.repinned += field(&words, "repinned");
+                h.wrong_cpusets += field(&words, "wrong");
             }
             Some("refused") => {
                 h.refused_opens += 1;
@@ -330,6 +347,8 @@ fn run_args(node: &Node) -> Vec<String> {
         "--cpu-device-mode=grouped".into(),
         "--group-by=numanode".into(),
         "--metrics-address=127.0.0.1:0".into(),
+        // As nri-plugin runs in the re-pin check.
+        "--mixed-allocation-mode".into(),
     ]
 }
 
@@ -404,6 +423,66 @@ fn cdi_of(node: &Node) -> BTreeMap<String, Option<CpuSet>> {
             (uid, cpus)
         })
         .collect()
+}
+
+/// The claims kubelet was told are prepared: claim uid → CPUs.
+fn acknowledged(claims: &[Claim], known: &[Known]) -> BTreeMap<String, CpuSet> {
+    claims
+        .iter()
+        .zip(known)
+        .filter_map(|(claim, k)| match k {
+            Known::Prepared(cpus) => Some((claim.uid.clone(), cpus.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The containers a runtime re-creates after the reboot: one per claim in
+/// `truth`, in its pod, with the env its CDI spec injects (no spec: an
+/// empty cpulist, which nri-plugin must refuse to trust).
+fn recreated(
+    claims: &[Claim],
+    truth: &BTreeMap<String, CpuSet>,
+    cdi: &BTreeMap<String, Option<CpuSet>>,
+) -> Vec<Recreated> {
+    claims
+        .iter()
+        .enumerate()
+        .filter(|(_, claim)| truth.contains_key(&claim.uid))
+        .map(|(i, claim)| Recreated {
+            claim_uid: claim.uid.clone(),
+            pod_uid: pod_uid(i as u32),
+            env_cpus: cdi.get(&claim.uid).cloned().flatten().unwrap_or_default(),
+        })
+        .collect()
+}
+
+fn repin_setup(node: &Node, name: &str) -> RepinSetup {
+    RepinSetup {
+        nri_plugin: repin::nri_plugin_binary(),
+        coordination_socket: node.config.coordination_socket.clone(),
+        cdi_dir: node.config.cdi_dir.clone(),
+        sysfs_root: node.config.sysfs_root.clone(),
+        work_dir: node.dir.path().join(name),
+        mixed: true,
+    }
+}
+
+/// The re-pin check against the running dra-plugin of `node`: nri-plugin
+/// must put the containers of `planned` where `truth` says.
+async fn repin_check(
+    node: &Node,
+    name: &str,
+    planned: &[repin::Planned],
+    truth: &BTreeMap<String, CpuSet>,
+) -> Verdict {
+    let allocatable = node
+        .topology
+        .online()
+        .difference(&node.config.reserved_cpus);
+    repin::run(&repin_setup(node, name), planned, truth, &allocatable)
+        .await
+        .unwrap_or_else(|e| panic!("re-pin check: {e}"))
 }
 
 /// One worker's calls until the cut; every call is logged as sent before
@@ -555,9 +634,11 @@ async fn power_cut_boot() {
             violations.cdi.len(),
             (start_s * 1000.0) as u64,
         );
-        eprintln!("{line}");
-        record(&log, &line);
         if !violations.is_empty() {
+            if !control {
+                eprintln!("{line}");
+                record(&log, &line);
+            }
             assert!(control, "after cut {boot}: {violations:#?}");
             eprintln!("control, after cut {boot}: {violations:#?}");
             assert!(
@@ -604,6 +685,32 @@ async fn power_cut_boot() {
             converged.is_empty(),
             "after cut {boot}, converged: {converged:#?}"
         );
+
+        // nri-plugin, started now, re-pins the containers the runtime
+        // re-creates for the acknowledged claims.
+        let repin_started = Instant::now();
+        let truth = acknowledged(&claims, &known);
+        let planned = repin::plan(&recreated(&claims, &truth, &cdi_of(&node)), true);
+        let verdict = repin_check(&node, &format!("repin{boot}"), &planned, &truth).await;
+        let line = format!(
+            "{line} repinned={} wrong={} repin_ms={}",
+            verdict.repinned,
+            verdict.wrong.len(),
+            repin_started.elapsed().as_millis()
+        );
+        eprintln!("{line}");
+        record(&log, &line);
+        if !verdict.wrong.is_empty() {
+            assert!(
+                control,
+                "after cut {boot}, containers on wrong CPUs: {:#?}",
+                verdict.wrong
+            );
+            eprintln!(
+                "control, after cut {boot}: containers on wrong CPUs: {:#?}",
+                verdict.wrong
+            );
+        }
     }
 
     if boot >= cuts {
@@ -625,6 +732,7 @@ async fn power_cut_boot() {
         eprintln!("power-cut storm: {all:?}");
         if !control {
             assert_eq!(all.lost_prepares + all.lost_unprepares, 0, "{all:?}");
+            assert_eq!(all.wrong_cpusets, 0, "{all:?}");
         }
         return;
     }
@@ -668,6 +776,69 @@ async fn power_cut_boot() {
     cut_power();
 }
 
+/// The re-pin check can fail: on the host (no cut), against a dra-plugin
+/// with four prepared claims, the check passes; a container with a forged
+/// `DRA_CPUSET_*` env (another claim's CPUs) is placed as shared and
+/// counted wrong; and when dra-plugin's store has lost a claim kubelet was
+/// told is prepared, its container and every shared and mixed one (whose
+/// shared pool now holds the lost claim's CPUs) are counted wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repin_check_fails_when_nri_plugin_is_given_a_wrong_assignment() {
+    let node = Node::with(DeviceMode::Grouped, |s| {
+        s.mixed_allocation_mode = Some(true);
+    });
+    let running = node.start(DraVersion::V1).await;
+    let claims: Vec<Claim> = (0..4)
+        .map(|i| {
+            let device = format!("cpudevnuma{:03}", i % 4);
+            node.claim(&format!("c{i}"), &[(&device, Some("2"))], &pod_uid(i))
+        })
+        .collect();
+    let mut truth = BTreeMap::new();
+    for claim in &claims {
+        let cpus = prepare_one(&running.kubelet, &node, claim)
+            .await
+            .expect("prepare");
+        truth.insert(claim.uid.clone(), cpus);
+    }
+    let planned = repin::plan(&recreated(&claims, &truth, &cdi_of(&node)), true);
+    // claim0 mixed, claim1 exclusive (both in the Synchronize), claim2
+    // mixed and claim3 exclusive (created), three shared.
+    assert_eq!(planned.len(), 7);
+
+    let right = repin_check(&node, "right", &planned, &truth).await;
+    assert_eq!(
+        right,
+        Verdict {
+            repinned: 7,
+            wrong: Vec::new()
+        }
+    );
+
+    let mut forged = planned.clone();
+    forged[1].env = vec![format!(
+        "DRA_CPUSET_{}={}",
+        claims[1].uid, truth[&claims[0].uid]
+    )];
+    let v = repin_check(&node, "forged", &forged, &truth).await;
+    assert_eq!(v.repinned, 6, "{v:#?}");
+    assert_eq!(v.wrong.len(), 1, "{v:#?}");
+    assert!(v.wrong[0].contains("claim1"), "{v:#?}");
+
+    // The store loses claim 1; kubelet still has it prepared.
+    unprepare_one(&running.kubelet, &claims[1])
+        .await
+        .expect("unprepare");
+    let v = repin_check(&node, "lost", &planned, &truth).await;
+    assert_eq!(v.repinned, 1, "only claim3's exclusive container: {v:#?}");
+    assert_eq!(v.wrong.len(), 6, "{v:#?}");
+    assert!(
+        v.wrong.iter().any(|w| w.contains("container claim1 ")),
+        "{v:#?}"
+    );
+    running.stop().await.expect("stop");
+}
+
 #[cfg(test)]
 mod logic {
     use super::*;
@@ -700,7 +871,7 @@ mod logic {
             "p 2",
             "u 0",
             "boot 1 uptime=3.0",
-            "checked 1 stored=2 lost_prepares=1 lost_unprepares=2 converged=2",
+            "checked 1 stored=2 lost_prepares=1 lost_unprepares=2 converged=2 repinned=4 wrong=1",
             "state 3 5-6",
             "refused 2 lost_prepares=4",
         ]
@@ -735,6 +906,7 @@ mod logic {
             ),
             (5, 2, 1, 2)
         );
+        assert_eq!((h.repinned, h.wrong_cpusets), (4, 1));
         assert!(!h.ended);
     }
 
