@@ -2,7 +2,6 @@
 //! containers to their exclusive CPUs and keeps every other container on the
 //! shared pool, following the claims dra-plugin prepares.
 
-pub mod cdi_fallback;
 pub mod config;
 pub mod coordination;
 pub mod enforcer;

@@ -9,14 +9,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
-use nri_plugin::cdi_fallback;
 use nri_plugin::config::{self, LogFormat, Settings};
 use nri_plugin::coordination;
 use nri_plugin::enforcer::Enforcer;
 use nri_plugin::host_cgroups::HostCgroups;
 use nri_plugin::metrics::{self, Metrics};
 use nri_plugin::nri::DraCpuPlugin;
-use nri_plugin::resolve::CoordinationResolver;
+use nri_plugin::resolve::{scan_claims, CoordinationResolver};
 use nri_plugin::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
 use shared_state::topology::Topology;
 
@@ -106,7 +105,7 @@ async fn run() -> anyhow::Result<()> {
         numa,
     );
     // Until dra-plugin answers, the claims on disk are the best knowledge.
-    for (uid, cpus) in cdi_fallback::scan_claims(&config.cdi_dir) {
+    for (uid, cpus) in scan_claims(&config.cdi_dir) {
         if let Err(e) = view.learn_claim(cdi_claim(&uid, cpus), ClaimOrigin::CdiSpec) {
             tracing::warn!(claim = %uid, error = %e, "ignoring CDI spec");
         }

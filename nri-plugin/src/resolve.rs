@@ -3,16 +3,16 @@
 //! claim's CDI spec on disk (provisional, see
 //! [`ClaimOrigin::CdiSpec`](crate::view::ClaimOrigin::CdiSpec)).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use dra_cpu_proto::coordination::claim_from_message;
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::{connect_unix_lazy, TransportError};
+use shared_state::cdi_read::read_claim_cpus;
+use shared_state::cdi_spec::claim_uid_of_file;
 use shared_state::{ClaimAssignment, CpuSet};
 use tonic::transport::Channel;
-
-use crate::cdi_fallback;
 
 /// Time allowed for one Lookup, connection included; the CDI fallback runs
 /// after it, and the whole resolution stays far inside NRI's 2 s.
@@ -96,7 +96,7 @@ impl ClaimResolver for CoordinationResolver {
             Err(_) => format!("no answer within {LOOKUP_TIMEOUT:?}"),
         };
         tracing::warn!(claim = %claim_uid, reason = %why_not, "dra-plugin unavailable; checking the CDI spec");
-        match cdi_fallback::read_claim_cpus(&self.cdi_dir, claim_uid) {
+        match read_claim_cpus(&self.cdi_dir, claim_uid) {
             Ok(cpus) => Resolution::FromCdi(cpus),
             Err(e) => Resolution::Unverifiable(format!(
                 "dra-plugin at {} is unavailable ({why_not}) and {e}",
@@ -104,6 +104,30 @@ impl ClaimResolver for CoordinationResolver {
             )),
         }
     }
+}
+
+/// Every claim with a readable spec in `cdi_dir`, for the view nri-plugin
+/// starts with before dra-plugin answers. Unreadable specs are skipped.
+pub fn scan_claims(cdi_dir: &Path) -> Vec<(String, CpuSet)> {
+    let Ok(entries) = std::fs::read_dir(cdi_dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(String, CpuSet)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let uid = claim_uid_of_file(&name)?;
+            match read_claim_cpus(cdi_dir, uid) {
+                Ok(cpus) => Some((uid.to_string(), cpus)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "skipping CDI spec");
+                    None
+                }
+            }
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 #[cfg(test)]
@@ -134,7 +158,11 @@ mod tests {
             "cdiVersion": "0.6.0", "kind": "dra.k8s.io/cpu",
             "devices": [{"name": format!("claim-{uid}"), "containerEdits": {"env": [format!("DRA_CPUSET_{uid}=1")]}}],
         });
-        std::fs::write(cdi_fallback::spec_path(dir.path(), uid), spec.to_string()).expect("spec");
+        std::fs::write(
+            shared_state::cdi_read::spec_path(dir.path(), uid),
+            spec.to_string(),
+        )
+        .expect("spec");
         assert_eq!(
             resolver.resolve(uid).await,
             Resolution::FromCdi(CpuSet::parse_cpulist("1").expect("set"))
@@ -219,5 +247,28 @@ mod tests {
             "three Lookups, one connection"
         );
         server.abort();
+    }
+
+    #[test]
+    fn scan_finds_the_claims_whose_specs_read() {
+        use shared_state::cdi_read::spec_path;
+        use shared_state::cdi_spec::{spec_file_name, ClaimSpec};
+        let dir = tempfile::tempdir().expect("dir");
+        let uid = "0b4e8a52-3c1d-4f7e-9a2b-6d5c4e3f2a10";
+        let cpus = CpuSet::parse_cpulist("1").expect("set");
+        std::fs::write(
+            spec_path(dir.path(), uid),
+            ClaimSpec::new(uid, &cpus).to_json(),
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path()
+                .join(spec_file_name("7f3e2d1c-0b9a-4876-a5b4-c3d2e1f0a9b9")),
+            "{}",
+        )
+        .expect("junk");
+        std::fs::write(dir.path().join("other-vendor.json"), "{}").expect("other");
+        assert_eq!(scan_claims(dir.path()), vec![(uid.to_string(), cpus)]);
+        assert!(scan_claims(&dir.path().join("nope")).is_empty());
     }
 }
