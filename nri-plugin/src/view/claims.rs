@@ -2,7 +2,7 @@
 //! forward in revision), and claims learned outside the watch stream, from a
 //! Lookup answer or, provisionally, from a CDI spec.
 
-use shared_state::claim_env::ClaimRef;
+use shared_state::claim_env::EnvClaim;
 use shared_state::pool::{PoolError, Update};
 use shared_state::{ClaimAssignment, NodeSnapshot};
 
@@ -23,7 +23,7 @@ pub enum ClaimOrigin {
 impl NodeView {
     /// A provisional claim has no known consumer; the first pod naming it
     /// becomes one, after which the usual one-container rule protects it.
-    pub(super) fn adopt_provisional(&mut self, refs: &[ClaimRef], pod_uid: &str) {
+    pub(super) fn adopt_provisional(&mut self, refs: &[EnvClaim], pod_uid: &str) {
         for r in refs {
             if !self.provisional.contains(&r.claim_uid) {
                 continue;

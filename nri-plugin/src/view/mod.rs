@@ -24,7 +24,7 @@
 
 use std::collections::HashSet;
 
-use shared_state::claim_env::{parse_claim_env, ClaimRef};
+use shared_state::claim_env::{parse_claim_env, EnvClaim};
 use shared_state::pool::{PoolError, PoolState, Update};
 use shared_state::CpuSet;
 
@@ -143,7 +143,7 @@ impl NodeView {
 
     /// The claims a container names. Refused when its `DRA_CPUSET_*`
     /// variables are malformed.
-    pub fn claim_refs(info: &ContainerInfo) -> Result<Vec<ClaimRef>, Refusal> {
+    pub fn env_claims(info: &ContainerInfo) -> Result<Vec<EnvClaim>, Refusal> {
         parse_claim_env(&info.env).map_err(|source| Refusal::Env {
             container: info.id.clone(),
             name: info.name.clone(),

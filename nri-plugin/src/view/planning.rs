@@ -2,7 +2,7 @@
 //! removed, and the other containers' cpusets that change with it. Nothing
 //! here records an update as applied.
 
-use shared_state::claim_env::ClaimRef;
+use shared_state::claim_env::EnvClaim;
 use shared_state::pool::{ContainerKind, Update};
 use shared_state::CpuSet;
 
@@ -62,7 +62,7 @@ impl NodeView {
     /// Decide the cpuset of a container being created. Nothing changes
     /// unless the outcome is [`CreateOutcome::Decided`].
     pub fn create(&mut self, info: &ContainerInfo) -> CreateOutcome {
-        let refs = match Self::claim_refs(info) {
+        let refs = match Self::env_claims(info) {
             Ok(refs) => refs,
             Err(refusal) => return CreateOutcome::Refused(refusal),
         };
@@ -126,11 +126,11 @@ impl NodeView {
     pub fn update_container(&mut self, info: &ContainerInfo) -> UpdateDecision {
         let mut kinds = None;
         if let Some(entry) = self.pool.container(&info.id).cloned() {
-            let refs: Vec<ClaimRef> = entry
+            let refs: Vec<EnvClaim> = entry
                 .claims
                 .iter()
                 .filter_map(|uid| self.pool.claim(uid))
-                .map(|c| ClaimRef {
+                .map(|c| EnvClaim {
                     claim_uid: c.claim_uid.clone(),
                     cpus: c.cpus.clone(),
                 })

@@ -45,7 +45,7 @@ impl NodeView {
             )
         });
         for info in ordered {
-            let refs = Self::claim_refs(info);
+            let refs = Self::env_claims(info);
             self.adopt_provisional(refs.as_deref().unwrap_or(&[]), &info.pod_uid);
             let admitted = match refs {
                 Ok(refs) => self
@@ -81,7 +81,7 @@ impl NodeView {
 pub fn unknown_claims(view: &NodeView, containers: &[ContainerInfo]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for info in containers.iter().filter(|c| !c.stopped) {
-        let Ok(refs) = NodeView::claim_refs(info) else {
+        let Ok(refs) = NodeView::env_claims(info) else {
             continue;
         };
         for r in refs {
