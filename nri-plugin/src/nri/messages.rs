@@ -116,7 +116,7 @@ pub fn update_info(
     }
 }
 
-/// The plain data the handler needs from NRI's messages.
+/// The plain data the view needs from NRI's messages.
 pub fn container_info(pod: &PodSandbox, container: &Container) -> ContainerInfo {
     let resources = container.linux.as_ref().and_then(|l| l.resources.as_ref());
     ContainerInfo {

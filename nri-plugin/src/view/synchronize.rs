@@ -21,7 +21,7 @@ pub struct SyncOutcome {
 impl NodeView {
     /// Rebuild the container view from the runtime's list and return the
     /// updates that put every running container on its correct cpuset.
-    /// Claims must already be resolved (see [`synchronize_containers`]);
+    /// Claims must already be resolved (see [`super::synchronize_containers`]);
     /// a container whose claims do not validate is placed as shared.
     /// Every container is placed first and the updates are planned once at
     /// the end, so the work grows linearly with the number of containers.
