@@ -347,17 +347,22 @@ mod tests {
         assert!(r.to_string().contains("the shared pool is empty"), "{r}");
     }
 
-    #[test]
-    fn align_memory_sets_the_claims_numa_nodes() {
+    /// CPUs 0-3 on NUMA node 0, 4-7 on node 1.
+    fn two_numa_nodes() -> shared_state::topology::Topology {
         use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
-        let topo = build(&Shape {
+        build(&Shape {
             sockets: 2,
             numa_per_socket: 1,
             l3_per_numa: 1,
             cores_per_l3: 4,
             threads_per_core: 1,
             sibling_numbering: SiblingNumbering::Adjacent,
-        });
+        })
+    }
+
+    #[test]
+    fn align_memory_sets_the_claims_numa_nodes() {
+        let topo = two_numa_nodes();
         let numa = NumaMap::from_topology(&topo);
         assert_eq!(numa.nodes_of(&set("0-3")), Some(set("0")));
         assert_eq!(numa.nodes_of(&set("3-4")), Some(set("0-1")));
@@ -520,15 +525,7 @@ mod tests {
 
     #[test]
     fn a_kind_change_moves_memory_with_the_cpus_under_align_memory() {
-        use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
-        let topo = build(&Shape {
-            sockets: 2,
-            numa_per_socket: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 4,
-            threads_per_core: 1,
-            sibling_numbering: SiblingNumbering::Adjacent,
-        });
+        let topo = two_numa_nodes();
         let mut v = NodeView::new(
             set("0-7"),
             set(""),
