@@ -2,10 +2,6 @@
 //! the view has not heard of. The asking (a [`ClaimResolver`]) is slow, so
 //! it runs outside the view's lock, which is taken only to decide.
 
-// A refusal is built once per refused container and carries the names the
-// user needs to read; its size does not matter off the success path.
-#![allow(clippy::result_large_err)]
-
 use std::sync::Mutex;
 
 use shared_state::pool::PoolError;
