@@ -14,12 +14,12 @@
 //! ones, then fsyncing the directory once) before it registers with kubelet,
 //! so no claim container can be created from a lost or stale entry.
 
+use shared_state::cdi_read::{read_claim_cpus, read_claim_spec};
 pub use shared_state::cdi_spec::ClaimSpec;
 pub use shared_state::cdi_spec::{
     claim_uid_of_file, device_id, device_name, spec_file_name, CDI_KIND, CDI_VERSION,
     SPEC_FILE_PREFIX,
 };
-use shared_state::cdi_spec::{parse_claim_spec, MAX_SPEC_BYTES};
 use shared_state::claim_env::is_claim_uid;
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
@@ -135,24 +135,17 @@ impl CdiDir {
         Ok(uids)
     }
 
-    /// The CPUs a claim's spec on disk proves (the same strict reading
-    /// nri-plugin does), if it is there and reads.
+    /// The CPUs a claim's spec on disk proves (nri-plugin's reader, see
+    /// [`shared_state::cdi_read`]), if it is there and reads.
     pub fn read_cpus(&self, claim_uid: &str) -> Option<CpuSet> {
-        let text = std::fs::read(self.spec_path(claim_uid)).ok()?;
-        parse_claim_spec(&text, claim_uid).ok()
+        read_claim_cpus(&self.dir, claim_uid).ok()
     }
 
     /// A claim's spec on disk as a document, if it is there and proves
-    /// CPUs for the claim (the strict reading), for comparing with the spec
-    /// it should be.
+    /// CPUs for the claim (the same strict reading), for comparing with the
+    /// spec it should be.
     pub fn read_spec(&self, claim_uid: &str) -> Option<ClaimSpec> {
-        let path = self.spec_path(claim_uid);
-        if std::fs::metadata(&path).ok()?.len() > MAX_SPEC_BYTES {
-            return None;
-        }
-        let text = std::fs::read(path).ok()?;
-        parse_claim_spec(&text, claim_uid).ok()?;
-        serde_json::from_slice(&text).ok()
+        read_claim_spec(&self.dir, claim_uid).ok()
     }
 
     fn sync_dir(&self) -> Result<(), CdiError> {

@@ -8,7 +8,6 @@
 
 use crate::driver::{Driver, StateEvent};
 use dra_cpu_proto::coordination::v1 as coord;
-use shared_state::NodeSnapshot;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,30 +20,20 @@ use tonic::{Request, Response, Status};
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
 pub use dra_cpu_proto::coordination::{claim_message, snapshot_message};
+use dra_cpu_proto::coordination::{
+    heartbeat_event, prepared_event, snapshot_event, unprepared_event,
+};
 
 fn event_message(e: &StateEvent) -> coord::WatchEvent {
-    let event = match e {
+    match e {
         StateEvent::Prepared {
             revision,
             assignment,
-        } => coord::watch_event::Event::ClaimPrepared(coord::ClaimPrepared {
-            revision: *revision,
-            claim: Some(claim_message(assignment)),
-        }),
+        } => prepared_event(*revision, assignment),
         StateEvent::Unprepared {
             revision,
             claim_uid,
-        } => coord::watch_event::Event::ClaimUnprepared(coord::ClaimUnprepared {
-            revision: *revision,
-            claim_uid: claim_uid.clone(),
-        }),
-    };
-    coord::WatchEvent { event: Some(event) }
-}
-
-fn snapshot_event(s: &NodeSnapshot) -> coord::WatchEvent {
-    coord::WatchEvent {
-        event: Some(coord::watch_event::Event::Snapshot(snapshot_message(s))),
+        } => unprepared_event(*revision, claim_uid),
     }
 }
 
@@ -115,11 +104,7 @@ impl coord::coordination_server::Coordination for CoordinationService {
             state,
             |(mut receiver, driver, guard, subscriber, heartbeat)| async move {
                 let event = match tokio::time::timeout(heartbeat, receiver.recv()).await {
-                    Err(_) => coord::WatchEvent {
-                        event: Some(coord::watch_event::Event::Heartbeat(coord::Heartbeat {
-                            revision: driver.revision(),
-                        })),
-                    },
+                    Err(_) => heartbeat_event(driver.revision()),
                     Ok(Ok(event)) => event_message(&event),
                     Ok(Err(RecvError::Lagged(missed))) => {
                         tracing::warn!(subscriber = %subscriber, missed, "subscriber fell behind; sending a fresh snapshot");

@@ -49,8 +49,7 @@ pub const MAX_ATTRIBUTE_VALUES_PER_DEVICE: usize = 48;
 /// Attributes and capacities of one device
 /// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
 pub const MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: usize = 32;
-/// Consumable capacity of a grouped device, in whole CPUs.
-pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+pub use shared_state::assignment::CPU_CAPACITY;
 /// Label on every slice this product publishes, with [`MANAGED_BY`].
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "dra-cpu";

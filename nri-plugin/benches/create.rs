@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
-use nri_plugin::handler::{ContainerInfo, NodeView, NumaMap};
-use nri_plugin::plugin::creation_reply;
+use nri_plugin::nri::creation_reply;
+use nri_plugin::view::{ContainerInfo, NodeView, NumaMap};
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::{ClaimAssignment, CpuSet};
 
@@ -86,6 +86,7 @@ fn node() -> Mutex<NodeView> {
         }
         let d = view
             .create(&info(&format!("c{i:03}"), &pod, claim.as_ref(), shares))
+            .decided()
             .expect("admit");
         view.mark_applied(&d.updates);
     }
@@ -97,7 +98,7 @@ fn node() -> Mutex<NodeView> {
 /// One CreateContainer as the plugin handles it; returns the updates count.
 fn handle(view: &Mutex<NodeView>, container: &ContainerInfo) -> usize {
     let mut v = view.lock().expect("view");
-    let decision = v.create(container).expect("admit");
+    let decision = v.create(container).decided().expect("admit");
     let reply = creation_reply(&decision);
     v.mark_applied(&decision.updates);
     reply.update.len()
@@ -106,7 +107,7 @@ fn handle(view: &Mutex<NodeView>, container: &ContainerInfo) -> usize {
 /// The decision alone, without building the NRI reply.
 fn decide(view: &Mutex<NodeView>, container: &ContainerInfo) -> usize {
     let mut v = view.lock().expect("view");
-    let decision = v.create(container).expect("admit");
+    let decision = v.create(container).decided().expect("admit");
     v.mark_applied(&decision.updates);
     decision.updates.len()
 }

@@ -2,13 +2,16 @@
 //! containers to their exclusive CPUs and keeps every other container on the
 //! shared pool, following the claims dra-plugin prepares.
 
-pub mod cdi_fallback;
 pub mod config;
-pub mod handler;
+pub mod coordination;
+pub mod enforcer;
 pub mod host_cgroups;
 pub mod metrics;
-pub mod plugin;
-pub mod subscription;
+pub mod nri;
+pub mod resolve;
+#[cfg(test)]
+mod test_support;
+pub mod view;
 
 /// The allocator the nri-plugin binary runs on. A CreateContainer reply on a
 /// busy node builds hundreds of small update messages, and with glibc's

@@ -9,13 +9,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
-use nri_plugin::cdi_fallback;
 use nri_plugin::config::{self, LogFormat, Settings};
-use nri_plugin::handler::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
+use nri_plugin::coordination;
+use nri_plugin::enforcer::Enforcer;
 use nri_plugin::host_cgroups::HostCgroups;
 use nri_plugin::metrics::{self, Metrics};
-use nri_plugin::plugin::{DraCpuPlugin, Enforcer};
-use nri_plugin::subscription::{self, CoordinationResolver};
+use nri_plugin::nri::DraCpuPlugin;
+use nri_plugin::resolve::{scan_claims, CoordinationResolver};
+use nri_plugin::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
 use shared_state::topology::Topology;
 
 nri_plugin::install_process_allocator!();
@@ -104,7 +105,7 @@ async fn run() -> anyhow::Result<()> {
         numa,
     );
     // Until dra-plugin answers, the claims on disk are the best knowledge.
-    for (uid, cpus) in cdi_fallback::scan_claims(&config.cdi_dir) {
+    for (uid, cpus) in scan_claims(&config.cdi_dir) {
         if let Err(e) = view.learn_claim(cdi_claim(&uid, cpus), ClaimOrigin::CdiSpec) {
             tracing::warn!(claim = %uid, error = %e, "ignoring CDI spec");
         }
@@ -143,15 +144,15 @@ async fn run() -> anyhow::Result<()> {
         enforcer.with_host_cgroups(host_cgroups)
     });
     enforcer.sync_host_cgroups();
-    let resolver = Arc::new(CoordinationResolver {
-        socket: config.coordination_socket.clone(),
-        cdi_dir: config.cdi_dir.clone(),
-    });
+    let resolver = Arc::new(CoordinationResolver::new(
+        config.coordination_socket.clone(),
+        config.cdi_dir.clone(),
+    )?);
     let subscriber = format!(
         "nri-plugin/{}",
         std::env::var("NODE_NAME").unwrap_or_else(|_| "node".to_string())
     );
-    let subscription = tokio::spawn(subscription::run(
+    let subscription = tokio::spawn(coordination::run(
         enforcer.clone(),
         config.coordination_socket.clone(),
         subscriber,

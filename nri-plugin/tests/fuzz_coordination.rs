@@ -8,7 +8,7 @@
 //! `DRA_CPU_FUZZ_CASES` sets the cases per target (256 by default).
 
 use dra_cpu_proto::coordination::v1 as coord;
-use nri_plugin::subscription::{claim_from_message, snapshot_from_message, CoordinationError};
+use nri_plugin::coordination::{claim_from_message, snapshot_from_message, CoordinationError};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {

@@ -1,10 +1,14 @@
 //! The dra-plugin/nri-plugin coordination protocol `dracpu.v1` (tonic).
 //!
 //! See `proto/dracpu/coordination.proto` for the meaning of every field. CPU
-//! sets are cpulist strings on the wire; [`claim_message`] and
-//! [`snapshot_message`] (dra-plugin's side) and [`claim_from_message`] and
-//! [`snapshot_from_message`] (nri-plugin's side) are the one conversion
-//! between them and the shared types.
+//! sets are cpulist strings on the wire. This module is the one conversion
+//! between the wire and the shared types, both directions side by side:
+//! dra-plugin sends through [`claim_message`], [`snapshot_message`] and the
+//! Watch event builders ([`snapshot_event`], [`prepared_event`],
+//! [`unprepared_event`], [`heartbeat_event`]); nri-plugin reads through
+//! [`claim_from_message`] and [`snapshot_from_message`]. The wire carries
+//! neither a claim's devices nor its pod claim name: those stay in
+//! dra-plugin and read back empty.
 
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 
@@ -54,6 +58,40 @@ pub fn snapshot_message(s: &NodeSnapshot) -> v1::Snapshot {
         mixed_allocation_mode: s.mixed_allocation_mode,
         claims: s.claims.iter().map(claim_message).collect(),
     }
+}
+
+/// The Watch event that carries a whole snapshot.
+pub fn snapshot_event(s: &NodeSnapshot) -> v1::WatchEvent {
+    watch_event(v1::watch_event::Event::Snapshot(snapshot_message(s)))
+}
+
+/// The Watch event of a claim prepared at `revision`.
+pub fn prepared_event(revision: u64, claim: &ClaimAssignment) -> v1::WatchEvent {
+    watch_event(v1::watch_event::Event::ClaimPrepared(v1::ClaimPrepared {
+        revision,
+        claim: Some(claim_message(claim)),
+    }))
+}
+
+/// The Watch event of a claim unprepared at `revision`.
+pub fn unprepared_event(revision: u64, claim_uid: &str) -> v1::WatchEvent {
+    watch_event(v1::watch_event::Event::ClaimUnprepared(
+        v1::ClaimUnprepared {
+            revision,
+            claim_uid: claim_uid.to_string(),
+        },
+    ))
+}
+
+/// The Watch event a quiet stream gets, with the current revision.
+pub fn heartbeat_event(revision: u64) -> v1::WatchEvent {
+    watch_event(v1::watch_event::Event::Heartbeat(v1::Heartbeat {
+        revision,
+    }))
+}
+
+fn watch_event(event: v1::watch_event::Event) -> v1::WatchEvent {
+    v1::WatchEvent { event: Some(event) }
 }
 
 /// A claim message as received; refused if its cpulist is bad or empty.
@@ -157,5 +195,77 @@ mod tests {
         s.allocatable = "0-".into();
         let err = snapshot_from_message(&s).expect_err("bad allocatable");
         assert!(err.to_string().contains("allocatable"), "{err}");
+    }
+
+    use proptest::prelude::*;
+
+    /// A claim as the wire carries it: no devices, no pod claim name.
+    fn wire_claim() -> impl Strategy<Value = ClaimAssignment> {
+        (
+            "[a-z0-9-]{1,36}",
+            "[a-z0-9-]{0,20}",
+            "[a-z0-9-]{0,20}",
+            proptest::collection::vec("[a-z0-9-]{1,36}", 0..3),
+            proptest::collection::btree_set(0u32..512, 1..16),
+            any::<u64>(),
+        )
+            .prop_map(|(uid, namespace, name, pods, cpus, at)| ClaimAssignment {
+                claim_uid: uid,
+                namespace,
+                name,
+                consumer_pods: pods,
+                devices: Vec::new(),
+                cpus: cpus.into_iter().collect(),
+                prepared_at_unix_ms: at,
+                pod_claim_name: None,
+            })
+    }
+
+    fn cpus() -> impl Strategy<Value = CpuSet> {
+        proptest::collection::btree_set(0u32..512, 0..32).prop_map(|s| s.into_iter().collect())
+    }
+
+    proptest! {
+        #[test]
+        fn a_claim_reads_back_as_it_was_sent(claim in wire_claim()) {
+            prop_assert_eq!(claim_from_message(&claim_message(&claim)).ok(), Some(claim));
+        }
+
+        #[test]
+        fn a_snapshot_reads_back_as_it_was_sent(
+            revision in any::<u64>(),
+            allocatable in cpus(),
+            reserved in cpus(),
+            mixed_allocation_mode in any::<bool>(),
+            claims in proptest::collection::vec(wire_claim(), 0..5),
+        ) {
+            let snapshot = NodeSnapshot { revision, allocatable, reserved, mixed_allocation_mode, claims };
+            let Some(v1::watch_event::Event::Snapshot(sent)) = snapshot_event(&snapshot).event else {
+                return Err(TestCaseError::fail("not a snapshot event"));
+            };
+            prop_assert_eq!(snapshot_from_message(&sent).ok(), Some(snapshot));
+        }
+
+        #[test]
+        fn delta_events_carry_their_revision_and_claim(revision in any::<u64>(), claim in wire_claim()) {
+            match prepared_event(revision, &claim).event {
+                Some(v1::watch_event::Event::ClaimPrepared(p)) => {
+                    prop_assert_eq!(p.revision, revision);
+                    let sent = p.claim.as_ref().map(claim_from_message).and_then(Result::ok);
+                    prop_assert_eq!(sent, Some(claim.clone()));
+                }
+                other => return Err(TestCaseError::fail(format!("{other:?}"))),
+            }
+            match unprepared_event(revision, &claim.claim_uid).event {
+                Some(v1::watch_event::Event::ClaimUnprepared(u)) => {
+                    prop_assert_eq!((u.revision, u.claim_uid), (revision, claim.claim_uid));
+                }
+                other => return Err(TestCaseError::fail(format!("{other:?}"))),
+            }
+            match heartbeat_event(revision).event {
+                Some(v1::watch_event::Event::Heartbeat(h)) => prop_assert_eq!(h.revision, revision),
+                other => return Err(TestCaseError::fail(format!("{other:?}"))),
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! 50 mixed). nri-plugin runs these on every NRI event.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use shared_state::claim_env::ClaimRef;
+use shared_state::claim_env::EnvClaim;
 use shared_state::pool::PoolState;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::hint::black_box;
@@ -30,9 +30,9 @@ fn claim(i: u32) -> ClaimAssignment {
     }
 }
 
-fn claim_ref(i: u32) -> ClaimRef {
+fn claim_ref(i: u32) -> EnvClaim {
     let c = claim(i);
-    ClaimRef {
+    EnvClaim {
         claim_uid: c.claim_uid,
         cpus: c.cpus,
     }

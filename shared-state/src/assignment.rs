@@ -4,6 +4,10 @@
 use crate::cpuset::CpuSet;
 use serde::{Deserialize, Serialize};
 
+/// The consumable capacity of a grouped device, in whole CPUs: what a
+/// grouped claim asks for and what [`AllocatedDevice::consumed_cpus`] reads.
+pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+
 /// One device of this driver in a claim's allocation result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocatedDevice {
@@ -13,7 +17,7 @@ pub struct AllocatedDevice {
     pub pool: String,
     /// Device name, e.g. `cpudevnuma000` or `cpudev005`.
     pub device: String,
-    /// `consumedCapacity["dra.cpu/cpu"]` for grouped devices; `None` for individual ones.
+    /// `consumedCapacity[CPU_CAPACITY]` for grouped devices; `None` for individual ones.
     pub consumed_cpus: Option<u32>,
 }
 

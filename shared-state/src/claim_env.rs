@@ -2,8 +2,10 @@
 //! spec written by dra-plugin and the containers nri-plugin pins.
 //!
 //! The variable comes from a pod spec as easily as from a CDI spec, so parsing
-//! is strict and [`validate_claims`] only trusts a claim that is prepared, whose
-//! CPUs equal the prepared CPUs, and whose pod is the claim's consumer.
+//! is strict and one function, [`check_env_claim`], is the rule a named claim
+//! must pass: prepared, with the prepared CPUs, for one of the claim's pods.
+//! A claim named in the environment is an [`EnvClaim`]; dra-plugin's
+//! `ClaimRef` is the other thing, kubelet's name of a claim.
 
 use crate::assignment::ClaimAssignment;
 use crate::cpuset::{CpuSet, CpuSetError};
@@ -17,7 +19,7 @@ pub const MAX_CLAIM_UID_LEN: usize = 36;
 /// One claim a container names in its environment, with the CPUs the
 /// environment says it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRef {
+pub struct EnvClaim {
     pub claim_uid: String,
     pub cpus: CpuSet,
 }
@@ -93,8 +95,8 @@ pub fn is_claim_uid(uid: &str) -> bool {
 /// The claims a container's environment names, in the order first named.
 /// Entries without the [`CPUSET_ENV_PREFIX`] are ignored; a claim named twice
 /// with the same CPUs is listed once.
-pub fn parse_claim_env<S: AsRef<str>>(env: &[S]) -> Result<Vec<ClaimRef>, ClaimEnvError> {
-    let mut refs: Vec<ClaimRef> = Vec::new();
+pub fn parse_claim_env<S: AsRef<str>>(env: &[S]) -> Result<Vec<EnvClaim>, ClaimEnvError> {
+    let mut refs: Vec<EnvClaim> = Vec::new();
     for entry in env {
         let entry = entry.as_ref();
         let Some(rest) = entry.strip_prefix(CPUSET_ENV_PREFIX) else {
@@ -129,7 +131,7 @@ pub fn parse_claim_env<S: AsRef<str>>(env: &[S]) -> Result<Vec<ClaimRef>, ClaimE
                     second: cpus,
                 })
             }
-            None => refs.push(ClaimRef {
+            None => refs.push(EnvClaim {
                 claim_uid: claim_uid.to_string(),
                 cpus,
             }),
@@ -138,14 +140,52 @@ pub fn parse_claim_env<S: AsRef<str>>(env: &[S]) -> Result<Vec<ClaimRef>, ClaimE
     Ok(refs)
 }
 
-/// Check each named claim against the prepared assignments and return the
-/// union of their CPUs. `known` looks a claim up by UID (e.g. `|uid| map.get(uid)`).
-///
-/// Refused, in this order per claim: not prepared ([`ClaimEnvError::UnknownClaim`],
-/// so the caller can look it up and retry), CPUs differ from the prepared ones
-/// (a forged variable), the pod is not one of the claim's consumers.
+/// The security rule of the environment contract, for one claim a
+/// container names. A `DRA_CPUSET_<uid>=<cpus>` variable can come from a
+/// pod spec as easily as from a CDI spec, so it is never trusted alone: it
+/// is accepted only when
+/// 1. the claim is prepared on this node (`prepared`: what dra-plugin says,
+///    or, while dra-plugin cannot be asked, what the claim's root-owned CDI
+///    spec says), else [`ClaimEnvError::UnknownClaim`] (the caller may look
+///    the claim up and ask again);
+/// 2. the CPUs equal the prepared CPUs, else [`ClaimEnvError::CpusMismatch`]
+///    (a forged or stale variable);
+/// 3. the pod is one the claim is reserved for, else
+///    [`ClaimEnvError::WrongPod`]. A CDI spec names no pod: nri-plugin
+///    reserves such a claim for the first pod that names it, and only that
+///    pod passes afterwards.
+pub fn check_env_claim(
+    named: &EnvClaim,
+    pod_uid: &str,
+    prepared: Option<&ClaimAssignment>,
+) -> Result<(), ClaimEnvError> {
+    let Some(assignment) = prepared else {
+        return Err(ClaimEnvError::UnknownClaim {
+            claim_uid: named.claim_uid.clone(),
+        });
+    };
+    if assignment.cpus != named.cpus {
+        return Err(ClaimEnvError::CpusMismatch {
+            claim_uid: named.claim_uid.clone(),
+            env: named.cpus.clone(),
+            prepared: assignment.cpus.clone(),
+        });
+    }
+    if !assignment.consumer_pods.iter().any(|p| p == pod_uid) {
+        return Err(ClaimEnvError::WrongPod {
+            claim_uid: named.claim_uid.clone(),
+            pod_uid: pod_uid.to_string(),
+            consumers: assignment.consumer_pods.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Check each named claim with [`check_env_claim`] against the prepared
+/// assignments and return the union of their CPUs. `known` looks a claim up
+/// by UID (e.g. `|uid| map.get(uid)`). The first refused claim refuses all.
 pub fn validate_claims<'a, F>(
-    refs: &[ClaimRef],
+    refs: &[EnvClaim],
     pod_uid: &str,
     known: F,
 ) -> Result<CpuSet, ClaimEnvError>
@@ -154,25 +194,7 @@ where
 {
     let mut union = CpuSet::new();
     for r in refs {
-        let Some(assignment) = known(&r.claim_uid) else {
-            return Err(ClaimEnvError::UnknownClaim {
-                claim_uid: r.claim_uid.clone(),
-            });
-        };
-        if assignment.cpus != r.cpus {
-            return Err(ClaimEnvError::CpusMismatch {
-                claim_uid: r.claim_uid.clone(),
-                env: r.cpus.clone(),
-                prepared: assignment.cpus.clone(),
-            });
-        }
-        if !assignment.consumer_pods.iter().any(|p| p == pod_uid) {
-            return Err(ClaimEnvError::WrongPod {
-                claim_uid: r.claim_uid.clone(),
-                pod_uid: pod_uid.to_string(),
-                consumers: assignment.consumer_pods.clone(),
-            });
-        }
+        check_env_claim(r, pod_uid, known(&r.claim_uid))?;
         union = union.union(&r.cpus);
     }
     Ok(union)
@@ -218,11 +240,11 @@ mod tests {
         assert_eq!(
             refs,
             vec![
-                ClaimRef {
+                EnvClaim {
                     claim_uid: UID_A.to_string(),
                     cpus: set("2-3")
                 },
-                ClaimRef {
+                EnvClaim {
                     claim_uid: UID_B.to_string(),
                     cpus: set("8,10")
                 },
@@ -283,6 +305,82 @@ mod tests {
         }
     }
 
+    /// The security rule, case by case: the env alone never passes.
+    #[test]
+    fn env_claim_rule_table() {
+        let named = EnvClaim {
+            claim_uid: UID_A.to_string(),
+            cpus: set("2-3"),
+        };
+        let reserved = assignment(UID_A, "2-3", &[POD]);
+        let shared_by_two = assignment(UID_A, "2-3", &["other-pod", POD]);
+        // A claim from a CDI spec before its first pod adopts it.
+        let from_cdi_unadopted = assignment(UID_A, "2-3", &[]);
+        let superset = assignment(UID_A, "2-4", &[POD]);
+        let subset = assignment(UID_A, "2", &[POD]);
+        let disjoint = assignment(UID_A, "6-7", &[POD]);
+        let other_pod = assignment(UID_A, "2-3", &["other-pod"]);
+        type Case<'a> = (
+            &'a str,
+            Option<&'a ClaimAssignment>,
+            &'a str,
+            Option<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "not prepared",
+                None,
+                POD,
+                Some("is not prepared on this node"),
+            ),
+            ("prepared for this pod", Some(&reserved), POD, None),
+            ("one of its pods", Some(&shared_by_two), POD, None),
+            (
+                "prepared with more CPUs",
+                Some(&superset),
+                POD,
+                Some("prepared with 2-4"),
+            ),
+            (
+                "prepared with fewer CPUs",
+                Some(&subset),
+                POD,
+                Some("prepared with 2"),
+            ),
+            (
+                "prepared with other CPUs",
+                Some(&disjoint),
+                POD,
+                Some("prepared with 6-7"),
+            ),
+            (
+                "another pod's claim",
+                Some(&other_pod),
+                POD,
+                Some("reserved for pods [other-pod]"),
+            ),
+            (
+                "no pod yet",
+                Some(&from_cdi_unadopted),
+                POD,
+                Some("reserved for pods []"),
+            ),
+            (
+                "right CPUs, wrong pod",
+                Some(&reserved),
+                "intruder",
+                Some("not for pod intruder"),
+            ),
+        ];
+        for (what, prepared, pod, want) in cases {
+            match (check_env_claim(&named, pod, prepared), want) {
+                (Ok(()), None) => {}
+                (Err(err), Some(text)) => assert!(err.to_string().contains(text), "{what}: {err}"),
+                (got, _) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
     #[test]
     fn validation_table() {
         let known: HashMap<String, ClaimAssignment> = [
@@ -292,7 +390,7 @@ mod tests {
         .into_iter()
         .collect();
         let lookup = |uid: &str| known.get(uid);
-        let r = |uid: &str, cpus: &str| ClaimRef {
+        let r = |uid: &str, cpus: &str| EnvClaim {
             claim_uid: uid.to_string(),
             cpus: set(cpus),
         };
@@ -304,7 +402,7 @@ mod tests {
         );
 
         let unknown = "11111111-2222-3333-4444-555555555555";
-        let cases: Vec<(Vec<ClaimRef>, &str, &str)> = vec![
+        let cases: Vec<(Vec<EnvClaim>, &str, &str)> = vec![
             (vec![r(unknown, "1")], POD, "is not prepared on this node"),
             (
                 vec![r(UID_A, "2-4")],
@@ -336,7 +434,7 @@ mod tests {
         ) {
             let cpus: CpuSet = cpus.into_iter().collect();
             let refs = parse_claim_env(&[cdi_env_var(&uid, &cpus)]).unwrap();
-            prop_assert_eq!(refs, vec![ClaimRef { claim_uid: uid, cpus }]);
+            prop_assert_eq!(refs, vec![EnvClaim { claim_uid: uid, cpus }]);
         }
 
         #[test]

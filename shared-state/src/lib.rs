@@ -9,6 +9,7 @@ compile_error!("the unsafe-no-sync feature (no fdatasync of the store) is for te
 
 pub mod alloc;
 pub mod assignment;
+pub mod cdi_read;
 pub mod cdi_spec;
 pub mod claim_env;
 pub mod cpuset;

@@ -20,7 +20,7 @@ use std::fmt;
 use std::ops::Bound;
 
 use crate::assignment::ClaimAssignment;
-use crate::claim_env::{validate_claims, ClaimEnvError, ClaimRef};
+use crate::claim_env::{validate_claims, ClaimEnvError, EnvClaim};
 use crate::cpuset::CpuSet;
 
 /// Kubelet's `cpu.shares` for a container without a CPU request
@@ -271,7 +271,7 @@ impl PoolState {
         container_id: &str,
         pod_uid: &str,
         name: &str,
-        refs: &[ClaimRef],
+        refs: &[EnvClaim],
         cpu_shares: Option<u64>,
     ) -> Result<Admission, PoolError> {
         let placed = self.place(container_id, pod_uid, name, refs, cpu_shares)?;
@@ -292,7 +292,7 @@ impl PoolState {
         container_id: &str,
         pod_uid: &str,
         name: &str,
-        refs: &[ClaimRef],
+        refs: &[EnvClaim],
         cpu_shares: Option<u64>,
     ) -> Result<Placement, PoolError> {
         let claim_cpus =
@@ -649,8 +649,8 @@ mod tests {
         }
     }
 
-    fn cref(uid: &str, cpus: &str) -> ClaimRef {
-        ClaimRef {
+    fn cref(uid: &str, cpus: &str) -> EnvClaim {
+        EnvClaim {
             claim_uid: uid.to_string(),
             cpus: set(cpus),
         }
@@ -1051,12 +1051,12 @@ mod tests {
                     }
                     Op::RemoveClaim { claim } => s.remove_claim(&claim_uid(claim)),
                     Op::Admit { container, pod, claims, shares } => {
-                        let refs: Vec<ClaimRef> = claims
+                        let refs: Vec<EnvClaim> = claims
                             .iter()
                             .filter_map(|i| s.claim(&claim_uid(*i)))
-                            .map(|c| ClaimRef { claim_uid: c.claim_uid.clone(), cpus: c.cpus.clone() })
+                            .map(|c| EnvClaim { claim_uid: c.claim_uid.clone(), cpus: c.cpus.clone() })
                             .collect();
-                        let mut refs_dedup: Vec<ClaimRef> = Vec::new();
+                        let mut refs_dedup: Vec<EnvClaim> = Vec::new();
                         for r in refs {
                             if !refs_dedup.contains(&r) { refs_dedup.push(r); }
                         }
@@ -1186,10 +1186,10 @@ mod tests {
             let mut admitted = base.clone();
             let mut placed = base;
             for (c, pod, claims, shares, reported) in containers {
-                let mut refs: Vec<ClaimRef> = Vec::new();
+                let mut refs: Vec<EnvClaim> = Vec::new();
                 for i in claims {
                     if let Some(cl) = admitted.claim(&claim_uid(i)) {
-                        let r = ClaimRef { claim_uid: cl.claim_uid.clone(), cpus: cl.cpus.clone() };
+                        let r = EnvClaim { claim_uid: cl.claim_uid.clone(), cpus: cl.cpus.clone() };
                         if !refs.contains(&r) { refs.push(r); }
                     }
                 }

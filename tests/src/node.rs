@@ -35,9 +35,9 @@ pub const DRIVER_NAME: &str = "dra.cpu";
 /// The grouped-mode device of NUMA node 0, the only one on this machine.
 pub const GROUPED_DEVICE: &str = "cpudevnuma000";
 /// The consumable capacity a grouped claim asks CPUs from.
-pub const CPU_CAPACITY: &str = "dra.cpu/cpu";
+pub use shared_state::assignment::CPU_CAPACITY;
 /// The CDI kind dra-plugin writes claim specs under.
-pub const CDI_KIND: &str = "dra.k8s.io/cpu";
+pub use shared_state::cdi_spec::CDI_KIND;
 /// Namespace of the pods and claims of a node.
 pub const NAMESPACE: &str = "default";
 /// Environment variables naming the binaries to run.

@@ -3,10 +3,11 @@
 //! runtime and kubelet themselves) equal to the shared pool plus the
 //! reserved CPUs, so they leave a claim's CPUs as containers do.
 //!
-//! The decisions (which path is acceptable, which cpuset a host cgroup
-//! gets, which cgroups a previous run left to restore) are plain functions;
-//! [`HostCgroups`] is the thin adapter that reads and writes cgroupfs and
-//! the small state file.
+//! The decisions are plain functions in their rooms: which path is
+//! acceptable ([`paths`]), which cpuset a host cgroup gets and when it is
+//! written ([`cpusets`]), which cgroups a previous run left to restore
+//! ([`state_file`]). [`HostCgroups`] here is the thin writer that reads and
+//! writes cgroupfs and the small state file.
 //!
 //! Kernel facts this relies on (Documentation/admin-guide/cgroup-v2.rst):
 //! - `cpuset.cpus` exists in a cgroup only when its parent's
@@ -28,24 +29,21 @@
 //!   of a cgroup that holds processes, v2 included; see
 //!   [`use_parent_instead_of_empty`].
 
-use std::collections::BTreeMap;
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use shared_state::CpuSet;
 
-/// The state file's name in nri-plugin's state directory.
-pub const STATE_FILE: &str = "host-cgroups.json";
+pub mod cpusets;
+pub mod paths;
+pub mod state_file;
 
-/// Directory names of the pod cgroups kubelet creates (cgroupfs driver:
-/// `kubepods`, systemd driver: `kubepods.slice` and its
-/// `kubepods-<qos>.slice` children).
-fn is_pod_cgroup_name(name: &str) -> bool {
-    name == "kubepods"
-        || name == "kubepods.slice"
-        || (name.starts_with("kubepods-") && name.ends_with(".slice"))
-}
+pub use cpusets::{drifted, host_cpuset, lists_cpuset, needs_write, use_parent_instead_of_empty};
+pub use paths::parse_cgroup_path;
+pub use state_file::{stale_entries, HostCgroupState, STATE_FILE};
+
+use paths::find_pod_cgroup;
+use state_file::{load_state, save_state};
 
 /// Why a host cgroup is refused, or its files could not be handled.
 #[derive(Debug, thiserror::Error)]
@@ -78,111 +76,6 @@ pub enum HostCgroupError {
         #[source]
         source: io::Error,
     },
-}
-
-/// A `--host-cgroups` entry as a relative path under the cgroup root. A
-/// leading `/` is accepted (it is how `/proc/PID/cgroup` writes them); `.`
-/// components are dropped; `..`, the root itself and empty entries are
-/// refused.
-pub fn parse_cgroup_path(raw: &str) -> Result<PathBuf, HostCgroupError> {
-    let bad = |reason| HostCgroupError::BadPath {
-        path: raw.to_string(),
-        reason,
-    };
-    let trimmed = raw.trim();
-    if trimmed.is_empty() {
-        return Err(bad("an empty path"));
-    }
-    if trimmed.contains('\0') {
-        return Err(bad("a NUL byte in the path"));
-    }
-    let mut out = PathBuf::new();
-    for component in Path::new(trimmed).components() {
-        match component {
-            Component::RootDir | Component::CurDir => {}
-            Component::Normal(name) => out.push(name),
-            Component::ParentDir => {
-                return Err(bad("'..' would leave the cgroup root"));
-            }
-            Component::Prefix(_) => return Err(bad("not a cgroup path")),
-        }
-    }
-    if out.as_os_str().is_empty() {
-        return Err(bad(
-            "the root cgroup holds the pods too; name a cgroup under it, e.g. system.slice",
-        ));
-    }
-    if let Some(pods) = out
-        .components()
-        .find(|c| is_pod_cgroup_name(&c.as_os_str().to_string_lossy()))
-    {
-        return Err(HostCgroupError::HoldsPods {
-            path: raw.to_string(),
-            pods: PathBuf::from(pods.as_os_str()),
-        });
-    }
-    Ok(out)
-}
-
-/// The cpuset every host cgroup gets: the shared pool and the reserved CPUs.
-/// `None` when that is empty (every CPU claimed, none reserved): an empty
-/// `cpuset.cpus` would mean "the parent's CPUs", the opposite of what is
-/// wanted, so the cgroups keep their last value.
-pub fn host_cpuset(shared: &CpuSet, reserved: &CpuSet) -> Option<CpuSet> {
-    let want = shared.union(reserved);
-    (!want.is_empty()).then_some(want)
-}
-
-/// Whether a cgroup needs a write: anything but the cpuset last written
-/// successfully (a failed write left `last` unchanged, so it is retried).
-pub fn needs_write(last: Option<&CpuSet>, want: &CpuSet) -> bool {
-    last != Some(want)
-}
-
-/// Whether a cgroup's `cpuset.cpus` (as read) was changed behind
-/// nri-plugin's back since it wrote `last`: systemd rewrites it from a
-/// unit's `AllowedCPUs=` (empty when unset) when it re-applies the unit's
-/// cgroup settings (daemon-reload, set-property). Nothing written yet, or
-/// a file that does not parse, is not drift.
-pub fn drifted(read: &str, last: Option<&CpuSet>) -> bool {
-    match (last, CpuSet::parse_cpulist(read.trim())) {
-        (Some(last), Ok(now)) => &now != last,
-        (Some(_), Err(_)) | (None, _) => false,
-    }
-}
-
-/// Whether `cgroup.subtree_control` text lists the cpuset controller.
-pub fn lists_cpuset(controllers: &str) -> bool {
-    controllers.split_whitespace().any(|c| c == "cpuset")
-}
-
-/// Whether a refused restore of an empty `cpuset.cpus` should write the
-/// parent's effective CPUs instead. Kernels before the cgroup v1/v2 split
-/// of cpuset's `validate_change` (6.12 among them) refuse to empty the
-/// `cpuset.cpus` of a cgroup that holds processes, with ENOSPC, on v2 too.
-/// The parent's effective CPUs are what the empty value gave the cgroup;
-/// they only stop following CPU hotplug.
-pub fn use_parent_instead_of_empty(original: &str, error: &io::Error) -> bool {
-    original.trim().is_empty() && error.kind() == io::ErrorKind::StorageFull
-}
-
-/// What nri-plugin remembers between runs: every cgroup it manages, with
-/// the `cpuset.cpus` it had before nri-plugin first wrote it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostCgroupState {
-    /// Relative cgroup path → its original `cpuset.cpus` (often empty).
-    pub originals: BTreeMap<String, String>,
-}
-
-/// The cgroups a previous run managed that are no longer listed: they get
-/// their original `cpuset.cpus` back.
-pub fn stale_entries(state: &HostCgroupState, configured: &[PathBuf]) -> Vec<(String, String)> {
-    state
-        .originals
-        .iter()
-        .filter(|(path, _)| !configured.iter().any(|c| c == Path::new(path)))
-        .map(|(p, o)| (p.clone(), o.clone()))
-        .collect()
 }
 
 /// One managed cgroup.
@@ -226,29 +119,6 @@ fn io_error(path: &str, what: &'static str, file: PathBuf, source: io::Error) ->
 /// the kernel's handler.
 fn write_value(file: &Path, value: &str) -> io::Result<()> {
     std::fs::write(file, format!("{value}\n"))
-}
-
-/// Checks that `dir` (the cgroup `path`) and its subtree hold no pod
-/// cgroup. Symlinks are not followed (cgroupfs has none).
-fn find_pod_cgroup(dir: &Path, depth: usize) -> io::Result<Option<PathBuf>> {
-    // cgroup trees are shallow; the bound only stops a pathological walk.
-    if depth > 32 {
-        return Ok(None);
-    }
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if !entry.file_type()?.is_dir() {
-            continue;
-        }
-        let name = entry.file_name();
-        if is_pod_cgroup_name(&name.to_string_lossy()) {
-            return Ok(Some(entry.path()));
-        }
-        if let Some(found) = find_pod_cgroup(&entry.path(), depth + 1)? {
-            return Ok(Some(found));
-        }
-    }
-    Ok(None)
 }
 
 impl HostCgroups {
@@ -515,170 +385,17 @@ impl HostCgroups {
     }
 
     fn save_state(&self) -> Result<(), HostCgroupError> {
-        let err = |source| HostCgroupError::State {
-            file: self.state_file.clone(),
-            source,
-        };
-        if self.state.originals.is_empty() {
-            return match std::fs::remove_file(&self.state_file) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(err(e)),
-                _ => Ok(()),
-            };
-        }
-        if let Some(dir) = self.state_file.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
-        }
-        let text = serde_json::to_string_pretty(&self.state)
-            .map_err(|e| err(io::Error::new(io::ErrorKind::InvalidData, e)))?;
-        // Replaced whole, so a crash never leaves half a file.
-        let tmp = self.state_file.with_extension("json.tmp");
-        std::fs::write(&tmp, text).map_err(err)?;
-        std::fs::rename(&tmp, &self.state_file).map_err(err)
-    }
-}
-
-/// The state file's content; none yet is an empty state. A file that does
-/// not parse is reported (its originals would be lost otherwise).
-fn load_state(file: &Path) -> Result<HostCgroupState, HostCgroupError> {
-    match std::fs::read_to_string(file) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| HostCgroupError::State {
-            file: file.to_path_buf(),
-            source: io::Error::new(io::ErrorKind::InvalidData, e),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(HostCgroupState::default()),
-        Err(source) => Err(HostCgroupError::State {
-            file: file.to_path_buf(),
-            source,
-        }),
+        save_state(&self.state_file, &self.state)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse_cpulist(s).expect("cpulist")
-    }
-
-    #[test]
-    fn path_table() {
-        let cases: [(&str, Result<&str, &str>); 12] = [
-            ("system.slice", Ok("system.slice")),
-            ("/system.slice", Ok("system.slice")),
-            ("./system.slice/", Ok("system.slice")),
-            ("a/./b", Ok("a/b")),
-            (" system.slice ", Ok("system.slice")),
-            ("", Err("an empty path")),
-            ("/", Err("the root cgroup")),
-            ("..", Err("'..'")),
-            ("system.slice/../kubepods.slice", Err("'..'")),
-            ("kubepods.slice", Err("holds pod cgroups")),
-            ("kubepods/besteffort", Err("holds pod cgroups")),
-            (
-                "kubepods.slice/kubepods-burstable.slice",
-                Err("holds pod cgroups"),
-            ),
-        ];
-        for (raw, want) in cases {
-            match (parse_cgroup_path(raw), want) {
-                (Ok(got), Ok(path)) => assert_eq!(got, PathBuf::from(path), "{raw:?}"),
-                (Err(e), Err(needle)) => {
-                    let text = e.to_string();
-                    assert!(text.contains(needle), "{raw:?}: {text}");
-                    assert!(text.contains("--host-cgroups"), "{text}");
-                }
-                (got, want) => panic!("{raw:?}: got {got:?}, want {want:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn pod_cgroup_names() {
-        for (name, pods) in [
-            ("kubepods", true),
-            ("kubepods.slice", true),
-            ("kubepods-besteffort.slice", true),
-            ("kubepods-burstable-pod1.slice", true),
-            ("system.slice", false),
-            ("kubepodsx", false),
-            ("my-kubepods.slice", false),
-        ] {
-            assert_eq!(is_pod_cgroup_name(name), pods, "{name}");
-        }
-    }
-
-    #[test]
-    fn host_cpuset_table() {
-        // (shared pool, reserved, host cgroups get)
-        let cases = [
-            ("0-7", "", Some("0-7")),
-            ("2-7", "0-1", Some("0-7")),
-            ("4-7", "0", Some("0,4-7")),
-            ("", "0", Some("0")),
-            ("3", "", Some("3")),
-            ("", "", None),
-        ];
-        for (shared, reserved, want) in cases {
-            assert_eq!(
-                host_cpuset(&set(shared), &set(reserved)),
-                want.map(set),
-                "shared {shared:?} reserved {reserved:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn needs_write_table() {
-        let cases = [
-            (None, "0-3", true),
-            (Some("0-3"), "0-3", false),
-            (Some("0-3"), "0-2", true),
-            (Some("0-2"), "0-3", true),
-        ];
-        for (last, want, write) in cases {
-            let last = last.map(set);
-            assert_eq!(
-                needs_write(last.as_ref(), &set(want)),
-                write,
-                "{last:?} {want}"
-            );
-        }
-    }
-
-    #[test]
-    fn empty_restore_falls_back_only_when_the_kernel_refuses_it() {
-        let enospc = || io::Error::from_raw_os_error(libc::ENOSPC);
-        let cases = [
-            ("", enospc(), true),
-            ("  ", enospc(), true),
-            ("0-3", enospc(), false),
-            ("", io::Error::from_raw_os_error(libc::EACCES), false),
-            ("", io::Error::from_raw_os_error(libc::ENOENT), false),
-        ];
-        for (original, error, fallback) in cases {
-            assert_eq!(
-                use_parent_instead_of_empty(original, &error),
-                fallback,
-                "{original:?} {error}"
-            );
-        }
-    }
-
-    #[test]
-    fn drift_table() {
-        let cases = [
-            ("0-3\n", Some("0-3"), false),
-            ("0,1,2,3", Some("0-3"), false),
-            ("\n", Some("0-3"), true),
-            ("0-7\n", Some("0-3"), true),
-            ("0-7\n", None, false),
-            ("garbage", Some("0-3"), false),
-        ];
-        for (read, last, drift) in cases {
-            let last = last.map(set);
-            assert_eq!(drifted(read, last.as_ref()), drift, "{read:?} {last:?}");
-        }
     }
 
     #[test]
@@ -694,39 +411,6 @@ mod tests {
         assert_eq!(hc.check_drift(), 1);
         assert_eq!(hc.apply(&set("2-7")).written, 1);
         assert_eq!(fs.read("system.slice/cpuset.cpus"), "2-7\n");
-    }
-
-    #[test]
-    fn lists_cpuset_table() {
-        for (text, has) in [
-            ("cpuset cpu io memory pids\n", true),
-            ("cpu memory", false),
-            ("", false),
-            ("cpuset", true),
-            ("cpusetx", false),
-        ] {
-            assert_eq!(lists_cpuset(text), has, "{text:?}");
-        }
-    }
-
-    #[test]
-    fn stale_entries_are_those_no_longer_listed() {
-        let state = HostCgroupState {
-            originals: BTreeMap::from([
-                ("system.slice".to_string(), String::new()),
-                ("user.slice".to_string(), "0-3".to_string()),
-            ]),
-        };
-        assert_eq!(
-            stale_entries(&state, &[PathBuf::from("system.slice")]),
-            vec![("user.slice".to_string(), "0-3".to_string())]
-        );
-        assert_eq!(stale_entries(&state, &[]).len(), 2);
-        assert!(stale_entries(
-            &state,
-            &[PathBuf::from("user.slice"), PathBuf::from("system.slice")]
-        )
-        .is_empty());
     }
 
     /// A cgroupfs look-alike: directories with the interface files cgroup

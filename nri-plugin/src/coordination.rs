@@ -1,23 +1,18 @@
-//! The subscription to dra-plugin: apply its snapshot and deltas to the
-//! view, report the applied revision, reconnect with backoff; and the
-//! [`ClaimResolver`] that asks dra-plugin (or, when it is down, the CDI spec
-//! on disk) about a claim the view has not heard of.
+//! The coordination client: subscribe to dra-plugin's Watch stream, apply
+//! its snapshot and deltas through the [`Enforcer`], report the applied
+//! revision back, and resubscribe with backoff when the stream ends.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::connect_unix;
 
-use crate::cdi_fallback;
-use crate::handler::{ClaimResolver, Resolution};
-use crate::plugin::Enforcer;
+use crate::enforcer::Enforcer;
 
-/// Time allowed for one Lookup, connection included; the CDI fallback runs
-/// after it, and the whole resolution stays far inside NRI's 2 s.
-pub const LOOKUP_TIMEOUT: Duration = Duration::from_millis(300);
 /// dra-plugin heartbeats every 10 s; three missed ones mean a dead stream.
 pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(35);
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -27,56 +22,15 @@ pub use dra_cpu_proto::coordination::{
     claim_from_message, snapshot_from_message, MessageError as CoordinationError,
 };
 
-/// Asks dra-plugin by Lookup; falls back to the CDI spec when dra-plugin
-/// does not answer.
-#[derive(Debug, Clone)]
-pub struct CoordinationResolver {
-    pub socket: PathBuf,
-    pub cdi_dir: PathBuf,
-}
-
-async fn lookup(socket: &Path, claim_uid: &str) -> Result<coord::LookupResponse, String> {
-    let channel = connect_unix(socket).await.map_err(|e| e.to_string())?;
-    let mut client = coord::coordination_client::CoordinationClient::new(channel);
-    client
-        .lookup(coord::LookupRequest {
-            claim_uid: claim_uid.to_string(),
-        })
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|status| format!("Lookup: {}", status.message()))
-}
-
-#[async_trait::async_trait]
-impl ClaimResolver for CoordinationResolver {
-    async fn resolve(&self, claim_uid: &str) -> Resolution {
-        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, lookup(&self.socket, claim_uid)).await;
-        let why_not = match asked {
-            Ok(Ok(answer)) => {
-                return match answer.claim.filter(|_| answer.found) {
-                    None => Resolution::NotPrepared,
-                    Some(claim) => match claim_from_message(&claim) {
-                        Ok(a) if a.claim_uid == claim_uid => Resolution::Prepared(a),
-                        Ok(a) => Resolution::Unverifiable(format!(
-                            "dra-plugin answered about claim {} instead",
-                            a.claim_uid
-                        )),
-                        Err(e) => Resolution::Unverifiable(format!("dra-plugin sent {e}")),
-                    },
-                };
-            }
-            Ok(Err(e)) => e,
-            Err(_) => format!("no answer within {LOOKUP_TIMEOUT:?}"),
-        };
-        tracing::warn!(claim = %claim_uid, reason = %why_not, "dra-plugin unavailable; checking the CDI spec");
-        match cdi_fallback::read_claim_cpus(&self.cdi_dir, claim_uid) {
-            Ok(cpus) => Resolution::FromCdi(cpus),
-            Err(e) => Resolution::Unverifiable(format!(
-                "dra-plugin at {} is unavailable ({why_not}) and {e}",
-                self.socket.display()
-            )),
-        }
-    }
+/// The waits between resubscriptions: 100 ms, doubling up to 5 s, without
+/// jitter and without end.
+fn resubscribe_delays() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::new()
+        .with_min_delay(INITIAL_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
 }
 
 /// Subscribe until `stop` resolves, reconnecting with backoff. While
@@ -89,12 +43,17 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()> + Send,
 ) {
     tokio::pin!(stop);
-    let mut backoff = Duration::ZERO;
+    let mut delays = resubscribe_delays();
     loop {
+        let mut started = false;
         let ended = tokio::select! {
             () = &mut stop => return,
-            ended = subscribe_once(&enforcer, &socket, &subscriber, &mut backoff) => ended,
+            ended = subscribe_once(&enforcer, &socket, &subscriber, &mut started) => ended,
         };
+        if started {
+            // A stream that got going resets the backoff.
+            delays = resubscribe_delays();
+        }
         enforcer
             .metrics
             .coordination_connected
@@ -107,11 +66,7 @@ pub async fn run(
                 tracing::warn!(socket = %socket.display(), error = %e, "watch of dra-plugin failed")
             }
         }
-        backoff = if backoff.is_zero() {
-            INITIAL_BACKOFF
-        } else {
-            (backoff * 2).min(MAX_BACKOFF)
-        };
+        let backoff = delays.next().unwrap_or(MAX_BACKOFF);
         tracing::info!(delay = ?backoff, "resubscribing to dra-plugin");
         tokio::select! {
             () = &mut stop => return,
@@ -124,7 +79,7 @@ async fn subscribe_once(
     enforcer: &Enforcer,
     socket: &Path,
     subscriber: &str,
-    backoff: &mut Duration,
+    started: &mut bool,
 ) -> Result<(), String> {
     let channel = connect_unix(socket).await.map_err(|e| e.to_string())?;
     let mut client = coord::coordination_client::CoordinationClient::new(channel);
@@ -197,7 +152,7 @@ async fn subscribe_once(
         applied.map_err(|e| e.to_string())?;
         if first {
             first = false;
-            *backoff = Duration::ZERO;
+            *started = true;
             enforcer
                 .metrics
                 .coordination_connected
@@ -234,33 +189,13 @@ async fn report_applied(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared_state::CpuSet;
 
-    #[tokio::test]
-    async fn resolver_falls_back_to_cdi_when_dra_plugin_is_down() {
-        let dir = tempfile::tempdir().expect("dir");
-        let uid = "0b4e8a52-3c1d-4f7e-9a2b-6d5c4e3f2a10";
-        let resolver = CoordinationResolver {
-            socket: dir.path().join("absent.sock"),
-            cdi_dir: dir.path().to_path_buf(),
-        };
-        match resolver.resolve(uid).await {
-            Resolution::Unverifiable(reason) => {
-                assert!(
-                    reason.contains("absent.sock") && reason.contains("no CDI spec"),
-                    "{reason}"
-                )
-            }
-            other => panic!("{other:?}"),
-        }
-        let spec = serde_json::json!({
-            "cdiVersion": "0.6.0", "kind": "dra.k8s.io/cpu",
-            "devices": [{"name": format!("claim-{uid}"), "containerEdits": {"env": [format!("DRA_CPUSET_{uid}=1")]}}],
-        });
-        std::fs::write(cdi_fallback::spec_path(dir.path(), uid), spec.to_string()).expect("spec");
-        assert_eq!(
-            resolver.resolve(uid).await,
-            Resolution::FromCdi(CpuSet::parse_cpulist("1").expect("set"))
-        );
+    #[test]
+    fn resubscribe_delays_double_from_100ms_up_to_5s() {
+        let ms: Vec<u128> = resubscribe_delays()
+            .take(9)
+            .map(|d| d.as_millis())
+            .collect();
+        assert_eq!(ms, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
     }
 }

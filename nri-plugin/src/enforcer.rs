@@ -1,0 +1,280 @@
+//! The enforcer: nri-plugin's view plus what makes it real on containers.
+//! It applies dra-plugin's changes to the view and decides whether the
+//! cpusets that change go out now (an unsolicited `UpdateContainers`) or
+//! ride on the next event reply, and keeps `--host-cgroups` on the shared
+//! pool.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use dra_cpu_proto::nri::NriUpdater;
+use shared_state::pool::Update;
+use shared_state::{ClaimAssignment, NodeSnapshot};
+
+use crate::config::UnsolicitedUpdates;
+use crate::host_cgroups::{host_cpuset, HostCgroups};
+use crate::metrics::Metrics;
+use crate::nri::to_nri_updates;
+use crate::view::{NodeView, ViewError};
+
+/// The view plus everything needed to make it real on containers.
+pub struct Enforcer {
+    pub(crate) view: Mutex<NodeView>,
+    pub metrics: Arc<Metrics>,
+    pub(crate) updater: NriUpdater,
+    pub(crate) policy: UnsolicitedUpdates,
+    /// Set at Configure from the runtime's NRI version.
+    pub(crate) runtime_safe: AtomicBool,
+    /// Whether the last refresh saw stranded containers (logged once).
+    over_committed: AtomicBool,
+    /// Signalled when the applied revision advances, so the subscription
+    /// reports it to dra-plugin without waiting for the next stream event.
+    pub applied_changed: Notify,
+    /// `--host-cgroups`, when set: they follow the shared pool and the
+    /// reserved CPUs at every pool change.
+    host_cgroups: Mutex<Option<HostCgroups>>,
+    /// Whether the last sync found no CPU for them (logged once).
+    host_cgroups_starved: AtomicBool,
+}
+
+fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
+    match view.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn lock_host(host: &Mutex<Option<HostCgroups>>) -> MutexGuard<'_, Option<HostCgroups>> {
+    match host.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Enforcer {
+    pub fn new(
+        view: NodeView,
+        metrics: Arc<Metrics>,
+        updater: NriUpdater,
+        policy: UnsolicitedUpdates,
+    ) -> Self {
+        Enforcer {
+            view: Mutex::new(view),
+            metrics,
+            updater,
+            policy,
+            runtime_safe: AtomicBool::new(false),
+            over_committed: AtomicBool::new(false),
+            applied_changed: Notify::new(),
+            host_cgroups: Mutex::new(None),
+            host_cgroups_starved: AtomicBool::new(false),
+        }
+    }
+
+    /// Manage these host cgroups from now on.
+    pub fn with_host_cgroups(self, host_cgroups: HostCgroups) -> Self {
+        *lock_host(&self.host_cgroups) = Some(host_cgroups);
+        self
+    }
+
+    /// Brings every host cgroup to the shared pool plus the reserved CPUs.
+    /// Called after every change of the pool, before the container updates
+    /// of that change go out, and before a CreateContainer is answered, so
+    /// host daemons leave a claim's CPUs before its container starts. Writes
+    /// only what changed; a failed write is logged and tried again at the
+    /// next call, and never fails the event that called it.
+    pub fn sync_host_cgroups(&self) {
+        let mut guard = lock_host(&self.host_cgroups);
+        let Some(host) = guard.as_mut() else {
+            return;
+        };
+        let want = {
+            let view = self.view();
+            host_cpuset(&view.pool().shared(), view.pool().reserved())
+        };
+        let starved = want.is_none();
+        if self.host_cgroups_starved.swap(starved, Ordering::Relaxed) != starved && starved {
+            tracing::warn!("no shared or reserved CPU left: host cgroups keep their last cpuset");
+        }
+        if let Some(want) = want {
+            let outcome = host.apply(&want);
+            self.metrics
+                .host_cgroup_writes(outcome.written, outcome.failed);
+        }
+    }
+
+    /// Writes again every host cgroup whose cpuset someone else changed
+    /// (systemd re-applying `AllowedCPUs=`); called on a timer.
+    pub fn repair_host_cgroups(&self) {
+        let drifted = lock_host(&self.host_cgroups)
+            .as_mut()
+            .map_or(0, HostCgroups::check_drift);
+        if drifted > 0 {
+            self.sync_host_cgroups();
+        }
+    }
+
+    /// Gives the host cgroups their original cpusets back (clean stop).
+    pub fn restore_host_cgroups(&self) {
+        if let Some(mut host) = lock_host(&self.host_cgroups).take() {
+            let outcome = host.restore();
+            self.metrics
+                .host_cgroup_writes(outcome.written, outcome.failed);
+        }
+    }
+
+    pub fn view(&self) -> MutexGuard<'_, NodeView> {
+        lock_view(&self.view)
+    }
+
+    pub fn view_revision(&self) -> u64 {
+        self.view().revision()
+    }
+
+    /// Gauges from the view; the applied revision advances only when no
+    /// update is waiting to be sent.
+    pub(crate) fn refresh(&self, view: &NodeView) {
+        let m = &self.metrics;
+        let pool = view.pool();
+        m.shared_cpus
+            .store(pool.shared().len() as u64, Ordering::Relaxed);
+        m.exclusive_cpus
+            .store(pool.exclusive().len() as u64, Ordering::Relaxed);
+        m.containers
+            .store(pool.containers().len() as u64, Ordering::Relaxed);
+        m.view_revision.store(view.revision(), Ordering::Relaxed);
+        if !view.has_pending() {
+            let before = m.applied_revision.swap(view.revision(), Ordering::Relaxed);
+            if before != view.revision() {
+                self.applied_changed.notify_one();
+            }
+        }
+        let stranded = view.stranded();
+        m.over_committed
+            .store(stranded.len() as u64, Ordering::Relaxed);
+        let was = self
+            .over_committed
+            .swap(!stranded.is_empty(), Ordering::Relaxed);
+        if !stranded.is_empty() && !was {
+            tracing::warn!(
+                containers = ?stranded,
+                "node over-committed: every allocatable CPU is held by a claim; shared containers keep their old cpuset"
+            );
+        }
+    }
+
+    /// Send `updates` (the full pending set after a pool change) now if the
+    /// runtime allows unsolicited updates, else leave them for the next
+    /// event reply.
+    pub(crate) async fn after_pool_change(&self, updates: Vec<Update>, why: &'static str) {
+        self.sync_host_cgroups();
+        if updates.is_empty() {
+            self.refresh(&self.view());
+            return;
+        }
+        let allowed = self
+            .policy
+            .allowed(self.runtime_safe.load(Ordering::Relaxed));
+        if allowed && self.updater.is_connected() {
+            let n = updates.len();
+            match self
+                .updater
+                .update_containers(to_nri_updates(&updates))
+                .await
+            {
+                Ok(failed) => {
+                    let failed: Vec<&str> =
+                        failed.iter().map(|f| f.container_id.as_str()).collect();
+                    let sent: Vec<Update> = updates
+                        .into_iter()
+                        .filter(|(id, _)| !failed.contains(&id.as_str()))
+                        .collect();
+                    let mut view = self.view();
+                    view.mark_applied(&sent);
+                    self.refresh(&view);
+                    self.metrics.pool_change("unsolicited");
+                    self.metrics.updates_sent("unsolicited", sent.len());
+                    tracing::info!(why, updates = n, failed = ?failed, "pool change sent as an unsolicited update");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(why, error = %e, "unsolicited update failed; deferring to the next event reply")
+                }
+            }
+        }
+        self.metrics.pool_change("deferred");
+        tracing::info!(
+            why, updates = updates.len(), policy = ?self.policy,
+            "pool change deferred to the next event reply (unsolicited updates are not safe on this runtime)"
+        );
+        self.refresh(&self.view());
+    }
+
+    pub async fn apply_snapshot(&self, snapshot: NodeSnapshot) -> Result<(), ViewError> {
+        let updates = self.view().apply_snapshot(snapshot)?;
+        self.after_pool_change(updates, "snapshot").await;
+        Ok(())
+    }
+
+    pub async fn apply_prepared(
+        &self,
+        revision: u64,
+        claim: ClaimAssignment,
+    ) -> Result<(), ViewError> {
+        let uid = claim.claim_uid.clone();
+        let updates = self.view().apply_prepared(revision, claim)?;
+        tracing::info!(claim = %uid, revision, "claim prepared");
+        self.after_pool_change(updates, "prepare").await;
+        Ok(())
+    }
+
+    pub async fn apply_unprepared(&self, revision: u64, claim_uid: &str) -> Result<(), ViewError> {
+        let updates = self.view().apply_unprepared(revision, claim_uid)?;
+        tracing::info!(claim = %claim_uid, revision, "claim unprepared");
+        self.after_pool_change(updates, "unprepare").await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{claim, run, set};
+    use crate::view::ContainerInfo;
+    use shared_state::CpuSet;
+
+    #[test]
+    fn pool_changes_without_a_usable_runtime_wait_for_the_next_reply() {
+        // Every policy ends deferred here: never/auto on an unsafe runtime by
+        // choice, always because no runtime connection exists.
+        for policy in [
+            UnsolicitedUpdates::Never,
+            UnsolicitedUpdates::Auto,
+            UnsolicitedUpdates::Always,
+        ] {
+            let metrics = Arc::new(Metrics::new());
+            let view = NodeView::new(set("0-3"), CpuSet::new(), false, None);
+            let enforcer = Enforcer::new(view, metrics.clone(), NriUpdater::new(), policy);
+            let shared = ContainerInfo {
+                id: "s".into(),
+                pod_uid: "p".into(),
+                ..Default::default()
+            };
+            enforcer.view().create(&shared).decided().expect("shared");
+            let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+            run(enforcer.apply_prepared(1, claim(uid, "3", "q"))).expect("prepare");
+            assert_eq!(metrics.pool_change_count("deferred"), 1, "{policy:?}");
+            assert_eq!(metrics.pool_change_count("unsolicited"), 0);
+            assert_eq!(
+                enforcer.view().pending_updates(),
+                vec![("s".to_string(), set("0-2"))],
+                "not recorded as applied"
+            );
+            assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 0);
+            assert_eq!(metrics.view_revision.load(Ordering::Relaxed), 1);
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! Builders shared by the unit tests of the crate: CPU sets, claims,
+//! containers, a view, and a resolver answering from a table.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use shared_state::pool::Update;
+use shared_state::{ClaimAssignment, CpuSet};
+
+use crate::resolve::{ClaimResolver, Resolution};
+use crate::view::{ContainerInfo, NodeView};
+
+pub const POD_A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+pub const POD_B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
+pub const CLAIM_1: &str = "c1c1c1c1-0000-4000-8000-000000000001";
+pub const CLAIM_2: &str = "c2c2c2c2-0000-4000-8000-000000000002";
+
+pub fn set(s: &str) -> CpuSet {
+    CpuSet::parse_cpulist(s).expect("cpulist")
+}
+
+pub fn claim(uid: &str, cpus: &str, pod: &str) -> ClaimAssignment {
+    ClaimAssignment {
+        claim_uid: uid.into(),
+        namespace: "default".into(),
+        name: "c".into(),
+        consumer_pods: vec![pod.into()],
+        devices: Vec::new(),
+        cpus: set(cpus),
+        prepared_at_unix_ms: 1,
+        pod_claim_name: None,
+    }
+}
+
+pub fn container(id: &str, pod: &str, env: &[&str], shares: Option<u64>) -> ContainerInfo {
+    ContainerInfo {
+        id: id.into(),
+        name: format!("n-{id}"),
+        pod_uid: pod.into(),
+        env: env.iter().map(|e| e.to_string()).collect(),
+        cpu_shares: shares,
+        ..Default::default()
+    }
+}
+
+pub fn env(uid: &str, cpus: &str) -> String {
+    format!("DRA_CPUSET_{uid}={cpus}")
+}
+
+pub fn view(mixed: bool) -> NodeView {
+    NodeView::new(set("0-7"), set("0"), mixed, None)
+}
+
+pub fn updates(list: &[(&str, &str)]) -> Vec<Update> {
+    list.iter().map(|(i, c)| (i.to_string(), set(c))).collect()
+}
+
+/// A resolver answering from a table and counting calls.
+#[derive(Default)]
+pub struct TableResolver {
+    pub answers: HashMap<String, Resolution>,
+    pub calls: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl ClaimResolver for TableResolver {
+    async fn resolve(&self, claim_uid: &str) -> Resolution {
+        lock_calls(&self.calls).push(claim_uid.to_string());
+        self.answers
+            .get(claim_uid)
+            .cloned()
+            .unwrap_or_else(|| Resolution::Unverifiable("no answer in table".into()))
+    }
+}
+
+pub fn lock_calls(m: &Mutex<Vec<String>>) -> std::sync::MutexGuard<'_, Vec<String>> {
+    m.lock().expect("calls")
+}
+
+pub fn run<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}

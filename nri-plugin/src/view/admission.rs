@@ -1,0 +1,311 @@
+//! Admission: the two view operations that may have to ask about a claim
+//! the view has not heard of. The asking (a [`ClaimResolver`]) is slow, so
+//! it runs outside the view's lock, which is taken only to decide.
+
+use std::sync::Mutex;
+
+use shared_state::pool::PoolError;
+use shared_state::{ClaimAssignment, CpuSet};
+
+use super::{
+    unknown_claims, ClaimOrigin, ContainerInfo, CreateDecision, CreateOutcome, NodeView, Refusal,
+    SyncOutcome,
+};
+use crate::resolve::{ClaimResolver, Resolution};
+
+fn lock(view: &Mutex<NodeView>) -> std::sync::MutexGuard<'_, NodeView> {
+    // The view is plain data; a panic elsewhere cannot leave it half-written
+    // in a way that is worse than refusing to serve.
+    match view.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// A claim from a CDI spec as the view stores it (no consumer yet).
+pub fn cdi_claim(claim_uid: &str, cpus: CpuSet) -> ClaimAssignment {
+    ClaimAssignment {
+        claim_uid: claim_uid.to_string(),
+        namespace: String::new(),
+        name: String::new(),
+        consumer_pods: Vec::new(),
+        devices: Vec::new(),
+        cpus,
+        prepared_at_unix_ms: 0,
+        pod_claim_name: None,
+    }
+}
+
+/// Teach the view about one claim through the resolver.
+async fn resolve_into<R: ClaimResolver + ?Sized>(
+    view: &Mutex<NodeView>,
+    resolver: &R,
+    claim_uid: &str,
+) -> Result<(), ResolveFailure> {
+    learn_resolution(view, claim_uid, resolver.resolve(claim_uid).await)
+}
+
+fn learn_resolution(
+    view: &Mutex<NodeView>,
+    claim_uid: &str,
+    resolution: Resolution,
+) -> Result<(), ResolveFailure> {
+    match resolution {
+        Resolution::Prepared(assignment) => lock(view)
+            .learn_claim(assignment, ClaimOrigin::DraPlugin)
+            .map(|_| ())
+            .map_err(ResolveFailure::Pool),
+        Resolution::FromCdi(cpus) => lock(view)
+            .learn_claim(cdi_claim(claim_uid, cpus), ClaimOrigin::CdiSpec)
+            .map(|_| ())
+            .map_err(ResolveFailure::Cdi),
+        Resolution::NotPrepared => Err(ResolveFailure::NotPrepared),
+        Resolution::Unverifiable(reason) => Err(ResolveFailure::Unverifiable(reason)),
+    }
+}
+
+enum ResolveFailure {
+    NotPrepared,
+    Unverifiable(String),
+    Pool(PoolError),
+    Cdi(PoolError),
+}
+
+/// CreateContainer: decide, resolving unknown claims through `resolver`
+/// (each claim at most once). The returned updates are not marked applied.
+pub async fn admit_container<R: ClaimResolver + ?Sized>(
+    view: &Mutex<NodeView>,
+    info: &ContainerInfo,
+    resolver: &R,
+) -> Result<CreateDecision, Refusal> {
+    let mut asked: Vec<String> = Vec::new();
+    loop {
+        let uid = match lock(view).create(info) {
+            CreateOutcome::Decided(decision) => return Ok(decision),
+            CreateOutcome::Refused(refusal) => return Err(refusal),
+            CreateOutcome::UnknownClaim(uid) => uid,
+        };
+        if asked.contains(&uid) {
+            // Resolved but gone again (unprepared meanwhile).
+            return Err(Refusal::NotPrepared {
+                container: info.id.clone(),
+                name: info.name.clone(),
+                pod_uid: info.pod_uid.clone(),
+                claim_uid: uid,
+            });
+        }
+        let failure = resolve_into(view, resolver, &uid).await;
+        let base = || (info.id.clone(), info.name.clone(), info.pod_uid.clone());
+        match failure {
+            Ok(()) => {}
+            Err(ResolveFailure::NotPrepared) => {
+                let (container, name, pod_uid) = base();
+                return Err(Refusal::NotPrepared {
+                    container,
+                    name,
+                    pod_uid,
+                    claim_uid: uid,
+                });
+            }
+            Err(ResolveFailure::Unverifiable(reason)) => {
+                let (container, name, pod_uid) = base();
+                return Err(Refusal::Unverifiable {
+                    container,
+                    name,
+                    pod_uid,
+                    claim_uid: uid,
+                    reason,
+                });
+            }
+            Err(ResolveFailure::Pool(source)) => {
+                return Err(Refusal::Pool {
+                    name: info.name.clone(),
+                    pod_uid: info.pod_uid.clone(),
+                    source,
+                })
+            }
+            Err(ResolveFailure::Cdi(source)) => {
+                let (container, name, pod_uid) = base();
+                return Err(Refusal::BadCdiClaim {
+                    container,
+                    name,
+                    pod_uid,
+                    claim_uid: uid,
+                    source,
+                });
+            }
+        }
+        asked.push(uid);
+    }
+}
+
+/// Synchronize: resolve the claims running containers name, then rebuild.
+pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
+    view: &Mutex<NodeView>,
+    containers: &[ContainerInfo],
+    resolver: &R,
+) -> SyncOutcome {
+    let unknown = unknown_claims(&lock(view), containers);
+    // Concurrently: each resolution is bounded, and so is their sum only if
+    // they do not queue behind each other.
+    let answers = futures::future::join_all(unknown.iter().map(|uid| resolver.resolve(uid))).await;
+    for (uid, answer) in unknown.iter().zip(answers) {
+        if learn_resolution(view, uid, answer).is_err() {
+            tracing::warn!(claim = %uid, "claim of a running container could not be resolved");
+        }
+    }
+    lock(view).synchronize(containers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+    use shared_state::NodeSnapshot;
+    use std::collections::HashMap;
+
+    #[test]
+    fn resolution_paths_table() {
+        let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
+        // (answer, expected Ok cpuset or refusal reason, claim is provisional)
+        let cases: Vec<(Resolution, Result<&str, &str>, bool)> = vec![
+            (
+                Resolution::Prepared(claim(CLAIM_2, "5", POD_A)),
+                Ok("5"),
+                false,
+            ),
+            (
+                Resolution::Prepared(claim(CLAIM_2, "5", POD_B)),
+                Err("wrong-pod"),
+                false,
+            ),
+            (
+                Resolution::Prepared(claim(CLAIM_2, "6", POD_A)),
+                Err("cpus-mismatch"),
+                false,
+            ),
+            (Resolution::NotPrepared, Err("claim-not-prepared"), false),
+            (Resolution::FromCdi(set("5")), Ok("5"), true),
+            (Resolution::FromCdi(set("4")), Err("cpus-mismatch"), true),
+            (Resolution::FromCdi(set("2")), Err("bad-cdi-claim"), false),
+            (
+                Resolution::Unverifiable("dra-plugin down, no spec".into()),
+                Err("claim-unverifiable"),
+                false,
+            ),
+        ];
+        for (answer, want, provisional) in cases {
+            let mut v = view(false);
+            v.apply_prepared(1, claim(CLAIM_1, "2", POD_B))
+                .expect("claim 1");
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                answers: HashMap::from([(CLAIM_2.to_string(), answer.clone())]),
+                ..Default::default()
+            };
+            let got = run(admit_container(&view, &info, &resolver));
+            match (&got, want) {
+                (Ok(d), Ok(cpus)) => assert_eq!(d.cpuset, set(cpus), "{answer:?}"),
+                (Err(r), Err(reason)) => {
+                    assert_eq!(r.reason(), reason, "{answer:?}: {r}");
+                    assert!(r.to_string().contains(CLAIM_2), "{r}");
+                }
+                _ => panic!("{answer:?}: got {got:?}, want {want:?}"),
+            }
+            assert_eq!(lock_calls(&resolver.calls).len(), 1, "asked once");
+            assert_eq!(
+                lock(&view).is_provisional(CLAIM_2),
+                provisional,
+                "{answer:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn provisional_claim_serves_one_pod_and_a_snapshot_replaces_it() {
+        let view = Mutex::new(view(false));
+        let resolver = TableResolver {
+            answers: HashMap::from([(CLAIM_2.to_string(), Resolution::FromCdi(set("5")))]),
+            ..Default::default()
+        };
+        let first = container("a", POD_A, &[&env(CLAIM_2, "5")], None);
+        run(admit_container(&view, &first, &resolver)).expect("first pod adopts");
+        let other = container("b", POD_B, &[&env(CLAIM_2, "5")], None);
+        let r = run(admit_container(&view, &other, &resolver)).expect_err("second pod");
+        assert_eq!(r.reason(), "wrong-pod");
+        let up = lock(&view)
+            .apply_snapshot(NodeSnapshot {
+                revision: 3,
+                allocatable: set("1-7"),
+                reserved: set("0"),
+                mixed_allocation_mode: false,
+                claims: vec![],
+            })
+            .expect("snapshot");
+        // dra-plugin does not know the claim: its CPUs return to the pool.
+        assert_eq!(up, updates(&[("a", "1-7")]));
+        assert!(!lock(&view).is_provisional(CLAIM_2));
+    }
+
+    #[test]
+    fn synchronize_resolves_unknown_claims_first() {
+        let view = Mutex::new(view(false));
+        let resolver = TableResolver {
+            answers: HashMap::from([(
+                CLAIM_2.to_string(),
+                Resolution::Prepared(claim(CLAIM_2, "6-7", POD_A)),
+            )]),
+            ..Default::default()
+        };
+        let mut c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
+        c.cpus = set("0-7");
+        let mut s = container("s", POD_B, &[], None);
+        s.cpus = set("0-7");
+        let out = run(synchronize_containers(
+            &view,
+            &[c.clone(), s.clone(), c],
+            &resolver,
+        ));
+        assert_eq!(out.updates, updates(&[("c", "6-7"), ("s", "1-5")]));
+        assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+    }
+
+    /// Answers only once every claim of the Synchronize has been asked, so
+    /// it completes only if the questions are in flight together.
+    struct AllAtOnce {
+        barrier: tokio::sync::Barrier,
+    }
+
+    #[async_trait::async_trait]
+    impl ClaimResolver for AllAtOnce {
+        async fn resolve(&self, claim_uid: &str) -> Resolution {
+            self.barrier.wait().await;
+            let cpus = if claim_uid == CLAIM_1 { "2" } else { "3" };
+            Resolution::Prepared(claim(claim_uid, cpus, POD_A))
+        }
+    }
+
+    #[test]
+    fn synchronize_asks_about_all_unknown_claims_at_once() {
+        let view = Mutex::new(view(false));
+        let resolver = AllAtOnce {
+            barrier: tokio::sync::Barrier::new(2),
+        };
+        let a = container("a", POD_A, &[&env(CLAIM_1, "2")], None);
+        let b = container("b", POD_A, &[&env(CLAIM_2, "3")], None);
+        let out = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                // Deadlock detection only: one at a time never passes the barrier.
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    synchronize_containers(&view, &[a, b], &resolver),
+                )
+                .await
+                .expect("the claims were asked one at a time")
+            });
+        assert_eq!(out.updates, updates(&[("a", "2"), ("b", "3")]));
+    }
+}

@@ -1,0 +1,144 @@
+//! The claims in the view: dra-plugin's snapshot and deltas (checked to move
+//! forward in revision), and claims learned outside the watch stream, from a
+//! Lookup answer or, provisionally, from a CDI spec.
+
+use shared_state::claim_env::EnvClaim;
+use shared_state::pool::{PoolError, Update};
+use shared_state::{ClaimAssignment, NodeSnapshot};
+
+use super::{NodeView, ViewError};
+
+/// Where the CPUs of a claim came from when the view learned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOrigin {
+    /// dra-plugin's snapshot, a delta, or a Lookup answer.
+    DraPlugin,
+    /// The claim's CDI spec on disk, read while dra-plugin was unreachable.
+    /// Such a claim is provisional: the CDI spec names its CPUs but not the
+    /// pod it is reserved for, so the first pod whose container names it
+    /// becomes its consumer, and the next snapshot replaces it.
+    CdiSpec,
+}
+
+impl NodeView {
+    /// A provisional claim has no known consumer; the first pod naming it
+    /// becomes one, after which the usual one-container rule protects it.
+    pub(super) fn adopt_provisional(&mut self, refs: &[EnvClaim], pod_uid: &str) {
+        for r in refs {
+            if !self.provisional.contains(&r.claim_uid) {
+                continue;
+            }
+            let Some(claim) = self.pool.claim(&r.claim_uid) else {
+                continue;
+            };
+            if !claim.consumer_pods.is_empty() {
+                continue;
+            }
+            let mut adopted = claim.clone();
+            adopted.consumer_pods.push(pod_uid.to_string());
+            // Replacing a claim with the same CPUs cannot fail validation.
+            if self.pool.add_claim(adopted).is_err() {
+                tracing::warn!(claim = %r.claim_uid, "could not adopt a provisional claim");
+            }
+        }
+    }
+
+    /// Add a claim learned outside the watch stream (a Lookup answer or a
+    /// CDI spec). Returns the updates it makes due; they are not applied.
+    pub fn learn_claim(
+        &mut self,
+        assignment: ClaimAssignment,
+        origin: ClaimOrigin,
+    ) -> Result<Vec<Update>, PoolError> {
+        let uid = assignment.claim_uid.clone();
+        let updates = self.pool.add_claim(assignment)?;
+        match origin {
+            ClaimOrigin::DraPlugin => self.provisional.remove(&uid),
+            ClaimOrigin::CdiSpec => self.provisional.insert(uid),
+        };
+        Ok(updates)
+    }
+
+    /// Replace claims and CPUs with a snapshot; containers stay.
+    pub fn apply_snapshot(&mut self, snapshot: NodeSnapshot) -> Result<Vec<Update>, ViewError> {
+        if snapshot.mixed_allocation_mode != self.mixed_mode {
+            tracing::warn!(
+                dra_plugin = snapshot.mixed_allocation_mode,
+                nri_plugin = self.mixed_mode,
+                "dra-plugin and nri-plugin disagree on --mixed-allocation-mode; nri-plugin's setting decides container kinds"
+            );
+        }
+        let updates = self.pool.resync(
+            snapshot.allocatable,
+            snapshot.reserved,
+            self.mixed_mode,
+            snapshot.claims,
+        )?;
+        self.provisional.clear();
+        self.revision = snapshot.revision;
+        self.has_snapshot = true;
+        Ok(updates)
+    }
+
+    fn check_revision(&self, revision: u64) -> Result<(), ViewError> {
+        if revision <= self.revision {
+            return Err(ViewError::StaleRevision {
+                got: revision,
+                applied: self.revision,
+            });
+        }
+        Ok(())
+    }
+
+    /// A claim was prepared. Refused if the revision goes backwards.
+    pub fn apply_prepared(
+        &mut self,
+        revision: u64,
+        assignment: ClaimAssignment,
+    ) -> Result<Vec<Update>, ViewError> {
+        self.check_revision(revision)?;
+        let updates = self.learn_claim(assignment, ClaimOrigin::DraPlugin)?;
+        self.revision = revision;
+        Ok(updates)
+    }
+
+    /// A claim was unprepared: its CPUs return to the shared pool.
+    pub fn apply_unprepared(
+        &mut self,
+        revision: u64,
+        claim_uid: &str,
+    ) -> Result<Vec<Update>, ViewError> {
+        self.check_revision(revision)?;
+        self.provisional.remove(claim_uid);
+        self.revision = revision;
+        Ok(self.pool.remove_claim(claim_uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::*;
+
+    #[test]
+    fn stale_revisions_are_refused() {
+        let mut v = view(false);
+        v.apply_snapshot(NodeSnapshot {
+            revision: 5,
+            allocatable: set("1-7"),
+            reserved: set("0"),
+            mixed_allocation_mode: false,
+            claims: vec![],
+        })
+        .expect("snapshot");
+        let err = v
+            .apply_prepared(5, claim(CLAIM_1, "2", POD_A))
+            .expect_err("stale");
+        assert_eq!(err, ViewError::StaleRevision { got: 5, applied: 5 });
+        assert!(v.pool().claim(CLAIM_1).is_none());
+        assert!(v.apply_unprepared(4, CLAIM_1).is_err());
+        v.apply_prepared(6, claim(CLAIM_1, "2", POD_A))
+            .expect("next");
+        assert_eq!(v.revision(), 6);
+    }
+}

@@ -1,0 +1,217 @@
+//! nri-plugin's model of the node, over plain data.
+//!
+//! [`NodeView`] is nri-plugin's picture of the node: the CPUs, the prepared
+//! claims (from dra-plugin's snapshot and deltas, or provisionally from CDI
+//! specs while dra-plugin is away) and the containers, kept in a
+//! [`PoolState`]. Every method is synchronous and does no I/O, so it can run
+//! under a lock on the NRI hot path. The one slow step, asking about a claim
+//! the view has not heard of, goes through the
+//! [`ClaimResolver`](crate::resolve::ClaimResolver) seam in
+//! [`admit_container`] and [`synchronize_containers`], outside the lock.
+//!
+//! Planning never records an update as applied: callers send what a method
+//! returns and then call [`NodeView::mark_applied`] with what they sent.
+//!
+//! The rooms: [`claims`] (what dra-plugin prepared), [`planning`] (a
+//! container's cpuset at create, resize, stop), [`synchronize`] (rebuilding
+//! from the runtime's list), [`admission`] (the steps that may ask about an
+//! unknown claim), [`refusal`] (why a container is refused), [`numa`]
+//! (`--align-memory`).
+
+// A refusal is built once per refused container and carries the names the
+// user needs to read; its size does not matter off the success path.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashSet;
+
+use shared_state::claim_env::{parse_claim_env, EnvClaim};
+use shared_state::pool::{PoolError, PoolState, Update};
+use shared_state::CpuSet;
+
+pub mod admission;
+pub mod claims;
+pub mod numa;
+pub mod planning;
+pub mod refusal;
+pub mod synchronize;
+
+pub use admission::{admit_container, cdi_claim, synchronize_containers};
+pub use claims::ClaimOrigin;
+pub use numa::NumaMap;
+pub use planning::{CreateDecision, CreateOutcome, UpdateDecision};
+pub use refusal::Refusal;
+pub use synchronize::{unknown_claims, SyncOutcome};
+
+/// What nri-plugin needs to know about a container, taken from the NRI
+/// `Container` and `PodSandbox` messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    pub name: String,
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    /// `KEY=VALUE` entries.
+    pub env: Vec<String>,
+    /// `linux.resources.cpu.shares`; `None` when the runtime sent none.
+    pub cpu_shares: Option<u64>,
+    /// `linux.resources.cpu.cpus` as reported (empty: unpinned or unknown).
+    pub cpus: CpuSet,
+    /// The container has exited; it is not given updates.
+    pub stopped: bool,
+}
+
+/// Refusal of a coordination event that does not fit the view.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    #[error("event at revision {got} is not after the applied revision {applied}; resubscribing")]
+    StaleRevision { got: u64, applied: u64 },
+    #[error("{0}")]
+    Pool(#[from] PoolError),
+}
+
+/// nri-plugin's view of the node. See the module docs.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pool: PoolState,
+    /// nri-plugin's own `--mixed-allocation-mode`; it decides the kinds.
+    mixed_mode: bool,
+    numa: Option<NumaMap>,
+    /// Claims learned from CDI specs, not confirmed by dra-plugin.
+    provisional: HashSet<String>,
+    /// Revision of the last snapshot or delta in the view; 0 before any.
+    revision: u64,
+    /// Whether a snapshot from dra-plugin has been applied.
+    has_snapshot: bool,
+}
+
+impl NodeView {
+    /// A view before dra-plugin has been heard: `allocatable` from the
+    /// topology minus the reserved CPUs, no claims yet. `numa` is set with
+    /// `--align-memory`.
+    pub fn new(
+        allocatable: CpuSet,
+        reserved: CpuSet,
+        mixed_mode: bool,
+        numa: Option<NumaMap>,
+    ) -> Self {
+        NodeView {
+            pool: PoolState::new(allocatable, reserved, mixed_mode),
+            mixed_mode,
+            numa,
+            provisional: HashSet::new(),
+            revision: 0,
+            has_snapshot: false,
+        }
+    }
+
+    pub fn pool(&self) -> &PoolState {
+        &self.pool
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn has_snapshot(&self) -> bool {
+        self.has_snapshot
+    }
+
+    pub fn is_provisional(&self, claim_uid: &str) -> bool {
+        self.provisional.contains(claim_uid)
+    }
+
+    /// Updates not yet sent (deferred to the next event reply).
+    pub fn pending_updates(&self) -> Vec<Update> {
+        self.pool.plan_updates()
+    }
+
+    /// Whether any update is waiting to be sent, without building them.
+    pub fn has_pending(&self) -> bool {
+        self.pool.has_pending()
+    }
+
+    /// Containers left on a stale cpuset because the shared pool is empty.
+    pub fn stranded(&self) -> Vec<String> {
+        self.pool.stranded()
+    }
+
+    /// Record cpusets as sent to the runtime.
+    pub fn mark_applied(&mut self, updates: &[Update]) {
+        self.pool.mark_applied(updates);
+    }
+
+    /// The claims a container names. Refused when its `DRA_CPUSET_*`
+    /// variables are malformed.
+    pub fn env_claims(info: &ContainerInfo) -> Result<Vec<EnvClaim>, Refusal> {
+        parse_claim_env(&info.env).map_err(|source| Refusal::Env {
+            container: info.id.clone(),
+            name: info.name.clone(),
+            pod_uid: info.pod_uid.clone(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_support::*;
+    use proptest::prelude::*;
+    use shared_state::pool::ContainerKind;
+
+    proptest! {
+        /// Whatever the order of events, no two running containers other than
+        /// mixed/shared ones overlap, no update is empty, and after sending
+        /// the planned updates every container sits on its planned cpuset.
+        #[test]
+        fn events_never_plan_empty_or_overlapping_cpusets(
+            ops in proptest::collection::vec((0u8..5, 0usize..4, 0usize..3, any::<bool>()), 1..40)
+        ) {
+            let claims = [CLAIM_1, CLAIM_2, "c3c3c3c3-0000-4000-8000-000000000003"];
+            let cpus = ["2-3", "4", "5-6"];
+            let mut v = view(true);
+            let mut revision = 0;
+            for (op, c, k, flag) in ops {
+                let id = format!("k{c}");
+                let sent = match op {
+                    0 => {
+                        revision += 1;
+                        v.apply_prepared(revision, claim(claims[k], cpus[k], POD_A)).unwrap_or_default()
+                    }
+                    1 => {
+                        revision += 1;
+                        v.apply_unprepared(revision, claims[k]).unwrap_or_default()
+                    }
+                    2 => {
+                        let e = env(claims[k], cpus[k]);
+                        let env: Vec<&str> = if flag { vec![&e] } else { vec![] };
+                        match v.create(&container(&id, POD_A, &env, Some(if flag { 100 } else { 2 }))).decided() {
+                            Ok(d) => {
+                                prop_assert!(!d.cpuset.is_empty());
+                                d.updates
+                            }
+                            Err(_) => Vec::new(),
+                        }
+                    }
+                    3 => v.stop_container(&id),
+                    _ => { v.remove_container(&id); Vec::new() }
+                };
+                prop_assert!(sent.iter().all(|(_, c)| !c.is_empty()));
+                if flag || op != 2 {
+                    v.mark_applied(&sent);
+                    prop_assert!(v.pending_updates().is_empty());
+                }
+            }
+            v.mark_applied(&v.pending_updates());
+            let pool = v.pool();
+            for (id, entry) in pool.containers() {
+                if let Some(planned) = pool.planned_cpuset(id) {
+                    prop_assert_eq!(&entry.cpuset, &planned);
+                }
+                if entry.kind == ContainerKind::Shared {
+                    prop_assert!(entry.cpuset.is_disjoint(pool.exclusive()) || pool.shared().is_empty());
+                }
+            }
+        }
+    }
+}
