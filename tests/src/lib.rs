@@ -9,7 +9,6 @@ pub mod image;
 pub mod kubelet_dra;
 pub mod metrics_doc;
 pub mod node;
-pub mod perf;
 pub mod prom_text;
 pub mod real_clients;
 pub mod skip;

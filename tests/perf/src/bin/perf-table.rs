@@ -9,8 +9,8 @@
 //! (4, 5)).
 
 use anyhow::Context;
-use dra_cpu_tests::perf::{
-    self,
+use dra_cpu_perf as perf;
+use perf::{
     dra::{CdiPlacement, DraBench},
     Goal, Row,
 };
