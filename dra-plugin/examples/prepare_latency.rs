@@ -9,6 +9,9 @@
 //! `cargo run --release -p dra-plugin --example prepare_latency [ROUNDS] [DIR]`
 //! DIR defaults to a temporary directory; pass one on the disk of interest.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions};

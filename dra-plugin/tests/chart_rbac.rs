@@ -11,6 +11,9 @@
 //! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides the
 //! binary).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::{FakeApiServer, RequestLine};
 use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
 use dra_plugin::config::{DeviceMode, GroupBy, Settings};

@@ -12,6 +12,9 @@
 //! `DRA_CPU_CRASH_KILLS` sets the number of random kills (200 by default),
 //! `DRA_CPU_CRASH_SEED` replays a run.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};

@@ -1,6 +1,9 @@
 //! The driver core without sockets: a store that fails, a CDI directory
 //! that cannot be written, and a subscriber too slow to keep up.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use dra_cpu_proto::coordination::v1 as coord;

@@ -3,6 +3,9 @@
 //! event, a failed batch leaves nothing behind, and what was acknowledged is
 //! on disk.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions, StateEvent};

@@ -3,6 +3,9 @@
 //! gets exactly those CPUs, and every invalid config fails that claim's
 //! prepare with its reason and leaves no CDI spec and no CPUs taken.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{cpus_of, pod_uid, Node, DRIVER, NODE};

@@ -8,6 +8,9 @@
 //! `DRA_CPU_FAULT_ROUNDS` sets the rounds (9 by default, each fault three
 //! times); `DRA_CPU_FAULT_SEED` replays an order.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
 use std::fmt::Display;

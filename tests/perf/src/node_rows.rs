@@ -4,10 +4,10 @@
 //! returning to a shared container's cgroup showing the grown pool (row 5).
 
 use super::{summarize, Goal, Row, Verdict};
+use anyhow::{bail, Context};
 use dra_cpu_tests::cgroup;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
-use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -51,9 +51,8 @@ async fn create_start(node: &mut Node, n: usize) -> anyhow::Result<Duration> {
 fn go_reference_bin() -> Option<PathBuf> {
     let path = match std::env::var_os("NRI_GO_REFERENCE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp/nri-go-reference")
-        }
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/tmp/nri-go-reference"),
     };
     path.is_file().then_some(path)
 }
