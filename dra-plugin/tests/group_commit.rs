@@ -6,17 +6,13 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions, StateEvent};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::{ClaimRef, DeviceCatalog, PrepareError};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::Policy;
 use shared_state::store::{
     AssignmentStore, LenientListing, MemoryStore, SledStore, StoreError, StoreOp,
@@ -163,40 +159,16 @@ fn claim(n: usize, group: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
         name: format!("c{n}"),
         uid: uid(n),
     };
-    let object = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some("default".into()),
-            uid: Some(reference.uid.clone()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: "dra.cpu".into(),
-                        pool: NODE.into(),
-                        device: format!("cpudevnuma{group:03}"),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    };
+    let object = AllocatedClaim::new(
+        &reference.namespace,
+        &reference.name,
+        NODE,
+        &format!("cpudevnuma{group:03}"),
+        cpus,
+    )
+    .uid(&reference.uid)
+    .build();
+
     (reference, object)
 }
 

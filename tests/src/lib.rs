@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod cgroup;
+pub mod claims;
 pub mod containerd;
 pub mod cri;
 pub mod image;

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use dra_cpu_tests::apiserver::FakeApiServer;
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
 use dra_plugin::config::{Config, DeviceMode, GroupBy, Settings};
 use k8s_openapi::api::resource::v1::{
@@ -288,39 +289,8 @@ pub fn allocated_claim_object(
     cpus: u32,
     annotations: Option<std::collections::BTreeMap<String, String>>,
 ) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some(reference.namespace.clone()),
-            uid: Some(reference.uid.clone()),
-            annotations,
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: DRIVER.into(),
-                        pool: pool.into(),
-                        device: device.into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    }
+    AllocatedClaim::new(&reference.namespace, &reference.name, pool, device, cpus)
+        .uid(&reference.uid)
+        .annotations(annotations)
+        .build()
 }
