@@ -11,6 +11,9 @@
 # here offline when Debian's golang-1.24-go (or any go) and
 # golang-github-containerd-nri-dev are installed.
 set -euo pipefail
+case "${1:-}" in
+  -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 cargo build --release -p dra-plugin -p nri-plugin -p dra-cpu-perf --bin dra-plugin --bin nri-plugin --bin perf-table
 target="${CARGO_TARGET_DIR:-$PWD/target}/release"
