@@ -1,6 +1,9 @@
 //! End-to-end harness of dra-cpu: a private containerd with NRI, kubelet
 //! stand-ins (CRI and DRA), cgroup read-back and a fake API server.
 
+// Test support: a panic here fails the test or measurement that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod apiserver;
 pub mod cgroup;
 pub mod claims;
