@@ -6,18 +6,16 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use dra_cpu_tests::claims::AllocatedClaim;
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::config::{DeviceMode, GroupBy};
-use dra_plugin::driver::{Driver, DriverOptions, StateEvent};
-use dra_plugin::metrics::Metrics;
-use dra_plugin::prepare::{ClaimRef, DeviceCatalog, PrepareError};
+use dra_plugin::driver::{Driver, StateEvent};
+use dra_plugin::prepare::{ClaimRef, PrepareError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use shared_state::alloc::Policy;
 use shared_state::store::{
     AssignmentStore, LenientListing, MemoryStore, SledStore, StoreError, StoreOp,
 };
-use shared_state::topology::synthetic;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -110,42 +108,9 @@ impl AssignmentStore for GatedStore {
 }
 
 fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
-    let topo = synthetic::build(&synthetic::Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 8,
-        threads_per_core: 2,
-        sibling_numbering: synthetic::SiblingNumbering::Split,
-    });
-    let catalog = DeviceCatalog::new(
-        &topo,
-        &CpuSet::new(),
-        DeviceMode::Grouped,
-        GroupBy::Numanode,
-    )
-    .expect("catalog");
-    let options = DriverOptions {
-        driver_name: "dra.cpu".into(),
-        node_name: NODE.into(),
-        reserved: CpuSet::new(),
-        policy: Policy::Packed,
-        mixed_allocation_mode: false,
-        // The bursts claim every CPU of the node; the shared pool's floor
-        // is another test's subject.
-        min_shared_cpus: 0,
-    };
-    Arc::new(
-        Driver::open(
-            options,
-            catalog,
-            &topo,
-            store,
-            cdi,
-            Arc::new(Metrics::new()),
-        )
-        .expect("driver"),
-    )
+    // The bursts claim every CPU of the node; the shared pool's floor is
+    // another test's subject.
+    common::in_process_driver(store, cdi, NODE, 0)
 }
 
 fn uid(n: usize) -> String {

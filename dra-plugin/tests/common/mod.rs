@@ -294,3 +294,54 @@ pub fn allocated_claim_object(
         .annotations(annotations)
         .build()
 }
+
+/// A 2-socket machine, one NUMA node and one L3 each, 8 cores of 2 threads
+/// per socket: 32 CPUs, core N has threads N and N+16.
+pub fn two_socket_topology() -> Topology {
+    shared_state::topology::synthetic::build(&shared_state::topology::synthetic::Shape {
+        sockets: 2,
+        numa_per_socket: 1,
+        l3_per_numa: 1,
+        cores_per_l3: 8,
+        threads_per_core: 2,
+        sibling_numbering: shared_state::topology::synthetic::SiblingNumbering::Split,
+    })
+}
+
+/// The driver of the in-process tests: [`two_socket_topology`], one device
+/// per NUMA node, the packed policy, no reserved CPUs, node `node`, and
+/// `min_shared_cpus` left to the shared pool.
+pub fn in_process_driver(
+    store: std::sync::Arc<dyn shared_state::store::AssignmentStore>,
+    cdi: dra_plugin::cdi::CdiDir,
+    node: &str,
+    min_shared_cpus: u32,
+) -> std::sync::Arc<dra_plugin::driver::Driver> {
+    let topo = two_socket_topology();
+    let catalog = dra_plugin::prepare::DeviceCatalog::new(
+        &topo,
+        &CpuSet::new(),
+        DeviceMode::Grouped,
+        GroupBy::Numanode,
+    )
+    .expect("catalog");
+    let options = dra_plugin::driver::DriverOptions {
+        driver_name: DRIVER.into(),
+        node_name: node.into(),
+        reserved: CpuSet::new(),
+        policy: shared_state::alloc::Policy::Packed,
+        mixed_allocation_mode: false,
+        min_shared_cpus,
+    };
+    std::sync::Arc::new(
+        dra_plugin::driver::Driver::open(
+            options,
+            catalog,
+            &topo,
+            store,
+            cdi,
+            std::sync::Arc::new(dra_plugin::metrics::Metrics::new()),
+        )
+        .expect("driver"),
+    )
+}
