@@ -9,17 +9,16 @@
 //! `cargo run --release -p dra-plugin --example prepare_latency [ROUNDS] [DIR]`
 //! DIR defaults to a temporary directory; pass one on the disk of interest.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::Policy;
 use shared_state::store::{AssignmentStore, SledStore};
 use shared_state::topology::synthetic;
@@ -38,40 +37,9 @@ fn claim(uid: &str) -> ResourceClaim {
 }
 
 fn claim_on(uid: &str, device: &str, cpus: u32) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some("bench".into()),
-            namespace: Some("default".into()),
-            uid: Some(uid.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: "dra.cpu".into(),
-                        pool: "node-a".into(),
-                        device: device.into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    }
+    AllocatedClaim::new("default", "bench", "node-a", device, cpus)
+        .uid(uid)
+        .build()
 }
 
 fn main() -> anyhow::Result<()> {

@@ -10,6 +10,9 @@
 //! One test function: the trust store is process-wide environment, set once
 //! before any thread that could read it starts.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -11,16 +11,15 @@
 //! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides the
 //! binary).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::{FakeApiServer, RequestLine};
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
 use dra_plugin::config::{DeviceMode, GroupBy, Settings};
 use dra_plugin::slices::{build_slices, slice_name};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -231,39 +230,10 @@ async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 
 /// A claim allocated one share of NUMA node 0's CPUs, reserved for a pod.
 fn allocated_claim(name: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("team-a".into()),
-            ..Default::default()
-        },
-        spec: Some(ResourceClaimSpec::default()),
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: "cpudevnuma000".into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity("2".into()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod-a".into(),
-                uid: "0000000a-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    }
+    AllocatedClaim::new("team-a", name, NODE, "cpudevnuma000", 2)
+        .empty_spec()
+        .reserved_for("pod-a", "0000000a-0000-4000-8000-000000000000")
+        .build()
 }
 
 #[tokio::test]

@@ -1,6 +1,9 @@
 //! The coordination socket of the running daemon: snapshot then ordered
 //! deltas, lookup, applied-revision reports, socket mode and peer check.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, Node, WAIT};

@@ -12,10 +12,14 @@
 //! `DRA_CPU_CRASH_KILLS` sets the number of random kills (200 by default),
 //! `DRA_CPU_CRASH_SEED` replays a run.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
+use dra_cpu_tests::seed::seed_from_env;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::DeviceMode;
 use dra_plugin::driver::CRASH_AT_ENV;
@@ -331,15 +335,7 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    let seed: u64 = std::env::var("DRA_CPU_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed: u64 = seed_from_env("DRA_CPU_CRASH_SEED");
     eprintln!("crash storm seed {seed} (DRA_CPU_CRASH_SEED replays it)");
     let mut rng = XorShift(seed | 1);
     let node = Arc::new(Node::new(DeviceMode::Grouped));

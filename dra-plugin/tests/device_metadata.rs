@@ -2,6 +2,9 @@
 //! at prepare, removed at unprepare, rebuilt by start-up reconciliation,
 //! and a failure leaves nothing behind.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use dra_plugin::cdi::CdiDir;

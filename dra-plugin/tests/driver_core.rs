@@ -1,25 +1,24 @@
 //! The driver core without sockets: a store that fails, a CDI directory
 //! that cannot be written, and a subscriber too slow to keep up.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::coordination_server::CoordinationService;
-use dra_plugin::driver::{Driver, DriverOptions, EVENT_BUFFER};
+use dra_plugin::driver::{Driver, EVENT_BUFFER};
 use dra_plugin::http::respond;
-use dra_plugin::metrics::Metrics;
-use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
+use dra_plugin::prepare::ClaimRef;
 use dra_plugin::run::Health;
 use futures::StreamExt;
 use hyper::{Method, StatusCode};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use shared_state::alloc::Policy;
 use shared_state::store::{AssignmentStore, LenientListing, MemoryStore, StoreError, StoreOp};
-use shared_state::topology::synthetic;
-use shared_state::{ClaimAssignment, CpuSet};
+use shared_state::ClaimAssignment;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,44 +63,12 @@ impl AssignmentStore for FaultyStore {
     }
 }
 
-fn topology() -> shared_state::topology::Topology {
-    synthetic::build(&synthetic::Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 8,
-        threads_per_core: 2,
-        sibling_numbering: synthetic::SiblingNumbering::Split,
-    })
-}
-
 fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
-    let topo = topology();
-    let catalog = DeviceCatalog::new(
-        &topo,
-        &CpuSet::new(),
-        DeviceMode::Grouped,
-        GroupBy::Numanode,
-    )
-    .expect("catalog");
-    let options = DriverOptions {
-        driver_name: "dra.cpu".into(),
-        node_name: NODE.into(),
-        reserved: CpuSet::new(),
-        policy: Policy::Packed,
-        mixed_allocation_mode: false,
-        min_shared_cpus: dra_plugin::config::DEFAULT_MIN_SHARED_CPUS,
-    };
-    Arc::new(
-        Driver::open(
-            options,
-            catalog,
-            &topo,
-            store,
-            cdi,
-            Arc::new(Metrics::new()),
-        )
-        .expect("driver"),
+    common::in_process_driver(
+        store,
+        cdi,
+        NODE,
+        dra_plugin::config::DEFAULT_MIN_SHARED_CPUS,
     )
 }
 

@@ -3,22 +3,19 @@
 //! event, a failed batch leaves nothing behind, and what was acknowledged is
 //! on disk.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::config::{DeviceMode, GroupBy};
-use dra_plugin::driver::{Driver, DriverOptions, StateEvent};
-use dra_plugin::metrics::Metrics;
-use dra_plugin::prepare::{ClaimRef, DeviceCatalog, PrepareError};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use shared_state::alloc::Policy;
+use dra_plugin::driver::{Driver, StateEvent};
+use dra_plugin::prepare::{ClaimRef, PrepareError};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::store::{
     AssignmentStore, LenientListing, MemoryStore, SledStore, StoreError, StoreOp,
 };
-use shared_state::topology::synthetic;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -111,42 +108,9 @@ impl AssignmentStore for GatedStore {
 }
 
 fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
-    let topo = synthetic::build(&synthetic::Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 8,
-        threads_per_core: 2,
-        sibling_numbering: synthetic::SiblingNumbering::Split,
-    });
-    let catalog = DeviceCatalog::new(
-        &topo,
-        &CpuSet::new(),
-        DeviceMode::Grouped,
-        GroupBy::Numanode,
-    )
-    .expect("catalog");
-    let options = DriverOptions {
-        driver_name: "dra.cpu".into(),
-        node_name: NODE.into(),
-        reserved: CpuSet::new(),
-        policy: Policy::Packed,
-        mixed_allocation_mode: false,
-        // The bursts claim every CPU of the node; the shared pool's floor
-        // is another test's subject.
-        min_shared_cpus: 0,
-    };
-    Arc::new(
-        Driver::open(
-            options,
-            catalog,
-            &topo,
-            store,
-            cdi,
-            Arc::new(Metrics::new()),
-        )
-        .expect("driver"),
-    )
+    // The bursts claim every CPU of the node; the shared pool's floor is
+    // another test's subject.
+    common::in_process_driver(store, cdi, NODE, 0)
 }
 
 fn uid(n: usize) -> String {
@@ -160,40 +124,16 @@ fn claim(n: usize, group: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
         name: format!("c{n}"),
         uid: uid(n),
     };
-    let object = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some("default".into()),
-            uid: Some(reference.uid.clone()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: "dra.cpu".into(),
-                        pool: NODE.into(),
-                        device: format!("cpudevnuma{group:03}"),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    };
+    let object = AllocatedClaim::new(
+        &reference.namespace,
+        &reference.name,
+        NODE,
+        &format!("cpudevnuma{group:03}"),
+        cpus,
+    )
+    .uid(&reference.uid)
+    .build();
+
     (reference, object)
 }
 

@@ -5,6 +5,9 @@
 //! when the daemon stops rather than holding it up. The periodic re-send is
 //! tested in `dra-plugin/src/device_health.rs` on a paused clock.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, Node, NODE, WAIT};

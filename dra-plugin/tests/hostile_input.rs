@@ -6,6 +6,9 @@
 //!
 //! `DRA_CPU_FUZZ_CASES` sets the number of generated claims (64 by default).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, Node, RawResult, DRIVER, NODE, WAIT};

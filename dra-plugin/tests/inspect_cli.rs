@@ -1,6 +1,9 @@
 //! The `topology` and `allocate` subcommands, run as the built binary over
 //! unpacked sysfs fixtures of real machine shapes.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,6 +2,9 @@
 //! against a live daemon: the grid of the fixture machine, a new frame when
 //! a claim is prepared and when it is unprepared, and a clean exit on Ctrl-C.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{cpus_of, pod_uid, Node, WAIT};

@@ -3,18 +3,16 @@
 //! gets exactly those CPUs, and every invalid config fails that claim's
 //! prepare with its reason and leaves no CDI spec and no CPUs taken.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{cpus_of, pod_uid, Node, DRIVER, NODE};
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, PrepareOutcome};
 use dra_plugin::config::DeviceMode;
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
-    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, OpaqueDeviceConfiguration};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;
 use shared_state::CpuSet;
@@ -58,39 +56,13 @@ fn claim(
     consumed: usize,
     configs: Vec<DeviceAllocationConfiguration>,
 ) -> Claim {
-    let object = ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(ResourceClaimSpec::default()),
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: REQUEST.into(),
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: device.into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(consumed.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    config: Some(configs),
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: format!("pod-{name}"),
-                uid: pod_uid(7),
-            }]),
-            ..Default::default()
-        }),
-    };
+    let object = AllocatedClaim::new("default", name, NODE, device, consumed)
+        .empty_spec()
+        .request(REQUEST)
+        .configs(configs)
+        .reserved_for(&format!("pod-{name}"), &pod_uid(7))
+        .build();
+
     let created = node.api.insert_claim(object).expect("insert claim");
     Claim {
         namespace: "default".into(),

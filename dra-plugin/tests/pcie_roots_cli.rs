@@ -5,6 +5,9 @@
 //! does it for their drivers) is on the CPU devices of their NUMA node, and
 //! the printed slices are valid for the Kubernetes 1.36 and 1.37 schemas.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -4,6 +4,9 @@
 //! and published again without it, kept where the gate is on, and split 64
 //! devices to a slice while devices carry the list.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use dra_cpu_tests::apiserver::{

@@ -50,6 +50,9 @@
 //! none), `DRA_CPU_POWER_CUT_CONTROL=1` (the store's sync is off: count the
 //! losses instead of failing on the first).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};

@@ -2,6 +2,9 @@
 //! and individual prepare, idempotent prepare and unprepare, every refusal
 //! with its message, concurrent prepares, restart from the store.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{cpus_of, pod_uid, Node, DRIVER, NODE};

@@ -2,6 +2,9 @@
 //! registration, a prepare, the HTTP endpoints, the published slices, and a
 //! graceful exit on SIGTERM that removes its sockets.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, Node, DRIVER, WAIT};

@@ -2,6 +2,9 @@
 //! both device modes, with and without the node-allocatable mapping; the
 //! printed objects are checked against the Kubernetes 1.34 and 1.37 schemas.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use serde_json::Value;
 use std::collections::BTreeSet;

@@ -3,6 +3,9 @@
 //! restarts, a server without the node-allocatable feature, and the watch
 //! that republishes what is deleted or altered behind its back.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };

@@ -9,6 +9,9 @@
 //! After criterion's report, the median and p99 of single calls are printed
 //! for each case, since a reply deadline is about the tail.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,9 @@
 //! real binary: it is 2 (eager where the kernel overcommits) unless the
 //! tuning ran before the allocator started.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 #[test]

@@ -5,6 +5,9 @@
 //!
 //! Needs `helm` (scripts/install-deps.sh installs it; `HELM` overrides it).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use nri_plugin::config::{parse_file, Config, LogFormat, UnsolicitedUpdates};
 use std::path::{Path, PathBuf};
 

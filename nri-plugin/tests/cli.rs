@@ -1,5 +1,8 @@
 //! The nri-plugin binary refuses bad settings at start, naming what is wrong.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 fn run(args: &[&str]) -> (bool, String) {

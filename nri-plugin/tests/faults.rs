@@ -8,22 +8,13 @@
 //! `DRA_CPU_FAULT_ROUNDS` sets the rounds (9 by default, each fault three
 //! times); `DRA_CPU_FAULT_SEED` replays an order.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::must::Must;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
-use std::fmt::Display;
-
-trait Must<T> {
-    fn must(self, what: &str) -> T;
-}
-
-impl<T, E: Display> Must<T> for Result<T, E> {
-    fn must(self, what: &str) -> T {
-        match self {
-            Ok(v) => v,
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
-}
+use dra_cpu_tests::seed::seed_from_env;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -78,16 +69,7 @@ async fn every_cpuset_is_right_after_each_fault_of_a_pod_churn() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(9);
-    let mut seed: u64 = std::env::var("DRA_CPU_FAULT_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        })
-        | 1;
+    let mut seed: u64 = seed_from_env("DRA_CPU_FAULT_SEED") | 1;
     eprintln!("fault order seed {seed} (DRA_CPU_FAULT_SEED replays it)");
     // Each fault equally often, in a shuffled order.
     let all_faults = [

@@ -6,6 +6,9 @@
 //! This machine has CPUs 0-1 and nothing reserved: a one-CPU claim leaves a
 //! one-CPU shared pool, a second one leaves it empty.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::containerd::ContainerdError;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{

@@ -6,6 +6,9 @@
 //! `never`) gets it in the reply to its next event. An update the runtime
 //! reports as failed stays due and rides on the next reply.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::Ordering;

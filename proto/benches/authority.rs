@@ -3,6 +3,9 @@
 //! adds its fields to the dynamic table; later ones refer to them by index)
 //! and a small DATA frame, as kubelet's calls look.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use dra_cpu_proto::transport::authority::AuthorityRewriter;
 

@@ -3,6 +3,9 @@
 //! service with deadline and panic guard) against an in-process runtime.
 //! NRI allows 2 s per request; this shows how little of it the client uses.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -11,6 +11,9 @@
 #[allow(
     clippy::all,
     clippy::pedantic,
+    // Generated code unwraps its own embedded descriptor, not peer input.
+    clippy::unwrap_used,
+    clippy::expect_used,
     missing_docs,
     unused,
     non_camel_case_types,
@@ -28,6 +31,9 @@ pub mod api {
 #[allow(
     clippy::all,
     clippy::pedantic,
+    // Generated code unwraps its own embedded descriptor, not peer input.
+    clippy::unwrap_used,
+    clippy::expect_used,
     missing_docs,
     unused,
     non_camel_case_types,

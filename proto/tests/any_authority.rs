@@ -6,6 +6,9 @@
 //! the call succeeds. The client's frames are built by hand because the `h2`
 //! client, like `http::Uri`, cannot send an invalid authority.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::time::Duration;
 

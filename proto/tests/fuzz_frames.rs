@@ -6,6 +6,9 @@
 //!
 //! `DRA_CPU_FUZZ_CASES` sets the cases per target (256 by default).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::nri::api;
 use dra_cpu_proto::nri::mux::{

@@ -2,6 +2,9 @@
 //! registration, DRA prepare on both API versions, the coordination Watch
 //! stream, and the socket rules (mode, stale socket, peer uid, path length).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

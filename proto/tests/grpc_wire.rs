@@ -2,6 +2,9 @@
 //! bytes built from the upstream field numbers, round trips, and a comparison
 //! of our protocol files with the upstream ones compiled by protoc.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::collections::BTreeMap;

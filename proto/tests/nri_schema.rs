@@ -9,6 +9,9 @@
 //!   that exists there, by name or by number, is identical to ours, so what
 //!   we send is read the same by a runtime built with any of those versions.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -7,6 +7,9 @@
 //! the target share of CPUs is taken. That leaves partly used cores and L3
 //! groups in every NUMA node, which is the hard case for the allocator.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};

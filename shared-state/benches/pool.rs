@@ -2,6 +2,9 @@
 //! CPUs, 100 claims of 4 CPUs, 500 containers (400 shared, 50 exclusive,
 //! 50 mixed). nri-plugin runs these on every NRI event.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use shared_state::claim_env::EnvClaim;
 use shared_state::pool::PoolState;

@@ -2,6 +2,9 @@
 //! by the disk: writing and fsyncing one small file in the same directory.
 //! Every prepare pays one commit; `apply` lets a burst of prepares share one.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use shared_state::store::{AssignmentStore, SledStore, StoreOp};
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};

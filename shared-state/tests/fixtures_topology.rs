@@ -2,6 +2,9 @@
 //! against what the fixture README says each machine is, and, where `lscpu`
 //! is installed, against `lscpu --sysroot` reading the same tree.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use shared_state::topology::{CoreType, Topology, TopologyReport};
 use shared_state::CpuSet;
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,6 +6,9 @@
 //!
 //! `DRA_CPU_FUZZ_CASES` sets the cases per target (256 by default).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use shared_state::claim_env::{parse_claim_env, validate_claims, ClaimEnvError, CPUSET_ENV_PREFIX};
 use shared_state::cpuset::MAX_CPUS;

@@ -2,6 +2,9 @@
 //! `tests/fixtures/sysfs-pci` (see `make-fixtures.py` there): the roots,
 //! where each one's locality comes from, and the roots per NUMA node.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use shared_state::topology::pcie::{Locality, PcieRoots};
 use shared_state::topology::Topology;
 use shared_state::CpuSet;

@@ -5,6 +5,9 @@
 //! The second process is this test binary run again with
 //! `child_process_entry` selected and `STORE_CHILD_MODE` set.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use shared_state::store::{apply_to_map, AssignmentStore, SledStore, StoreError, StoreOp};
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;

@@ -1,5 +1,8 @@
 //! The sled-backed assignment store against real files in a temp directory.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
 use shared_state::store::{
     AssignmentStore, MemoryStore, SledStore, StoreError, StoreOp, SCHEMA_VERSION,

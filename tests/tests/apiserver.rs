@@ -3,6 +3,9 @@
 //! bookmarks, status, error codes, and the received objects checked against
 //! the Kubernetes 1.34 and 1.37 schemas.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
     FakeApiServer, FakeApiServerOptions, KubernetesVersion,

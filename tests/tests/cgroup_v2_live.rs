@@ -4,6 +4,9 @@
 //! the process's `/proc/<pid>/cgroup` names it on its `0::` line, and
 //! removing the tree kills it and leaves nothing. Needs root.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -6,6 +6,9 @@
 //! gone (a reboot), a new container reads it again; after unprepare the
 //! file is gone. Needs root and `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

@@ -8,6 +8,9 @@
 //! `dra-plugin/tests/opaque_config.rs`. Needs root and
 //! `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

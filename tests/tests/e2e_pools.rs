@@ -4,6 +4,9 @@
 //! `Cpus_allowed_list` of a process inside it. Needs root and
 //! `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

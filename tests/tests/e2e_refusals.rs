@@ -3,6 +3,9 @@
 //! and the operator in nri-plugin's log, and nothing else on the node
 //! changes. Every check reads cgroups. Needs root and `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::{new_uid, ContainerSpec, CriError};

@@ -7,6 +7,9 @@
 //! `scripts/install-deps.sh`; `scripts/e2e-containerd2.sh` runs it on
 //! containerd 2.x.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cgroup::cpu_weight_of;

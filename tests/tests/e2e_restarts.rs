@@ -3,6 +3,9 @@
 //! every container's cpuset (cgroup and inside) is right and new claims
 //! work. Needs root and `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

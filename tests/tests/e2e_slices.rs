@@ -9,6 +9,9 @@
 //! CPUs it got, and is cleared at unprepare. Needs root and
 //! `scripts/install-deps.sh`.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::apiserver::{validate_k8s_objects, FakeApiServerOptions};

@@ -7,6 +7,9 @@
 //! `DRA_CPU_UPDATE_METRICS_TABLE=1` rewrites the README's table from the
 //! run (labels of series without samples yet are kept from the README).
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use dra_cpu_tests::apiserver::FakeApiServer;
 use dra_cpu_tests::metrics_doc::{
     dashboard_exprs, family_of, mismatches, parse_table, promql_metric_names, render_table,

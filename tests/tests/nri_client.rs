@@ -3,6 +3,9 @@
 //! another in the same reply, reports handler errors and panics to the
 //! runtime without dying, and comes back by itself after containerd restarts.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../proto/examples/nri_pin_by_annotation/plugin.rs"]
 mod pin_plugin;
 

@@ -10,6 +10,9 @@
 //! (`scripts/install-deps.sh`); without them these tests skip, or fail when
 //! `CI` is set.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

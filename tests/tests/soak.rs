@@ -10,6 +10,9 @@
 //! 100 cycles by default; `DRA_CPU_SOAK_CYCLES=1000` for the full run. Needs
 //! root and `scripts/install-deps.sh`, like the other end-to-end tests.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

@@ -8,6 +8,9 @@
 //! `scripts/vm-node-tests.sh` runs them with `--ignored` inside the VM, whose
 //! init sets `DRA_CPU_VM_NODE`. Run anywhere else, they refuse.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use dra_cpu_tests::apiserver::FakeApiServer;
+use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
 use dra_plugin::config::{Config, DeviceMode, GroupBy, Settings};
 use k8s_openapi::api::resource::v1::{
@@ -288,39 +289,59 @@ pub fn allocated_claim_object(
     cpus: u32,
     annotations: Option<std::collections::BTreeMap<String, String>>,
 ) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(reference.name.clone()),
-            namespace: Some(reference.namespace.clone()),
-            uid: Some(reference.uid.clone()),
-            annotations,
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        request: "cpus".into(),
-                        driver: DRIVER.into(),
-                        pool: pool.into(),
-                        device: device.into(),
-                        consumed_capacity: Some(
-                            [("dra.cpu/cpu".to_string(), Quantity(cpus.to_string()))].into(),
-                        ),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                api_group: None,
-                resource: "pods".into(),
-                name: "pod".into(),
-                uid: "feedbeef-0000-4000-8000-000000000000".into(),
-            }]),
-            ..Default::default()
-        }),
-    }
+    AllocatedClaim::new(&reference.namespace, &reference.name, pool, device, cpus)
+        .uid(&reference.uid)
+        .annotations(annotations)
+        .build()
+}
+
+/// A 2-socket machine, one NUMA node and one L3 each, 8 cores of 2 threads
+/// per socket: 32 CPUs, core N has threads N and N+16.
+pub fn two_socket_topology() -> Topology {
+    shared_state::topology::synthetic::build(&shared_state::topology::synthetic::Shape {
+        sockets: 2,
+        numa_per_socket: 1,
+        l3_per_numa: 1,
+        cores_per_l3: 8,
+        threads_per_core: 2,
+        sibling_numbering: shared_state::topology::synthetic::SiblingNumbering::Split,
+    })
+}
+
+/// The driver of the in-process tests: [`two_socket_topology`], one device
+/// per NUMA node, the packed policy, no reserved CPUs, node `node`, and
+/// `min_shared_cpus` left to the shared pool.
+pub fn in_process_driver(
+    store: std::sync::Arc<dyn shared_state::store::AssignmentStore>,
+    cdi: dra_plugin::cdi::CdiDir,
+    node: &str,
+    min_shared_cpus: u32,
+) -> std::sync::Arc<dra_plugin::driver::Driver> {
+    let topo = two_socket_topology();
+    let catalog = dra_plugin::prepare::DeviceCatalog::new(
+        &topo,
+        &CpuSet::new(),
+        DeviceMode::Grouped,
+        GroupBy::Numanode,
+    )
+    .expect("catalog");
+    let options = dra_plugin::driver::DriverOptions {
+        driver_name: DRIVER.into(),
+        node_name: node.into(),
+        reserved: CpuSet::new(),
+        policy: shared_state::alloc::Policy::Packed,
+        mixed_allocation_mode: false,
+        min_shared_cpus,
+    };
+    std::sync::Arc::new(
+        dra_plugin::driver::Driver::open(
+            options,
+            catalog,
+            &topo,
+            store,
+            cdi,
+            std::sync::Arc::new(dra_plugin::metrics::Metrics::new()),
+        )
+        .expect("driver"),
+    )
 }

@@ -7,6 +7,9 @@
 //! Run it through `scripts/demo.sh` (installs what it needs and builds
 //! first); it needs root, like containerd.
 
+// Test support: a panic here fails the test or measurement that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use anyhow::Context;
 use dra_cpu_tests::apiserver::FakeApiServerOptions;
 use dra_cpu_tests::cri::ContainerSpec;

@@ -4,23 +4,9 @@
 #![allow(dead_code)]
 
 use dra_cpu_tests::cri::ContainerSpec;
+pub use dra_cpu_tests::must::Must;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
 use shared_state::CpuSet;
-use std::fmt::Display;
-
-/// Unwraps with the error's text (not its Debug form) and what was being done.
-pub trait Must<T> {
-    fn must(self, what: &str) -> T;
-}
-
-impl<T, E: Display> Must<T> for Result<T, E> {
-    fn must(self, what: &str) -> T {
-        match self {
-            Ok(v) => v,
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
-}
 
 pub async fn node(options: NodeOptions) -> Node {
     Node::start(options).await.must("starting the node")

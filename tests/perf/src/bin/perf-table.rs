@@ -8,9 +8,12 @@
 //! `dra` (rows 1, 2, 7a, 7b, 7d), `alloc` (6), `nri` (3, 7c), `containerd`
 //! (4, 5)).
 
+// Test support: a panic here fails the test or measurement that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use anyhow::Context;
-use dra_cpu_tests::perf::{
-    self,
+use dra_cpu_perf as perf;
+use perf::{
     dra::{CdiPlacement, DraBench},
     Goal, Row,
 };

@@ -5,13 +5,13 @@
 //! sequential prepares (row 2), footprint and restart (row 7).
 
 use super::{human, mib, ratio, rss_kib, summarize, Goal, Row, Verdict};
-use crate::apiserver::FakeApiServer;
-use crate::kubelet_dra::{Claim, DraVersion, KubeletDra};
-use crate::node::{
+use anyhow::{bail, Context};
+use dra_cpu_tests::apiserver::FakeApiServer;
+use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
+use dra_cpu_tests::node::{
     allocated_claim, device_class, dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions,
     DRIVER_NAME, NAMESPACE,
 };
-use anyhow::{bail, Context};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -41,7 +41,7 @@ pub fn find_binary(name: &str, env: &str) -> anyhow::Result<PathBuf> {
 fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"),
     }
 }
 
@@ -50,7 +50,9 @@ fn target_dir() -> PathBuf {
 fn write_sysfs(root: &Path) -> anyhow::Result<()> {
     let tool = match std::env::var_os("DRA_CPU_SYSFS_TOOL") {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/sysfs-fixture.py"),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/sysfs-fixture.py")
+        }
     };
     let status = Command::new("python3")
         .arg(&tool)
@@ -108,7 +110,7 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
-    crate::node::metric_value(text, name)
+    dra_cpu_tests::node::metric_value(text, name)
 }
 
 /// dra-plugin, its fake API server and kubelet stand-in, on one directory.

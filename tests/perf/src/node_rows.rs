@@ -1,13 +1,13 @@
-//! Rows that need a real containerd (the node of [`crate::node`]):
+//! Rows that need a real containerd (the node of [`dra_cpu_tests::node`]):
 //! container create+start with nri-plugin registered against no NRI plugin
 //! at all, interleaved (row 4), and the time from NodeUnprepareResources
 //! returning to a shared container's cgroup showing the grown pool (row 5).
 
 use super::{summarize, Goal, Row, Verdict};
-use crate::cgroup;
-use crate::cri::ContainerSpec;
-use crate::node::{Node, NodeOptions, PodIdentity};
 use anyhow::{bail, Context};
+use dra_cpu_tests::cgroup;
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -36,7 +36,7 @@ async fn create_start(node: &mut Node, n: usize) -> anyhow::Result<Duration> {
     let pod = PodIdentity::new(&format!("bench-{n}"));
     let sandbox = node
         .cri
-        .run_pod(&pod.name, crate::node::NAMESPACE, &pod.uid)
+        .run_pod(&pod.name, dra_cpu_tests::node::NAMESPACE, &pod.uid)
         .await?;
     let started = Instant::now();
     let result = node.cri.run_container(&sandbox, &shared_spec()).await;
@@ -51,9 +51,8 @@ async fn create_start(node: &mut Node, n: usize) -> anyhow::Result<Duration> {
 fn go_reference_bin() -> Option<PathBuf> {
     let path = match std::env::var_os("NRI_GO_REFERENCE_BIN") {
         Some(p) => PathBuf::from(p),
-        None => {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tmp/nri-go-reference")
-        }
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/tmp/nri-go-reference"),
     };
     path.is_file().then_some(path)
 }

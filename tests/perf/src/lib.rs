@@ -5,6 +5,9 @@
 //! and are tested in this file; the measurements live in the submodules and
 //! run from the `perf-table` binary.
 
+// Test support: a panic here fails the test or measurement that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod dra;
 pub mod inproc;
 pub mod node_rows;

@@ -1,0 +1,604 @@
+//! The node view: the claims prepared on the node and the containers the
+//! runtime knows, with admission, placement and claim changes.
+
+use super::{
+    classify, container_cpuset, shared_pool, ContainerKind, OwnershipConflict, PoolError, Update,
+};
+use crate::assignment::ClaimAssignment;
+use crate::claim_env::{validate_claims, EnvClaim};
+use crate::cpuset::CpuSet;
+use std::collections::{BTreeMap, HashMap};
+
+/// A container the node view knows about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEntry {
+    pub pod_uid: String,
+    pub name: String,
+    /// Claim UIDs from its environment, validated at admission.
+    pub claims: Vec<String>,
+    /// `cpu.shares` as the runtime reported it; kept so the kind can be
+    /// recomputed when the mixed-allocation mode changes.
+    pub cpu_shares: Option<u64>,
+    pub kind: ContainerKind,
+    /// ∪ of the CPUs of its claims that are prepared now; kept current by
+    /// [`PoolState`] so planning does no claim lookups.
+    pub claim_cpus: CpuSet,
+    /// The cpuset last applied to it (empty: not known).
+    pub cpuset: CpuSet,
+}
+
+/// The result of admitting a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The cpuset to give the container being created.
+    pub cpuset: CpuSet,
+    pub kind: ContainerKind,
+    /// Other containers whose cpuset must change, sorted by container id.
+    pub updates: Vec<Update>,
+    /// Earlier instances of the same container (same pod and name) whose
+    /// claims passed to this one, e.g. after a container restart.
+    pub superseded: Vec<String>,
+}
+
+/// A container placed without planning the other containers' updates (see
+/// [`PoolState::place`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The cpuset to give the container being placed.
+    pub cpuset: CpuSet,
+    pub kind: ContainerKind,
+    /// Earlier instances of the same container whose claims passed to it.
+    pub superseded: Vec<String>,
+}
+
+/// The node as nri-plugin sees it: CPUs, prepared claims and containers.
+/// Claims never overlap and lie inside the allocatable CPUs.
+#[derive(Debug, Clone, Default)]
+pub struct PoolState {
+    pub(super) allocatable: CpuSet,
+    pub(super) reserved: CpuSet,
+    pub(super) mixed_mode: bool,
+    pub(super) claims: BTreeMap<String, ClaimAssignment>,
+    /// ∪ of all claims' CPUs, kept up to date because claims are disjoint.
+    pub(super) exclusive: CpuSet,
+    /// Keyed by container id; a BTreeMap so updates come out sorted.
+    pub(super) containers: BTreeMap<String, ContainerEntry>,
+    /// Claim UID → the container that names it.
+    pub(super) owners: HashMap<String, String>,
+}
+
+impl PoolState {
+    /// `allocatable` is the CPUs pods may use; any `reserved` CPU in it is
+    /// taken out, so passing the online CPUs is also correct.
+    pub fn new(allocatable: CpuSet, reserved: CpuSet, mixed_mode: bool) -> Self {
+        PoolState {
+            allocatable: allocatable.difference(&reserved),
+            reserved,
+            mixed_mode,
+            ..PoolState::default()
+        }
+    }
+
+    pub fn allocatable(&self) -> &CpuSet {
+        &self.allocatable
+    }
+
+    pub fn reserved(&self) -> &CpuSet {
+        &self.reserved
+    }
+
+    pub fn mixed_mode(&self) -> bool {
+        self.mixed_mode
+    }
+
+    pub fn claims(&self) -> &BTreeMap<String, ClaimAssignment> {
+        &self.claims
+    }
+
+    pub fn claim(&self, claim_uid: &str) -> Option<&ClaimAssignment> {
+        self.claims.get(claim_uid)
+    }
+
+    pub fn containers(&self) -> &BTreeMap<String, ContainerEntry> {
+        &self.containers
+    }
+
+    pub fn container(&self, container_id: &str) -> Option<&ContainerEntry> {
+        self.containers.get(container_id)
+    }
+
+    /// The container that names a claim, if any.
+    pub fn claim_owner(&self, claim_uid: &str) -> Option<&str> {
+        self.owners.get(claim_uid).map(String::as_str)
+    }
+
+    /// CPUs held by prepared claims.
+    pub fn exclusive(&self) -> &CpuSet {
+        &self.exclusive
+    }
+
+    /// CPUs for containers without a claim.
+    pub fn shared(&self) -> CpuSet {
+        shared_pool(&self.allocatable, &self.exclusive)
+    }
+
+    /// Admit a container being created (or reported by a resync): validate
+    /// its claims, check that no other container owns them, and compute its
+    /// cpuset and the updates due to the other containers. On error nothing
+    /// changes. Re-admitting a known id replaces its entry.
+    pub fn admit(
+        &mut self,
+        container_id: &str,
+        pod_uid: &str,
+        name: &str,
+        refs: &[EnvClaim],
+        cpu_shares: Option<u64>,
+    ) -> Result<Admission, PoolError> {
+        let placed = self.place(container_id, pod_uid, name, refs, cpu_shares)?;
+        Ok(Admission {
+            cpuset: placed.cpuset,
+            kind: placed.kind,
+            updates: self.plan_updates(),
+            superseded: placed.superseded,
+        })
+    }
+
+    /// [`PoolState::admit`] without planning the other containers' updates:
+    /// for callers that place many containers and then plan once (a
+    /// Synchronize), or plan by other means. The state afterwards is the same
+    /// as after `admit`; on error nothing changes.
+    pub fn place(
+        &mut self,
+        container_id: &str,
+        pod_uid: &str,
+        name: &str,
+        refs: &[EnvClaim],
+        cpu_shares: Option<u64>,
+    ) -> Result<Placement, PoolError> {
+        let claim_cpus =
+            validate_claims(refs, pod_uid, |uid| self.claims.get(uid)).map_err(|source| {
+                PoolError::Claim {
+                    container_id: container_id.to_string(),
+                    source,
+                }
+            })?;
+        let kind = classify(!refs.is_empty(), cpu_shares, self.mixed_mode);
+
+        let mut superseded: Vec<String> = Vec::new();
+        for r in refs {
+            let Some(owner_id) = self.owners.get(&r.claim_uid) else {
+                continue;
+            };
+            if owner_id == container_id || superseded.contains(owner_id) {
+                continue;
+            }
+            let Some(owner) = self.containers.get(owner_id) else {
+                continue;
+            };
+            // Kubelet restarts a container by creating a new one with the
+            // same name in the same pod; the claim's CPUs pass to it.
+            if owner.pod_uid == pod_uid && owner.name == name {
+                superseded.push(owner_id.clone());
+                continue;
+            }
+            return Err(PoolError::ClaimOwned(Box::new(OwnershipConflict {
+                container_id: container_id.to_string(),
+                pod_uid: pod_uid.to_string(),
+                name: name.to_string(),
+                claim_uid: r.claim_uid.clone(),
+                owner_id: owner_id.clone(),
+                owner_pod_uid: owner.pod_uid.clone(),
+                owner_name: owner.name.clone(),
+            })));
+        }
+
+        let cpuset = container_cpuset(kind, &claim_cpus, &self.shared()).map_err(|e| {
+            let source = match e {
+                PoolError::EmptySharedPool { .. } => PoolError::EmptySharedPool {
+                    allocatable: self.allocatable.clone(),
+                },
+                other => other,
+            };
+            PoolError::Container {
+                container_id: container_id.to_string(),
+                source: Box::new(source),
+            }
+        })?;
+
+        self.remove_container(container_id);
+        for old in &superseded {
+            self.remove_container(old);
+        }
+        let claims: Vec<String> = refs.iter().map(|r| r.claim_uid.clone()).collect();
+        for uid in &claims {
+            self.owners.insert(uid.clone(), container_id.to_string());
+        }
+        self.containers.insert(
+            container_id.to_string(),
+            ContainerEntry {
+                pod_uid: pod_uid.to_string(),
+                name: name.to_string(),
+                claims,
+                cpu_shares,
+                kind,
+                claim_cpus,
+                cpuset: cpuset.clone(),
+            },
+        );
+        Ok(Placement {
+            cpuset,
+            kind,
+            superseded,
+        })
+    }
+
+    /// Forget a container (the runtime removed it). Its claims stay prepared:
+    /// only [`PoolState::remove_claim`] frees CPUs.
+    pub fn remove_container(&mut self, container_id: &str) -> Option<ContainerEntry> {
+        let entry = self.containers.remove(container_id)?;
+        for uid in &entry.claims {
+            if self.owners.get(uid).is_some_and(|o| o == container_id) {
+                self.owners.remove(uid);
+            }
+        }
+        Some(entry)
+    }
+
+    /// Add or replace a prepared claim and return the updates it makes due.
+    /// Refused, with nothing changed, if it has no CPUs, holds CPUs outside
+    /// the allocatable ones, or shares a CPU with another claim.
+    pub fn add_claim(&mut self, assignment: ClaimAssignment) -> Result<Vec<Update>, PoolError> {
+        let uid = assignment.claim_uid.as_str();
+        check_claim_cpus(&assignment, &self.allocatable)?;
+        let others = match self.claims.get(uid) {
+            Some(old) => self.exclusive.difference(&old.cpus),
+            None => self.exclusive.clone(),
+        };
+        if !assignment.cpus.is_disjoint(&others) {
+            return Err(self.overlap_error(&assignment));
+        }
+        self.exclusive = others.union(&assignment.cpus);
+        let uid = assignment.claim_uid.clone();
+        self.claims.insert(uid.clone(), assignment);
+        self.refresh_owner_claim_cpus(&uid);
+        Ok(self.plan_updates())
+    }
+
+    /// Remove a claim (unprepared) and return the updates that give its CPUs
+    /// back. Removing an unknown claim changes nothing.
+    pub fn remove_claim(&mut self, claim_uid: &str) -> Vec<Update> {
+        if let Some(old) = self.claims.remove(claim_uid) {
+            self.exclusive = self.exclusive.difference(&old.cpus);
+            self.refresh_owner_claim_cpus(claim_uid);
+        }
+        self.plan_updates()
+    }
+
+    /// Replace the node's CPUs, mode and claims at once (a fresh snapshot),
+    /// keeping the containers, and return the updates due. Refused, with
+    /// nothing changed, if any claim is invalid or two claims overlap.
+    pub fn resync(
+        &mut self,
+        allocatable: CpuSet,
+        reserved: CpuSet,
+        mixed_mode: bool,
+        claims: impl IntoIterator<Item = ClaimAssignment>,
+    ) -> Result<Vec<Update>, PoolError> {
+        let mut next = PoolState::new(allocatable, reserved, mixed_mode);
+        for assignment in claims {
+            next.add_claim(assignment)?;
+        }
+        next.containers = std::mem::take(&mut self.containers);
+        next.owners = std::mem::take(&mut self.owners);
+        let ids: Vec<String> = next.containers.keys().cloned().collect();
+        for id in ids {
+            let claim_cpus = next.claims_cpus(&next.containers[&id].claims);
+            if let Some(entry) = next.containers.get_mut(&id) {
+                entry.kind = classify(!entry.claims.is_empty(), entry.cpu_shares, mixed_mode);
+                entry.claim_cpus = claim_cpus;
+            }
+        }
+        *self = next;
+        Ok(self.plan_updates())
+    }
+
+    /// Recompute the cached claim CPUs of the container naming `claim_uid`.
+    fn refresh_owner_claim_cpus(&mut self, claim_uid: &str) {
+        let Some(owner) = self.owners.get(claim_uid) else {
+            return;
+        };
+        let Some(claims) = self.containers.get(owner).map(|e| e.claims.as_slice()) else {
+            return;
+        };
+        let claim_cpus = self.claims_cpus(claims);
+        if let Some(entry) = self.containers.get_mut(owner.as_str()) {
+            entry.claim_cpus = claim_cpus;
+        }
+    }
+
+    fn claims_cpus(&self, uids: &[String]) -> CpuSet {
+        let mut found = uids.iter().filter_map(|u| self.claims.get(u));
+        let Some(first) = found.next() else {
+            return CpuSet::new();
+        };
+        found.fold(first.cpus.clone(), |acc, c| acc.union(&c.cpus))
+    }
+
+    fn overlap_error(&self, assignment: &ClaimAssignment) -> PoolError {
+        let other = self
+            .claims
+            .values()
+            .filter(|c| c.claim_uid != assignment.claim_uid)
+            .find(|c| !c.cpus.is_disjoint(&assignment.cpus));
+        match other {
+            Some(o) => PoolError::ClaimOverlap {
+                claim_uid: assignment.claim_uid.clone(),
+                other_claim: o.claim_uid.clone(),
+                overlap: o.cpus.intersection(&assignment.cpus),
+            },
+            // Unreachable while `exclusive` is the union of the claims; still
+            // reported as an overlap rather than trusted.
+            None => PoolError::ClaimOverlap {
+                claim_uid: assignment.claim_uid.clone(),
+                other_claim: String::from("(unknown)"),
+                overlap: self.exclusive.intersection(&assignment.cpus),
+            },
+        }
+    }
+}
+
+fn check_claim_cpus(assignment: &ClaimAssignment, allocatable: &CpuSet) -> Result<(), PoolError> {
+    if assignment.cpus.is_empty() {
+        return Err(PoolError::EmptyClaim {
+            claim_uid: assignment.claim_uid.clone(),
+        });
+    }
+    let outside = assignment.cpus.difference(allocatable);
+    if !outside.is_empty() {
+        return Err(PoolError::ClaimOutsideAllocatable {
+            claim_uid: assignment.claim_uid.clone(),
+            outside,
+            allocatable: allocatable.clone(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::fixtures::*;
+
+    #[test]
+    fn reserved_cpus_never_reach_the_shared_pool() {
+        let state = node(false);
+        assert_eq!(state.allocatable(), &set("1-7"));
+        assert_eq!(state.shared(), set("1-7"));
+        assert_eq!(state.reserved(), &set("0"));
+    }
+
+    #[test]
+    fn claims_shrink_and_grow_only_changed_containers() {
+        let mut s = node(true);
+        let a = s
+            .admit("c-shared", "pod-1", "app", &[], None)
+            .expect("shared");
+        assert_eq!(
+            (a.kind, a.cpuset.clone()),
+            (ContainerKind::Shared, set("1-7"))
+        );
+        assert!(a.updates.is_empty());
+
+        let up = s.add_claim(claim("aa", "2-3", "pod-2")).expect("claim");
+        assert_eq!(up, updates(&[("c-shared", "1,4-7")]));
+        s.mark_applied(&up);
+        assert_eq!(s.exclusive(), &set("2-3"));
+
+        let a = s
+            .admit("c-mixed", "pod-2", "app", &[cref("aa", "2-3")], Some(512))
+            .expect("mixed");
+        assert_eq!(
+            (a.kind, a.cpuset.clone()),
+            (ContainerKind::Mixed, set("1-7"))
+        );
+        assert!(
+            a.updates.is_empty(),
+            "nothing else changes: {:?}",
+            a.updates
+        );
+
+        s.add_claim(claim("bb", "5", "pod-3"))
+            .map(|up| {
+                assert_eq!(
+                    up,
+                    updates(&[("c-mixed", "1-4,6-7"), ("c-shared", "1,4,6-7")])
+                );
+                s.mark_applied(&up);
+            })
+            .expect("second claim");
+        let a = s
+            .admit("c-excl", "pod-3", "app", &[cref("bb", "5")], Some(2))
+            .expect("exclusive");
+        assert_eq!(
+            (a.kind, a.cpuset.clone()),
+            (ContainerKind::Exclusive, set("5"))
+        );
+        assert!(a.updates.is_empty());
+
+        // A repeated prepare changes nothing.
+        assert!(s
+            .add_claim(claim("bb", "5", "pod-3"))
+            .expect("same")
+            .is_empty());
+
+        let up = s.remove_claim("aa");
+        // c-mixed already ran on aa's CPUs, so its set does not change.
+        assert_eq!(up, updates(&[("c-shared", "1-4,6-7")]));
+        s.mark_applied(&up);
+        assert!(s.remove_claim("unknown").is_empty());
+        assert!(s.plan_updates().is_empty());
+    }
+
+    #[test]
+    fn empty_shared_pool_refuses_new_and_strands_existing_shared_containers() {
+        let mut s = PoolState::new(set("0-3"), CpuSet::new(), false);
+        s.admit("c1", "p", "app", &[], None).expect("shared");
+        let up = s
+            .add_claim(claim("aa", "0-3", "p2"))
+            .expect("claim takes all");
+        assert!(up.is_empty(), "an empty cpuset is never sent: {up:?}");
+        assert_eq!(s.stranded(), vec!["c1".to_string()]);
+        assert_eq!(s.planned_cpuset("c1"), None);
+        let err = s
+            .admit("c2", "p", "new", &[], None)
+            .expect_err("empty pool");
+        assert!(
+            err.to_string()
+                .contains("container c2: the shared pool is empty: every allocatable CPU (0-3)"),
+            "{err}"
+        );
+        assert!(s.container("c2").is_none());
+        // The claim container itself still runs.
+        let a = s
+            .admit("c3", "p2", "app", &[cref("aa", "0-3")], None)
+            .expect("excl");
+        assert_eq!(a.cpuset, set("0-3"));
+        // Freed again: c1 kept 0-3 and the orphaned c3 joins the pool it is
+        // already on, so nothing needs sending.
+        assert!(s.remove_claim("aa").is_empty());
+        assert!(s.stranded().is_empty());
+        assert_eq!(s.planned_cpuset("c1"), Some(set("0-3")));
+    }
+
+    #[test]
+    fn refusals_name_what_is_wrong() {
+        let mut s = node(true);
+        s.add_claim(claim("aa", "2-3", "pod-a")).expect("claim");
+        s.admit("owner", "pod-a", "app", &[cref("aa", "2-3")], None)
+            .expect("owner");
+
+        let err = s
+            .admit("thief", "pod-a", "sidecar", &[cref("aa", "2-3")], None)
+            .expect_err("owned");
+        assert!(
+            err.to_string().contains(
+                "claim aa already belongs to container owner (app in pod pod-a); a claim serves one container"
+            ),
+            "{err}"
+        );
+        let err = s
+            .admit("forger", "pod-a", "x", &[cref("aa", "2-4")], None)
+            .expect_err("forged");
+        assert!(
+            err.to_string()
+                .contains("container forger: claim aa: the container environment says CPUs 2-4"),
+            "{err}"
+        );
+        let err = s
+            .admit("other-pod", "pod-b", "app", &[cref("aa", "2-3")], None)
+            .expect_err("wrong pod");
+        assert!(err.to_string().contains("not for pod pod-b"), "{err}");
+        let err = s
+            .admit("early", "pod-c", "app", &[cref("cc", "5")], None)
+            .expect_err("unknown");
+        assert_eq!(err.unknown_claim(), Some("cc"));
+        assert_eq!(s.containers().len(), 1, "refusals leave nothing behind");
+
+        let err = s
+            .add_claim(claim("bb", "3-4", "pod-b"))
+            .expect_err("overlap");
+        assert_eq!(
+            err,
+            PoolError::ClaimOverlap {
+                claim_uid: "bb".into(),
+                other_claim: "aa".into(),
+                overlap: set("3")
+            }
+        );
+        assert!(err
+            .to_string()
+            .contains("claim bb: CPUs 3 are already held by claim aa"));
+        let err = s
+            .add_claim(claim("bb", "0,8", "pod-b"))
+            .expect_err("outside");
+        assert!(
+            err.to_string().contains("CPUs 0,8 are not allocatable"),
+            "{err}"
+        );
+        let err = s.add_claim(claim("bb", "", "pod-b")).expect_err("empty");
+        assert!(err.to_string().contains("claim bb has no CPUs"));
+        assert!(s.claim("bb").is_none());
+        assert_eq!(s.exclusive(), &set("2-3"));
+        // Replacing a claim's CPUs may overlap only its own old ones.
+        let up = s.add_claim(claim("aa", "3-4", "pod-a")).expect("replace");
+        assert_eq!(up, updates(&[("owner", "3-4")]));
+        assert_eq!(s.exclusive(), &set("3-4"));
+    }
+
+    #[test]
+    fn restart_keeps_the_reservation_and_passes_the_claim_on() {
+        let mut s = node(false);
+        s.add_claim(claim("aa", "4-5", "pod")).expect("claim");
+        s.admit("first", "pod", "app", &[cref("aa", "4-5")], None)
+            .expect("first");
+        // Stopped, not yet removed: the claim stays reserved.
+        assert_eq!(s.shared(), set("1-3,6-7"));
+        let a = s
+            .admit("second", "pod", "app", &[cref("aa", "4-5")], None)
+            .expect("restart");
+        assert_eq!(a.cpuset, set("4-5"));
+        assert_eq!(a.superseded, vec!["first".to_string()]);
+        assert_eq!(s.claim_owner("aa"), Some("second"));
+        assert!(s.remove_container("first").is_none());
+        assert!(s.remove_container("second").is_some());
+        assert_eq!(s.claim_owner("aa"), None);
+        assert_eq!(
+            s.exclusive(),
+            &set("4-5"),
+            "removing a container keeps its claim"
+        );
+    }
+
+    #[test]
+    fn orphaned_claim_container_leaves_freed_cpus() {
+        let mut s = node(false);
+        s.add_claim(claim("aa", "4-5", "pod")).expect("claim");
+        s.admit("c", "pod", "app", &[cref("aa", "4-5")], None)
+            .expect("admit");
+        assert_eq!(s.remove_claim("aa"), updates(&[("c", "1-7")]));
+    }
+
+    #[test]
+    fn resync_replaces_claims_and_mode_atomically() {
+        let mut s = node(false);
+        s.add_claim(claim("aa", "2", "pod")).expect("claim");
+        s.admit("c", "pod", "app", &[cref("aa", "2")], Some(100))
+            .expect("excl");
+        s.admit("sh", "p2", "app", &[], None).expect("shared");
+        s.mark_applied(&s.plan_updates());
+
+        let bad = s.resync(
+            set("0-7"),
+            set("0"),
+            true,
+            [claim("aa", "2-3", "pod"), claim("bb", "3", "p3")],
+        );
+        assert!(
+            matches!(bad, Err(PoolError::ClaimOverlap { .. })),
+            "{bad:?}"
+        );
+        assert!(!s.mixed_mode());
+        assert_eq!(s.exclusive(), &set("2"));
+
+        let up = s
+            .resync(
+                set("0-7"),
+                set("0"),
+                true,
+                [claim("aa", "2", "pod"), claim("bb", "7", "p3")],
+            )
+            .expect("resync");
+        assert_eq!(up, updates(&[("c", "1-6"), ("sh", "1,3-6")]));
+        assert_eq!(s.container("c").map(|c| c.kind), Some(ContainerKind::Mixed));
+    }
+}
