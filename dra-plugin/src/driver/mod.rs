@@ -13,8 +13,8 @@
 //! nothing behind. The store is the source of truth; the in-memory map
 //! mirrors it so that a decision does not read the disk.
 
-use crate::cdi::{device_id, CdiDir, ClaimSpec};
-use crate::device_metadata::{ClaimMetadata, DeviceMetadata, MetadataError, MetadataPlan};
+use crate::cdi::{device_id, CdiDir};
+use crate::device_metadata::DeviceMetadata;
 use crate::metrics::Metrics;
 use crate::prepare::{
     check_shared_pool_floor, opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef,
@@ -22,16 +22,24 @@ use crate::prepare::{
 };
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
-use shared_state::store::{AssignmentStore, StoreError, StoreOp};
+use shared_state::store::{AssignmentStore, StoreError};
 use shared_state::topology::Topology;
 use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
+
+mod claim_files;
+mod commit;
+pub mod crash_points;
+mod group_commit;
+mod reconcile;
+
+use group_commit::{CommitQueue, GroupCommit};
+pub use reconcile::{ReconcileError, Reconciled};
 
 /// Events a subscriber lags behind by before it is sent a fresh snapshot
 /// instead of the deltas it missed.
@@ -62,10 +70,6 @@ pub struct DriverOptions {
     pub min_shared_cpus: u32,
 }
 
-/// Most threads writing or removing the CDI specs of one batch at once:
-/// their fsyncs overlap instead of queueing one behind another.
-const CDI_WORKERS: usize = 16;
-
 #[derive(Debug)]
 struct State {
     claims: BTreeMap<String, ClaimAssignment>,
@@ -74,19 +78,13 @@ struct State {
     /// queued prepare holds (empty for an unprepare, whose CPUs are still in
     /// `claims`). A second change of such a claim waits for the first.
     in_flight: BTreeMap<String, CpuSet>,
-    /// Changes waiting for the next group commit, in arrival order.
-    queue: Vec<Pending>,
-    /// A group commit is running outside the mutex.
-    committing: bool,
-    /// Answers of committed changes not yet collected by their caller.
-    outcomes: BTreeMap<u64, Result<(), PrepareError>>,
-    next_ticket: u64,
+    /// Changes waiting for or in the group commit, and their answers.
+    commits: CommitQueue<Pending, Result<(), PrepareError>>,
 }
 
 /// A change waiting for the group commit.
 #[derive(Debug)]
 struct Pending {
-    ticket: u64,
     claim: ClaimRef,
     change: Change,
 }
@@ -95,22 +93,6 @@ struct Pending {
 enum Change {
     Prepare(ClaimAssignment),
     Unprepare,
-}
-
-/// What a group commit did to one change.
-#[derive(Debug)]
-enum Settled {
-    /// Committed at this revision, CDI spec written.
-    Prepared(u64),
-    /// Spec removed and record removed at this revision (`None`: the store
-    /// did not hold it).
-    Unprepared(Option<u64>),
-    /// Nothing of this change is left.
-    Failed(PrepareError),
-    /// The CDI spec failed and undoing the commit failed too: the record
-    /// stays (at this revision), so its CPUs are never given twice, and CDI
-    /// reconciliation at the next start rewrites the spec.
-    FailedButCommitted(u64, PrepareError),
 }
 
 /// Why the driver could not start.
@@ -163,9 +145,7 @@ pub struct Driver {
     /// KEP-5304 device metadata files, written with each CDI spec; `None`
     /// when turned off.
     metadata: Option<DeviceMetadata>,
-    state: Mutex<State>,
-    /// Signalled whenever a group commit ends.
-    settled: Condvar,
+    state: GroupCommit<State>,
     events: broadcast::Sender<StateEvent>,
     metrics: Arc<Metrics>,
     store_fault: Arc<StoreFault>,
@@ -177,27 +157,6 @@ impl std::fmt::Debug for Driver {
             .field("options", &self.options)
             .field("cdi", &self.cdi)
             .finish()
-    }
-}
-
-/// Env var naming a point where the process aborts, for crash-recovery
-/// tests. On the prepare path: `after-store-commit` (committed, no CDI spec
-/// yet) or `after-cdi-write` (spec written, caller not yet answered). On the
-/// unprepare path: `unprepare-after-cdi-remove` (spec removed, record still
-/// stored) or `unprepare-after-store-commit` (record removed, caller not yet
-/// answered). Read once.
-pub const CRASH_AT_ENV: &str = "DRA_CPU_CRASH_AT";
-
-/// Abort here if [`CRASH_AT_ENV`] names `point`: lets a test stop the daemon
-/// exactly between two durable steps, which random kills rarely hit.
-fn crash_point(point: &str) {
-    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    if CRASH_AT
-        .get_or_init(|| std::env::var(CRASH_AT_ENV).ok())
-        .as_deref()
-        == Some(point)
-    {
-        std::process::abort();
     }
 }
 
@@ -241,16 +200,12 @@ impl Driver {
             store,
             cdi,
             metadata: None,
-            state: Mutex::new(State {
+            state: GroupCommit::new(State {
                 claims,
                 revision,
                 in_flight: BTreeMap::new(),
-                queue: Vec::new(),
-                committing: false,
-                outcomes: BTreeMap::new(),
-                next_ticket: 0,
+                commits: CommitQueue::default(),
             }),
-            settled: Condvar::new(),
             events,
             metrics,
             store_fault: Arc::default(),
@@ -266,59 +221,12 @@ impl Driver {
         self
     }
 
-    /// The CDI spec a prepared claim should have, and its metadata files
-    /// when those are on.
-    fn claim_spec(
-        &self,
-        assignment: &ClaimAssignment,
-    ) -> Result<(ClaimSpec, Option<ClaimMetadata>), MetadataError> {
-        let spec = ClaimSpec::new(&assignment.claim_uid, &assignment.cpus);
-        match &self.metadata {
-            None => Ok((spec, None)),
-            Some(metadata) => {
-                let files = metadata.render(assignment)?;
-                Ok((spec.with_mounts(files.mounts()), Some(files)))
-            }
-        }
-    }
-
-    /// Metadata files then the CDI spec that mounts them, so the runtime
-    /// never finds a spec whose files are not there yet.
-    fn write_claim(&self, assignment: &ClaimAssignment) -> Result<(), String> {
-        let (spec, files) = self.claim_spec(assignment).map_err(|e| e.to_string())?;
-        if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
-            metadata.write(files).map_err(|e| e.to_string())?;
-        }
-        self.cdi
-            .write_spec(&assignment.claim_uid, &spec)
-            .map_err(|e| e.to_string())
-    }
-
-    /// The CDI spec first (no container can be given the claim any more),
-    /// then the metadata files it mounted.
-    fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), String> {
-        match self.cdi.remove(&claim.uid) {
-            Ok(()) => {}
-            // A UID we could never have written a spec for: nothing to do.
-            Err(crate::cdi::CdiError::BadClaimUid(_)) => return Ok(()),
-            Err(e) => return Err(e.to_string()),
-        }
-        if let Some(metadata) = &self.metadata {
-            metadata
-                .remove(&claim.namespace, &claim.name, &claim.uid)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
-        // Every mutation leaves `State` consistent before any call that could
-        // panic, so a poisoned lock still guards valid data.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        self.settled.wait(state).unwrap_or_else(|p| p.into_inner())
+        self.state.wait(state)
     }
 
     /// Wait until no change of `claim_uid` is queued or being committed.
@@ -386,7 +294,7 @@ impl Driver {
     /// Changes waiting for the next group commit (not counting the one
     /// running): how much a commit is lagging behind its callers.
     pub fn queued(&self) -> usize {
-        self.lock().queue.len()
+        self.lock().commits.len()
     }
 
     /// The current state and a receiver of every change after it.
@@ -556,264 +464,6 @@ impl Driver {
         })
     }
 
-    /// Queue a change and return its answer once it is committed. The
-    /// caller has marked the claim in flight. Whoever finds the queue
-    /// non-empty and no commit running commits the whole queue.
-    fn submit<'a>(
-        &'a self,
-        mut state: MutexGuard<'a, State>,
-        claim: &ClaimRef,
-        change: Change,
-    ) -> Result<(), PrepareError> {
-        let ticket = state.next_ticket;
-        state.next_ticket = state.next_ticket.wrapping_add(1);
-        state.queue.push(Pending {
-            ticket,
-            claim: claim.clone(),
-            change,
-        });
-        loop {
-            if let Some(outcome) = state.outcomes.remove(&ticket) {
-                return outcome;
-            }
-            if !state.committing && !state.queue.is_empty() {
-                state.committing = true;
-                let batch = std::mem::take(&mut state.queue);
-                drop(state);
-                let committed = catch_unwind(AssertUnwindSafe(|| self.commit_batch(&batch)));
-                state = self.lock();
-                match committed {
-                    Ok((settled, undone)) => self.apply_settled(&mut state, batch, settled, undone),
-                    Err(_) => self.recover_from_panic(&mut state, batch),
-                }
-                state.committing = false;
-                self.update_gauges(&state);
-                self.settled.notify_all();
-                continue;
-            }
-            state = self.wait(state);
-        }
-    }
-
-    /// The I/O of one group commit, without the state mutex. Returns what
-    /// happened to each change, in batch order, and the last revision of
-    /// undoing commits whose CDI spec failed.
-    fn commit_batch(&self, batch: &[Pending]) -> (Vec<Settled>, Option<u64>) {
-        let mut settled: Vec<Option<Settled>> = batch.iter().map(|_| None).collect();
-        // Unprepare removes the spec first: a claim whose record is gone
-        // must have no spec the runtime could still hand to a container.
-        let removals: Vec<usize> = (0..batch.len())
-            .filter(|&i| matches!(batch[i].change, Change::Unprepare))
-            .collect();
-        let removed = in_parallel(&removals, |&i| self.remove_claim_files(&batch[i].claim));
-        for (&i, result) in removals.iter().zip(removed) {
-            if let Err(reason) = result {
-                settled[i] = Some(Settled::Failed(PrepareError::Cdi {
-                    claim: batch[i].claim.to_string(),
-                    reason,
-                }));
-            }
-        }
-        if removals.iter().any(|&i| settled[i].is_none()) {
-            crash_point("unprepare-after-cdi-remove");
-        }
-        let to_commit: Vec<usize> = (0..batch.len()).filter(|&i| settled[i].is_none()).collect();
-        let ops: Vec<StoreOp> = to_commit
-            .iter()
-            .map(|&i| match &batch[i].change {
-                Change::Prepare(assignment) => StoreOp::Put(assignment.clone()),
-                Change::Unprepare => StoreOp::Remove(batch[i].claim.uid.clone()),
-            })
-            .collect();
-        let applied = self.store.apply_numbered(&ops);
-        self.store_fault.record(&applied);
-        let revisions = match applied {
-            Ok(revisions) if revisions.len() == ops.len() => revisions,
-            Ok(revisions) => {
-                let reason = format!(
-                    "the store numbered {} of {} changes",
-                    revisions.len(),
-                    ops.len()
-                );
-                return (fail_rest(batch, settled, &reason), None);
-            }
-            Err(e) => return (fail_rest(batch, settled, &e.to_string()), None),
-        };
-        let has_prepares = ops.iter().any(|op| matches!(op, StoreOp::Put(_)));
-        if has_prepares {
-            crash_point("after-store-commit");
-        }
-        if ops.iter().any(|op| matches!(op, StoreOp::Remove(_))) {
-            crash_point("unprepare-after-store-commit");
-        }
-        let writes: Vec<(usize, &ClaimAssignment, Option<u64>)> = to_commit
-            .iter()
-            .zip(&revisions)
-            .filter_map(|(&i, &revision)| match &batch[i].change {
-                Change::Prepare(assignment) => Some((i, assignment, revision)),
-                Change::Unprepare => {
-                    settled[i] = Some(Settled::Unprepared(revision));
-                    None
-                }
-            })
-            .collect();
-        let written = in_parallel(&writes, |(_, a, _)| self.write_claim(a));
-        let mut failed_writes = Vec::new();
-        for ((i, _, revision), result) in writes.iter().zip(written) {
-            // A put always changes the store, so it always has a revision.
-            let revision = revision.unwrap_or_default();
-            match result {
-                Ok(()) => settled[*i] = Some(Settled::Prepared(revision)),
-                Err(reason) => failed_writes.push((*i, revision, reason)),
-            }
-        }
-        if has_prepares && failed_writes.len() < writes.len() {
-            crash_point("after-cdi-write");
-        }
-        let mut undone = None;
-        if !failed_writes.is_empty() {
-            // Undo the commits so a failed claim leaves nothing behind.
-            let undo: Vec<StoreOp> = failed_writes
-                .iter()
-                .map(|(i, _, _)| StoreOp::Remove(batch[*i].claim.uid.clone()))
-                .collect();
-            let undo_result = self.store.apply_numbered(&undo);
-            self.store_fault.record(&undo_result);
-            if let Ok(revisions) = &undo_result {
-                undone = revisions.iter().flatten().max().copied();
-            }
-            for (i, revision, reason) in failed_writes {
-                let error = PrepareError::Cdi {
-                    claim: batch[i].claim.to_string(),
-                    reason,
-                };
-                settled[i] = Some(match &undo_result {
-                    Ok(_) => Settled::Failed(error),
-                    Err(undo) => {
-                        tracing::error!(claim = %batch[i].claim, error = %undo, "cannot undo the store commit of a claim whose CDI spec failed");
-                        Settled::FailedButCommitted(revision, error)
-                    }
-                });
-            }
-        }
-        let settled = settled
-            .into_iter()
-            .map(|s| {
-                s.unwrap_or_else(|| {
-                    Settled::Failed(PrepareError::Store {
-                        claim: String::new(),
-                        reason: "change left unsettled by its group commit".into(),
-                    })
-                })
-            })
-            .collect();
-        (settled, undone)
-    }
-
-    /// Apply a group commit's results to the state, telling subscribers in
-    /// revision order, and leave each caller its answer.
-    fn apply_settled(
-        &self,
-        state: &mut State,
-        batch: Vec<Pending>,
-        settled: Vec<Settled>,
-        undone: Option<u64>,
-    ) {
-        for (pending, settled) in batch.into_iter().zip(settled) {
-            let Pending {
-                ticket,
-                claim,
-                change,
-            } = pending;
-            state.in_flight.remove(&claim.uid);
-            let committed = |state: &mut State, revision: u64, change: Change| {
-                state.revision = state.revision.max(revision);
-                if let Change::Prepare(assignment) = change {
-                    state
-                        .claims
-                        .insert(assignment.claim_uid.clone(), assignment.clone());
-                    // No receiver is not an error: nri-plugin may not be connected.
-                    let _ = self.events.send(StateEvent::Prepared {
-                        revision,
-                        assignment,
-                    });
-                }
-            };
-            let outcome = match settled {
-                Settled::Prepared(revision) => {
-                    committed(state, revision, change);
-                    Ok(())
-                }
-                Settled::FailedButCommitted(revision, error) => {
-                    committed(state, revision, change);
-                    Err(error)
-                }
-                Settled::Unprepared(revision) => {
-                    let released = state.claims.remove(&claim.uid);
-                    if let Some(revision) = revision {
-                        state.revision = state.revision.max(revision);
-                        let _ = self.events.send(StateEvent::Unprepared {
-                            revision,
-                            claim_uid: claim.uid.clone(),
-                        });
-                    }
-                    tracing::info!(
-                        claim = %claim,
-                        cpus = %released.map(|a| a.cpus).unwrap_or_default(),
-                        revision = revision.unwrap_or(state.revision),
-                        "claim unprepared"
-                    );
-                    Ok(())
-                }
-                Settled::Failed(error) => Err(match error {
-                    PrepareError::Store { claim: c, reason } if c.is_empty() => {
-                        PrepareError::Store {
-                            claim: claim.to_string(),
-                            reason,
-                        }
-                    }
-                    other => other,
-                }),
-            };
-            state.outcomes.insert(ticket, outcome);
-        }
-        if let Some(undone) = undone {
-            state.revision = state.revision.max(undone);
-        }
-    }
-
-    /// A group commit panicked part way: its changes may or may not have
-    /// landed. Fail them all and re-read the store, the source of truth, so
-    /// that no CPU it holds can be picked again.
-    fn recover_from_panic(&self, state: &mut State, batch: Vec<Pending>) {
-        tracing::error!(
-            changes = batch.len(),
-            "a group commit panicked; re-reading the store"
-        );
-        match (self.store.list(), self.store.revision()) {
-            (Ok(claims), Ok(revision)) => {
-                state.claims = claims
-                    .into_iter()
-                    .map(|a| (a.claim_uid.clone(), a))
-                    .collect();
-                state.revision = state.revision.max(revision);
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!(error = %e, "cannot re-read the store after a failed group commit");
-            }
-        }
-        for pending in batch {
-            state.in_flight.remove(&pending.claim.uid);
-            state.outcomes.insert(
-                pending.ticket,
-                Err(PrepareError::Store {
-                    claim: pending.claim.to_string(),
-                    reason: "the commit of this change failed unexpectedly; retry".into(),
-                }),
-            );
-        }
-    }
-
     /// Unprepare a claim: remove its CDI spec, release its CPUs, notify.
     /// Unknown claims succeed. Blocks on fsync.
     pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
@@ -842,96 +492,30 @@ impl Driver {
         self.submit(state, claim, Change::Unprepare)
     }
 
-    /// Rewrite missing or stale CDI specs of stored claims and remove specs
-    /// of ours whose claim is not stored; the same for device metadata
-    /// files when those are on.
-    pub fn reconcile_cdi(&self) -> Result<Reconciled, ReconcileError> {
-        // No change in flight, so the specs being written or removed by a
-        // group commit are not mistaken for stale or orphaned ones.
-        let mut state = self.lock();
-        while !state.in_flight.is_empty() {
-            state = self.wait(state);
-        }
-        let mut specs = Vec::with_capacity(state.claims.len());
-        let mut files = Vec::new();
-        for assignment in state.claims.values() {
-            let (spec, claim_files) = match self.claim_spec(assignment) {
-                Ok(rendered) => rendered,
-                Err(e) => {
-                    // Checked at prepare; a record from before that check
-                    // keeps its CPUs, without metadata.
-                    tracing::warn!(claim_uid = %assignment.claim_uid, error = %e, "no device metadata for a stored claim");
-                    (
-                        ClaimSpec::new(&assignment.claim_uid, &assignment.cpus),
-                        None,
-                    )
-                }
-            };
-            specs.push((assignment.claim_uid.clone(), spec));
-            files.extend(claim_files);
-        }
-        // Files before the specs that mount them.
-        let metadata = match &self.metadata {
-            Some(metadata) => metadata.reconcile(&files)?,
-            None => MetadataPlan::default(),
-        };
-        let cdi = self.cdi.reconcile(&specs)?;
-        Ok(Reconciled { cdi, metadata })
+    /// Queue a change and return its answer once it is committed. The
+    /// caller has marked the claim in flight.
+    fn submit<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        claim: &ClaimRef,
+        change: Change,
+    ) -> Result<(), PrepareError> {
+        self.state.submit(
+            state,
+            |state: &mut State| &mut state.commits,
+            Pending {
+                claim: claim.clone(),
+                change,
+            },
+            |batch| self.commit_batch(batch),
+            |state, batch, committed| {
+                let answers = match committed {
+                    Ok((settled, undone)) => self.apply_settled(state, batch, settled, undone),
+                    Err(_) => self.recover_from_panic(state, batch),
+                };
+                self.update_gauges(state);
+                answers
+            },
+        )
     }
-}
-
-/// What start-up reconciliation changed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reconciled {
-    pub cdi: crate::cdi::CdiPlan,
-    pub metadata: MetadataPlan,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error(transparent)]
-    Cdi(#[from] crate::cdi::CdiError),
-    #[error(transparent)]
-    Metadata(#[from] MetadataError),
-}
-
-/// The batch failed in the store: every change not already settled fails
-/// with `reason`, and nothing of it was committed.
-fn fail_rest(batch: &[Pending], settled: Vec<Option<Settled>>, reason: &str) -> Vec<Settled> {
-    batch
-        .iter()
-        .zip(settled)
-        .map(|(pending, s)| {
-            s.unwrap_or_else(|| {
-                Settled::Failed(PrepareError::Store {
-                    claim: pending.claim.to_string(),
-                    reason: reason.to_string(),
-                })
-            })
-        })
-        .collect()
-}
-
-/// `f` over `items` on up to [`CDI_WORKERS`] threads, results in order. A
-/// panic in a worker is re-raised here.
-fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    if items.len() <= 1 {
-        return items.iter().map(f).collect();
-    }
-    let chunk = items.len().div_ceil(items.len().min(CDI_WORKERS));
-    let f = &f;
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = items
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|worker| {
-                worker
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
 }
