@@ -245,8 +245,8 @@ pub fn cpus_of(node: &Node, claim: &Claim) -> CpuSet {
 }
 
 /// The running daemon's state through its coordination socket.
-pub async fn snapshot(node: &Node) -> dra_plugin::inspect_state::StateReport {
-    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
+pub async fn snapshot(node: &Node) -> dra_plugin::cli::inspect_state::StateReport {
+    dra_plugin::cli::inspect_state::from_socket(&node.config.coordination_socket)
         .await
         .expect("snapshot from the coordination socket")
 }
