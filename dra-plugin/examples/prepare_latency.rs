@@ -11,9 +11,10 @@
 
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
+use dra_plugin::devices::DeviceCatalog;
 use dra_plugin::driver::{Driver, DriverOptions};
 use dra_plugin::metrics::Metrics;
-use dra_plugin::prepare::{ClaimRef, DeviceCatalog};
+use dra_plugin::prepare::ClaimRef;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
     ResourceClaimConsumerReference, ResourceClaimStatus,

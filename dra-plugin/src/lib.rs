@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod coordination_server;
 pub mod device_metadata;
+pub mod devices;
 pub mod driver;
 pub mod http;
 pub mod k8s_names;

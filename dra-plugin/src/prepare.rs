@@ -1,108 +1,24 @@
 //! From a ResourceClaim to the exact CPUs it gets on this node: the pure
 //! decisions of NodePrepareResources.
 //!
-//! [`DeviceCatalog`] knows which CPUs each published device stands for;
+//! [`DeviceCatalog`] (in [`crate::devices`]) knows which CPUs each
+//! published device stands for;
 //! [`parse_claim`] takes this driver's allocation results out of a claim and
 //! checks them; [`resolve_cpus`] turns them into CPUs that no other claim
 //! holds. Nothing here touches the store, the disk or the network, so every
 //! refusal can be tested directly, with its message.
 
-use crate::opaque_config::{cpusets_by_request, validate, NodeCpus, OpaqueConfigError};
-use crate::slices::{plan_devices, DeviceMode, DeviceOptions, GroupBy, SliceError};
+use crate::devices::{DeviceCatalog, DeviceMode};
+use crate::opaque_config::{cpusets_by_request, validate, OpaqueConfigError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{AllocError, Allocator, Policy};
 use shared_state::claim_env::is_claim_uid;
-use shared_state::topology::Topology;
 use shared_state::{AllocatedDevice, CpuSet};
 use std::collections::BTreeMap;
 
 /// The consumable capacity a grouped device counts CPUs in (the one the
 /// slices publish).
 pub use crate::slices::CPU_CAPACITY;
-
-/// Which CPUs each device of this node stands for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceCatalog {
-    devices: BTreeMap<String, (DeviceMode, CpuSet)>,
-    allocatable: CpuSet,
-    online: CpuSet,
-    reserved: CpuSet,
-}
-
-impl DeviceCatalog {
-    /// The devices published for `topology` minus `reserved`, from the
-    /// same plan the ResourceSlices are built from, so a device name in an
-    /// allocation result means exactly the CPUs that were published for it.
-    pub fn new(
-        topology: &Topology,
-        reserved: &CpuSet,
-        mode: DeviceMode,
-        group_by: GroupBy,
-    ) -> Result<DeviceCatalog, SliceError> {
-        Self::for_modes(topology, reserved, &[mode], group_by)
-    }
-
-    /// The devices of every mode in `modes` (`--cpu-device-mode auto`
-    /// publishes grouped or individual devices depending on the API server;
-    /// their names never collide: `cpudev%03d` against `cpudevnuma%03d`,
-    /// `cpudevsocket%03d` and `cpudevmachine`).
-    pub fn for_modes(
-        topology: &Topology,
-        reserved: &CpuSet,
-        modes: &[DeviceMode],
-        group_by: GroupBy,
-    ) -> Result<DeviceCatalog, SliceError> {
-        let mut devices = BTreeMap::new();
-        for &mode in modes {
-            let options = DeviceOptions {
-                mode,
-                group_by,
-                reserved: reserved.clone(),
-                node_allocatable_mapping: false,
-            };
-            for d in plan_devices(topology, &options)? {
-                devices.insert(d.name, (mode, d.cpus));
-            }
-        }
-        Ok(DeviceCatalog {
-            devices,
-            allocatable: topology.online().difference(reserved),
-            online: topology.online().clone(),
-            reserved: reserved.clone(),
-        })
-    }
-
-    /// How a device is allocated: whole (individual) or by consumed
-    /// capacity (grouped).
-    pub fn mode_of(&self, device: &str) -> Option<DeviceMode> {
-        self.devices.get(device).map(|(mode, _)| *mode)
-    }
-
-    /// What an opaque cpuset config is checked against.
-    pub fn node_cpus(&self) -> NodeCpus<'_> {
-        NodeCpus {
-            online: &self.online,
-            reserved: &self.reserved,
-        }
-    }
-
-    /// Online CPUs minus reserved ones.
-    pub fn allocatable(&self) -> &CpuSet {
-        &self.allocatable
-    }
-
-    /// The CPUs of one device, if it exists.
-    pub fn cpus_of(&self, device: &str) -> Option<&CpuSet> {
-        self.devices.get(device).map(|(_, cpus)| cpus)
-    }
-
-    /// Every device name with its CPUs, sorted by name.
-    pub fn devices(&self) -> impl Iterator<Item = (&str, &CpuSet)> {
-        self.devices
-            .iter()
-            .map(|(name, (_, cpus))| (name.as_str(), cpus))
-    }
-}
 
 /// Why a claim reserved only for other consumers is refused: the CPUs of a
 /// claim are pinned to the pod that consumes it, and nri-plugin admits a
@@ -637,6 +553,7 @@ fn holder_of(held: &BTreeMap<String, CpuSet>, own: &str, cpus: &CpuSet) -> Strin
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::devices::GroupBy;
     use k8s_openapi::api::resource::v1::{
         AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
         ResourceClaimConsumerReference, ResourceClaimStatus,
@@ -645,6 +562,7 @@ pub(crate) mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use proptest::prelude::*;
     use shared_state::topology::synthetic;
+    use shared_state::topology::Topology;
 
     fn individual_device_name(n: usize) -> String {
         format!("cpudev{n:03}")
@@ -807,63 +725,6 @@ pub(crate) mod tests {
             threads_per_core: 2,
             sibling_numbering: synthetic::SiblingNumbering::Split,
         })
-    }
-
-    #[test]
-    fn individual_numbering_keeps_siblings_consecutive_and_skips_reserved() {
-        let topo = topology();
-        let catalog = catalog(&topo, &set("0"), DeviceMode::Individual, GroupBy::Numanode);
-        // Cores are (n, n+8); CPU 0 is reserved, so core (0, 8) keeps only 8
-        // and sorts last by its lowest allocatable CPU.
-        let expected = [1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 8];
-        let got: Vec<(String, String)> = catalog
-            .devices()
-            .map(|(n, c)| (n.to_string(), c.to_cpulist()))
-            .collect();
-        let want: Vec<(String, String)> = expected
-            .iter()
-            .enumerate()
-            .map(|(n, cpu)| (individual_device_name(n), cpu.to_string()))
-            .collect();
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn grouped_devices_per_grouping() {
-        let topo = topology();
-        let reserved = set("0-1");
-        let cases: [(GroupBy, &[(&str, CpuSet)]); 3] = [
-            (
-                GroupBy::Numanode,
-                &[
-                    ("cpudevnuma000", topo.cpus_in_numa(0).difference(&reserved)),
-                    ("cpudevnuma001", topo.cpus_in_numa(1).difference(&reserved)),
-                ],
-            ),
-            (
-                GroupBy::Socket,
-                &[
-                    (
-                        "cpudevsocket000",
-                        topo.cpus_in_socket(0).difference(&reserved),
-                    ),
-                    (
-                        "cpudevsocket001",
-                        topo.cpus_in_socket(1).difference(&reserved),
-                    ),
-                ],
-            ),
-            (
-                GroupBy::Machine,
-                &[("cpudevmachine", topo.online().difference(&reserved))],
-            ),
-        ];
-        for (group_by, want) in cases {
-            let catalog = catalog(&topo, &reserved, DeviceMode::Grouped, group_by);
-            let got: Vec<(&str, CpuSet)> = catalog.devices().map(|(n, c)| (n, c.clone())).collect();
-            assert_eq!(got, want.to_vec(), "{group_by:?}");
-            assert!(got.iter().all(|(_, c)| c.is_disjoint(&reserved)));
-        }
     }
 
     #[test]

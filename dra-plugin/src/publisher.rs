@@ -963,7 +963,8 @@ fn slice_matches(want: &ResourceSlice, have: &ResourceSlice) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
+    use crate::devices::{DeviceMode, DeviceOptions, GroupBy};
+    use crate::slices::devices_for;
     use serde_json::json;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
     use shared_state::CpuSet;

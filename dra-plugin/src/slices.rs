@@ -20,20 +20,18 @@
 //!   strings, KEP-5491) on every device: the PCIe roots local to any of its
 //!   CPUs (see [`shared_state::topology::pcie`]).
 
+use crate::devices::{plan_devices, DeviceCpus, DeviceOptions, DeviceScope};
 use crate::k8s_names::{is_dns_subdomain, is_driver_name};
-use clap::ValueEnum;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceCapacity, NodeAllocatableMapping, NodeAllocatableResource,
     ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde::{Deserialize, Serialize};
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
-use std::fmt;
 
 /// The API server refuses a slice with more devices than this.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -73,136 +71,6 @@ pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 /// driver publishes it, so selectors written for it keep working.
 const NO_L3_CACHE_ID: i64 = -1;
 
-/// How CPUs are exposed as devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceMode {
-    /// One device per group of CPUs, with consumable capacity `dra.cpu/cpu`.
-    #[default]
-    Grouped,
-    /// One device per allocatable logical CPU.
-    Individual,
-}
-
-/// The `--cpu-device-mode` setting: a device mode, or `auto`, grouped where
-/// the API server keeps `allowMultipleAllocations` (consumable capacity)
-/// and individual where it does not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CpuDeviceMode {
-    /// Grouped where the API server supports consumable capacity, else individual.
-    #[default]
-    Auto,
-    /// Grouped only: refused (nothing published) where the server drops
-    /// `allowMultipleAllocations`.
-    Grouped,
-    Individual,
-}
-
-impl CpuDeviceMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CpuDeviceMode::Auto => "auto",
-            CpuDeviceMode::Grouped => "grouped",
-            CpuDeviceMode::Individual => "individual",
-        }
-    }
-
-    /// The device modes whose devices may be published, preferred first.
-    pub fn modes(self) -> &'static [DeviceMode] {
-        match self {
-            CpuDeviceMode::Auto => &[DeviceMode::Grouped, DeviceMode::Individual],
-            CpuDeviceMode::Grouped => &[DeviceMode::Grouped],
-            CpuDeviceMode::Individual => &[DeviceMode::Individual],
-        }
-    }
-}
-
-impl From<DeviceMode> for CpuDeviceMode {
-    fn from(mode: DeviceMode) -> Self {
-        match mode {
-            DeviceMode::Grouped => CpuDeviceMode::Grouped,
-            DeviceMode::Individual => CpuDeviceMode::Individual,
-        }
-    }
-}
-
-impl fmt::Display for CpuDeviceMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What one grouped device covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GroupBy {
-    #[default]
-    Numanode,
-    Socket,
-    Machine,
-}
-
-impl DeviceMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeviceMode::Grouped => "grouped",
-            DeviceMode::Individual => "individual",
-        }
-    }
-}
-
-impl GroupBy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GroupBy::Numanode => "numanode",
-            GroupBy::Socket => "socket",
-            GroupBy::Machine => "machine",
-        }
-    }
-}
-
-impl fmt::Display for DeviceMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl fmt::Display for GroupBy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Everything besides the topology that decides the published devices.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceOptions {
-    pub mode: DeviceMode,
-    pub group_by: GroupBy,
-    /// Kept for system daemons; never published.
-    pub reserved: CpuSet,
-    /// Publish the KEP-5517 `nodeAllocatableResources` mapping.
-    pub node_allocatable_mapping: bool,
-}
-
-/// What a published device stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceScope {
-    Cpu(u32),
-    Numa { node: u32, socket: u32 },
-    Socket(u32),
-    Machine,
-}
-
-/// A device name and the allocatable CPUs behind it. Prepare resolves the
-/// device names of an allocation result through the same list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceCpus {
-    pub name: String,
-    pub scope: DeviceScope,
-    pub cpus: CpuSet,
-}
-
 /// The Node that owns the slices (they go when the Node goes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeOwner {
@@ -224,88 +92,6 @@ pub enum SliceError {
     InvalidNodeName(String),
     #[error("driver name {0:?} is not a lowercase DNS subdomain of at most 63 characters")]
     InvalidDriverName(String),
-}
-
-/// The devices to publish and the CPUs each stands for, in publishing order.
-///
-/// Individual devices are numbered core by core: cores ordered by their
-/// lowest allocatable CPU, threads of a core in id order, so SMT siblings get
-/// consecutive numbers whatever the kernel's numbering. Groups without an
-/// allocatable CPU are left out.
-pub fn plan_devices(
-    topology: &Topology,
-    options: &DeviceOptions,
-) -> Result<Vec<DeviceCpus>, SliceError> {
-    let online = topology.online();
-    if online.is_empty() {
-        return Err(SliceError::NoOnlineCpus);
-    }
-    if !options.reserved.is_subset(&online) {
-        return Err(SliceError::ReservedNotOnline {
-            reserved: options.reserved.clone(),
-            not_online: options.reserved.difference(&online),
-            online,
-        });
-    }
-    let allocatable = |set: CpuSet| set.difference(&options.reserved);
-    let planned = match (options.mode, options.group_by) {
-        (DeviceMode::Individual, _) => {
-            let mut cores: Vec<CpuSet> = topology
-                .cores()
-                .into_iter()
-                .map(allocatable)
-                .filter(|c| !c.is_empty())
-                .collect();
-            cores.sort_by_key(|c| c.first());
-            cores
-                .iter()
-                .flat_map(|core| core.iter())
-                .enumerate()
-                .map(|(number, cpu)| DeviceCpus {
-                    name: format!("cpudev{number:03}"),
-                    scope: DeviceScope::Cpu(cpu),
-                    cpus: std::iter::once(cpu).collect(),
-                })
-                .collect()
-        }
-        (DeviceMode::Grouped, GroupBy::Numanode) => topology
-            .numa_nodes()
-            .into_iter()
-            .filter_map(|node| {
-                let cpus = allocatable(topology.cpus_in_numa(node));
-                // A NUMA node lies inside one socket; take it from any CPU.
-                let socket = cpus.first().and_then(|c| topology.cpu(c))?.socket;
-                Some(DeviceCpus {
-                    name: format!("cpudevnuma{node:03}"),
-                    scope: DeviceScope::Numa { node, socket },
-                    cpus,
-                })
-            })
-            .collect(),
-        (DeviceMode::Grouped, GroupBy::Socket) => topology
-            .sockets()
-            .into_iter()
-            .map(|socket| DeviceCpus {
-                name: format!("cpudevsocket{socket:03}"),
-                scope: DeviceScope::Socket(socket),
-                cpus: allocatable(topology.cpus_in_socket(socket)),
-            })
-            .filter(|d| !d.cpus.is_empty())
-            .collect(),
-        (DeviceMode::Grouped, GroupBy::Machine) => {
-            let cpus = allocatable(online);
-            if cpus.is_empty() {
-                Vec::new()
-            } else {
-                vec![DeviceCpus {
-                    name: "cpudevmachine".to_string(),
-                    scope: DeviceScope::Machine,
-                    cpus,
-                }]
-            }
-        }
-    };
-    Ok(planned)
 }
 
 fn int(value: impl Into<i64>) -> DeviceAttribute {
@@ -702,6 +488,7 @@ pub fn devices_with_pcie_roots(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::{DeviceMode, GroupBy};
     use proptest::prelude::*;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
     use shared_state::topology::{CoreType, CpuInfo};
@@ -1314,19 +1101,6 @@ mod tests {
             "app.kubernetes.io/managed-by=dra-cpu,dra.cpu/driver=dra.cpu"
         );
         assert_eq!(field_selector("node-1"), "spec.nodeName=node-1");
-    }
-
-    #[test]
-    fn modes_parse_as_flags_and_config_values() {
-        assert_eq!(
-            DeviceMode::from_str("individual", false),
-            Ok(DeviceMode::Individual)
-        );
-        assert_eq!(GroupBy::from_str("numanode", false), Ok(GroupBy::Numanode));
-        assert!(GroupBy::from_str("numa", false).is_err());
-        let parsed: GroupBy = serde_json::from_str("\"socket\"").unwrap();
-        assert_eq!(parsed, GroupBy::Socket);
-        assert_eq!(DeviceMode::Grouped.to_string(), "grouped");
     }
 
     fn arb_shape() -> impl Strategy<Value = Shape> {

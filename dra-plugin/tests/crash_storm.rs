@@ -131,7 +131,7 @@ async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
         .kill_on_drop(true);
     if let Some(point) = crash_at {
         assert!(
-            dra_plugin::driver::crash_points::ENABLED,
+            dra_plugin::driver::crash_points::enabled(),
             "this build has no crash points: build with --features dra-plugin/crash-points"
         );
         command.env(CRASH_AT_ENV, point);

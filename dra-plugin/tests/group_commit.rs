@@ -5,9 +5,10 @@
 
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::config::{DeviceMode, GroupBy};
+use dra_plugin::devices::DeviceCatalog;
 use dra_plugin::driver::{Driver, DriverOptions, StateEvent};
 use dra_plugin::metrics::Metrics;
-use dra_plugin::prepare::{ClaimRef, DeviceCatalog, PrepareError};
+use dra_plugin::prepare::{ClaimRef, PrepareError};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
     ResourceClaimConsumerReference, ResourceClaimStatus,

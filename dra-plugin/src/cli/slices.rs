@@ -1,9 +1,10 @@
 //! `dra-plugin slices`: the ResourceSlices a first publish from this node
 //! would send, printed as JSON, built by the same code as the publisher's.
 
+use crate::devices::{DeviceMode, DeviceOptions, GroupBy};
 use crate::slices::{
-    build_slices, devices_with_pcie_roots, DeviceMode, DeviceOptions, GroupBy, LeftOutRoots,
-    NodeOwner, ATTR_PCIE_ROOT, MAX_ATTRIBUTE_VALUES_PER_DEVICE,
+    build_slices, devices_with_pcie_roots, LeftOutRoots, NodeOwner, ATTR_PCIE_ROOT,
+    MAX_ATTRIBUTE_VALUES_PER_DEVICE,
 };
 use anyhow::Context;
 use clap::Args;
