@@ -41,9 +41,9 @@
 //! the loss as a difference would republish forever.
 
 use crate::metrics::Metrics;
+use crate::slices::device_attributes::{has_pcie_roots, without_pcie_roots};
 use crate::slices::{
-    build_slices, field_selector, has_pcie_roots, label_selector, without_pcie_roots, NodeOwner,
-    SliceError, ATTR_PCIE_ROOT,
+    build_slices, field_selector, label_selector, NodeOwner, SliceError, ATTR_PCIE_ROOT,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;

@@ -19,7 +19,8 @@ use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, Ku
 use crate::kubelet::registration::{Registrar, RegistrationState};
 use crate::metrics::Metrics;
 use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
-use crate::slices::{devices_with_pcie_roots, LeftOutRoots, ATTR_PCIE_ROOT};
+use crate::slices::device_attributes::LeftOutRoots;
+use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};

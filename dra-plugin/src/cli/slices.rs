@@ -2,8 +2,9 @@
 //! would send, printed as JSON, built by the same code as the publisher's.
 
 use crate::devices::{DeviceMode, DeviceOptions, GroupBy};
+use crate::slices::device_attributes::LeftOutRoots;
 use crate::slices::{
-    build_slices, devices_with_pcie_roots, LeftOutRoots, NodeOwner, ATTR_PCIE_ROOT,
+    build_slices, devices_with_pcie_roots, NodeOwner, ATTR_PCIE_ROOT,
     MAX_ATTRIBUTE_VALUES_PER_DEVICE,
 };
 use anyhow::Context;
