@@ -42,6 +42,9 @@
 
 mod comparison;
 pub mod server_support;
+mod status;
+
+pub use status::PublishStatus;
 
 use crate::metrics::Metrics;
 use crate::slices::device_attributes::{has_pcie_roots, without_pcie_roots};
@@ -55,16 +58,14 @@ use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
-use serde_json::Value;
 use server_support::{
-    declared_fields, is_refused_pcie_roots, is_undeclared_mapping, keeps_multiple_allocations,
-    minor_release, shares_devices, without_mapping, ATTRIBUTE_SCHEMA, DEVICE_SCHEMA, LIST_FIELD,
-    LIST_MINOR, MAPPING_FIELD, MAPPING_MINOR, OPENAPI_RESOURCE_V1,
+    is_refused_pcie_roots, is_undeclared_mapping, shares_devices, without_mapping, MAPPING_FIELD,
+    OPENAPI_RESOURCE_V1,
 };
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -159,46 +160,6 @@ impl From<Vec<Device>> for DesiredDevices {
     }
 }
 
-/// Why the node is not ready as far as publishing goes, shared with
-/// `/readyz`.
-#[derive(Debug, Default)]
-pub struct PublishStatus {
-    state: Mutex<StatusState>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct StatusState {
-    /// The last publish failed, with this reason.
-    failure: Option<String>,
-    /// The configured devices cannot work on this server, for this reason.
-    refusal: Option<String>,
-}
-
-impl PublishStatus {
-    fn state(&self) -> std::sync::MutexGuard<'_, StatusState> {
-        // Plain strings behind the lock: still fine after a panic elsewhere.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// `Some(reason)` while publishing keeps the node from being ready.
-    pub fn unready_reason(&self) -> Option<String> {
-        let state = self.state();
-        match (&state.refusal, &state.failure) {
-            (None, None) => None,
-            (Some(r), None) | (None, Some(r)) => Some(r.clone()),
-            (Some(refusal), Some(failure)) => Some(format!("{refusal}; {failure}")),
-        }
-    }
-
-    pub fn set_failure(&self, failure: Option<String>) {
-        self.state().failure = failure;
-    }
-
-    pub fn set_refusal(&self, refusal: Option<String>) {
-        self.state().refusal = refusal;
-    }
-}
-
 /// What one [`Publisher::sync`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PublishOutcome {
@@ -276,86 +237,9 @@ impl Publisher {
         self.list_attributes
     }
 
-    /// Whether this server's DeviceAttribute declares list values: from the
-    /// OpenAPI v3 document, else from `/version`.
-    async fn learn_list_attribute_support(&self) -> Result<bool, PublishError> {
-        self.learn_field_support(ATTRIBUTE_SCHEMA, LIST_FIELD, LIST_MINOR, "list attributes")
-            .await
-    }
-
     /// Whether the server keeps `allowMultipleAllocations`, once learned.
     pub fn consumable_capacity(&self) -> Option<bool> {
         self.consumable_capacity
-    }
-
-    /// Whether this server's Device declares the mapping field: from the
-    /// OpenAPI v3 document, else from `/version`.
-    async fn learn_mapping_support(&self) -> Result<bool, PublishError> {
-        self.learn_field_support(DEVICE_SCHEMA, MAPPING_FIELD, MAPPING_MINOR, "the mapping")
-            .await
-    }
-
-    /// Whether `schema` of this server declares `field`: from the OpenAPI v3
-    /// document (exactly what the server takes), else from `/version`
-    /// (`field` came with release 1.`minor`).
-    async fn learn_field_support(
-        &self,
-        schema: &str,
-        field: &str,
-        minor: u32,
-        what: &str,
-    ) -> Result<bool, PublishError> {
-        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
-            Ok(request) => match self.client.request::<Value>(request).await {
-                Ok(document) => match declared_fields(&document, schema) {
-                    Some(fields) => return Ok(fields.contains(field)),
-                    None => format!("no {schema} schema in the document"),
-                },
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        let info =
-            self.client
-                .apiserver_version()
-                .await
-                .map_err(|source| PublishError::Discover {
-                    openapi: openapi.clone(),
-                    source,
-                })?;
-        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging {what} by /version {}.{}", info.major, info.minor);
-        Ok(minor_release(&info).is_some_and(|release| release >= minor))
-    }
-
-    /// Whether the server keeps `allowMultipleAllocations`: a dry-run apply
-    /// of the first slice with a shareable device, compared with the answer.
-    async fn probe_consumable_capacity(
-        &self,
-        owner: &NodeOwner,
-        devices: &[Device],
-    ) -> Result<bool, PublishError> {
-        let slices = build_slices(&self.driver, &self.node, Some(owner), devices.to_vec(), 1)
-            .map_err(|source| PublishError::Build {
-                node: self.node.clone(),
-                source,
-            })?;
-        let Some(sent) = slices
-            .into_iter()
-            .find(|s| shares_devices(s.spec.devices.as_deref().unwrap_or_default()))
-        else {
-            return Ok(true);
-        };
-        let name = sent.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(&self.driver).force().dry_run();
-        let returned = self
-            .slices
-            .patch(&name, &params, &Patch::Apply(&sent))
-            .await
-            .map_err(|source| PublishError::Probe {
-                slice: name.clone(),
-                source,
-            })?;
-        Ok(keeps_multiple_allocations(&sent, &returned))
     }
 
     /// [`Self::sync_desired`] for devices without a fallback.
@@ -776,18 +660,5 @@ pub(crate) mod tests {
             },
         )
         .unwrap()
-    }
-
-    #[test]
-    fn readiness_reasons_combine_and_clear() {
-        let status = PublishStatus::default();
-        assert_eq!(status.unready_reason(), None);
-        status.set_failure(Some("f".into()));
-        assert_eq!(status.unready_reason().as_deref(), Some("f"));
-        status.set_refusal(Some("r".into()));
-        assert_eq!(status.unready_reason().as_deref(), Some("r; f"));
-        status.set_failure(None);
-        status.set_refusal(None);
-        assert_eq!(status.unready_reason(), None);
     }
 }

@@ -3,8 +3,11 @@
 //! from `/version`, and the refusals that name the node-allocatable mapping
 //! or the PCIe root list, or drop shared devices (see the publisher's doc).
 
+use super::{PublishError, Publisher};
 use crate::slices::ATTR_PCIE_ROOT;
+use crate::slices::{build_slices, NodeOwner};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::api::{Patch, PatchParams};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -125,6 +128,86 @@ pub(super) fn shares_devices(devices: &[Device]) -> bool {
     devices
         .iter()
         .any(|d| d.allow_multiple_allocations == Some(true))
+}
+
+/// The probes, run by the publisher before its first publish.
+impl Publisher {
+    /// Whether this server's DeviceAttribute declares list values: from the
+    /// OpenAPI v3 document, else from `/version`.
+    pub(super) async fn learn_list_attribute_support(&self) -> Result<bool, PublishError> {
+        self.learn_field_support(ATTRIBUTE_SCHEMA, LIST_FIELD, LIST_MINOR, "list attributes")
+            .await
+    }
+
+    /// Whether this server's Device declares the mapping field: from the
+    /// OpenAPI v3 document, else from `/version`.
+    pub(super) async fn learn_mapping_support(&self) -> Result<bool, PublishError> {
+        self.learn_field_support(DEVICE_SCHEMA, MAPPING_FIELD, MAPPING_MINOR, "the mapping")
+            .await
+    }
+
+    /// Whether `schema` of this server declares `field`: from the OpenAPI v3
+    /// document (exactly what the server takes), else from `/version`
+    /// (`field` came with release 1.`minor`).
+    async fn learn_field_support(
+        &self,
+        schema: &str,
+        field: &str,
+        minor: u32,
+        what: &str,
+    ) -> Result<bool, PublishError> {
+        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
+            Ok(request) => match self.client.request::<Value>(request).await {
+                Ok(document) => match declared_fields(&document, schema) {
+                    Some(fields) => return Ok(fields.contains(field)),
+                    None => format!("no {schema} schema in the document"),
+                },
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        let info =
+            self.client
+                .apiserver_version()
+                .await
+                .map_err(|source| PublishError::Discover {
+                    openapi: openapi.clone(),
+                    source,
+                })?;
+        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging {what} by /version {}.{}", info.major, info.minor);
+        Ok(minor_release(&info).is_some_and(|release| release >= minor))
+    }
+
+    /// Whether the server keeps `allowMultipleAllocations`: a dry-run apply
+    /// of the first slice with a shareable device, compared with the answer.
+    pub(super) async fn probe_consumable_capacity(
+        &self,
+        owner: &NodeOwner,
+        devices: &[Device],
+    ) -> Result<bool, PublishError> {
+        let slices = build_slices(&self.driver, &self.node, Some(owner), devices.to_vec(), 1)
+            .map_err(|source| PublishError::Build {
+                node: self.node.clone(),
+                source,
+            })?;
+        let Some(sent) = slices
+            .into_iter()
+            .find(|s| shares_devices(s.spec.devices.as_deref().unwrap_or_default()))
+        else {
+            return Ok(true);
+        };
+        let name = sent.metadata.name.clone().unwrap_or_default();
+        let params = PatchParams::apply(&self.driver).force().dry_run();
+        let returned = self
+            .slices
+            .patch(&name, &params, &Patch::Apply(&sent))
+            .await
+            .map_err(|source| PublishError::Probe {
+                slice: name.clone(),
+                source,
+            })?;
+        Ok(keeps_multiple_allocations(&sent, &returned))
+    }
 }
 
 #[cfg(test)]
