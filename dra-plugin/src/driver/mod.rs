@@ -17,9 +17,9 @@ use crate::cdi::{device_id, CdiDir};
 use crate::device_metadata::DeviceMetadata;
 use crate::devices::DeviceCatalog;
 use crate::metrics::Metrics;
+use crate::prepare::validation::parse_claim;
 use crate::prepare::{
-    check_shared_pool_floor, opaque_cpusets, parse_claim, resolve_cpus_configured, ClaimRef,
-    PrepareError,
+    check_shared_pool_floor, opaque_cpusets, resolve_cpus_configured, ClaimRef, PrepareError,
 };
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
