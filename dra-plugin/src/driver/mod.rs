@@ -17,10 +17,9 @@ use crate::cdi::{device_id, CdiDir};
 use crate::device_metadata::DeviceMetadata;
 use crate::devices::DeviceCatalog;
 use crate::metrics::Metrics;
+use crate::prepare::shared_pool::check_shared_pool_floor;
 use crate::prepare::validation::parse_claim;
-use crate::prepare::{
-    check_shared_pool_floor, opaque_cpusets, resolve_cpus_configured, ClaimRef, PrepareError,
-};
+use crate::prepare::{opaque_cpusets, resolve_cpus_configured, ClaimRef, PrepareError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::store::{AssignmentStore, StoreError};
