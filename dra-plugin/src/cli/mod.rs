@@ -3,6 +3,7 @@
 //! allocator, without a cluster), `slices` (the ResourceSlices this node
 //! would publish).
 
+mod inspect_marks;
 pub mod inspect_state;
 pub mod inspect_table;
 pub mod slices;
