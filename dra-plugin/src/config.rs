@@ -6,10 +6,10 @@
 //! without the leading dashes (`driver-name: dra.cpu`); an unknown key is an
 //! error, so a typo cannot silently leave a default in force.
 
-use crate::k8s_names::is_driver_name;
 /// The device options are the slice builder's own types, so that a mode
 /// read from flags is exactly the one the slices are built for.
-pub use crate::slices::{CpuDeviceMode, DeviceMode, GroupBy};
+pub use crate::devices::{CpuDeviceMode, DeviceMode, GroupBy};
+use crate::k8s_names::is_driver_name;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use shared_state::alloc::Policy;

@@ -3,9 +3,8 @@
 //! Subcommands besides the plugin itself inspect what the plugin would see
 //! and do on this node, from the same code paths.
 
-mod inspect;
-
-use dra_plugin::{inspect_state, run, slices};
+use dra_plugin::cli::{inspect_state, slices, topology as inspect};
+use dra_plugin::run;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -13,13 +13,14 @@ use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{published_attributes, DeviceMetadata};
-use crate::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
+use crate::devices::{DeviceCatalog, DeviceOptions};
 use crate::driver::{Driver, DriverOptions, StoreFault};
+use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
+use crate::kubelet::registration::{Registrar, RegistrationState};
 use crate::metrics::Metrics;
-use crate::prepare::DeviceCatalog;
 use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
-use crate::registration::{Registrar, RegistrationState};
-use crate::slices::{devices_with_pcie_roots, DeviceOptions, LeftOutRoots, ATTR_PCIE_ROOT};
+use crate::slices::device_attributes::LeftOutRoots;
+use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
@@ -114,16 +115,16 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         )
     })?;
     // Two owners of exclusive CPUs give one CPU to two workloads.
-    let (cpu_manager_state, verdict) = crate::kubelet_cpu_manager::check(
+    let (cpu_manager_state, verdict) = crate::kubelet::kubelet_cpu_manager::check(
         &config.kubelet_root_dir,
         config.allow_kubelet_static_cpu_manager,
     );
     match verdict {
-        crate::kubelet_cpu_manager::Verdict::Proceed => {
+        crate::kubelet::kubelet_cpu_manager::Verdict::Proceed => {
             tracing::debug!(state = %cpu_manager_state.display(), "kubelet's CPU manager policy is none")
         }
-        crate::kubelet_cpu_manager::Verdict::Warn(warning) => tracing::warn!("{warning}"),
-        crate::kubelet_cpu_manager::Verdict::Refuse(reason) => bail!(reason),
+        crate::kubelet::kubelet_cpu_manager::Verdict::Warn(warning) => tracing::warn!("{warning}"),
+        crate::kubelet::kubelet_cpu_manager::Verdict::Refuse(reason) => bail!(reason),
     }
     let online = topology.online();
     if !config.reserved_cpus.is_subset(&online) {
@@ -297,7 +298,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let listener =
         bind_unix(&dra_socket, OWNER_ONLY_SOCKET_MODE).context("binding the DRA socket")?;
     // Device health, in both versions kubelets call.
-    let device_health = crate::device_health::Health::new(
+    let device_health = crate::kubelet::device_health::Health::new(
         config.node_name.clone(),
         driver
             .catalog()
@@ -305,7 +306,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .map(|(name, cpus)| (name.to_string(), cpus.clone()))
             .collect(),
         config.sysfs_root.clone(),
-        crate::device_health::HealthTiming::default(),
+        crate::kubelet::device_health::HealthTiming::default(),
         stop_rx.clone(),
     );
     let dra = tokio::spawn(

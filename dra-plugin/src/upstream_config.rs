@@ -15,7 +15,7 @@
 //! win over the file.
 
 use crate::config::{GroupBy, Settings};
-use crate::slices::CpuDeviceMode;
+use crate::devices::CpuDeviceMode;
 use serde_yaml::{Mapping, Value};
 use shared_state::CpuSet;
 use std::path::PathBuf;

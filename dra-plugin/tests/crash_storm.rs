@@ -21,9 +21,9 @@ use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::seed::seed_from_env;
 use dra_plugin::cdi::CdiDir;
+use dra_plugin::cli::inspect_state::StateReport;
 use dra_plugin::config::DeviceMode;
-use dra_plugin::driver::CRASH_AT_ENV;
-use dra_plugin::inspect_state::StateReport;
+use dra_plugin::driver::crash_points::CRASH_AT_ENV;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
@@ -134,6 +134,10 @@ async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
         .stderr(Stdio::from(log))
         .kill_on_drop(true);
     if let Some(point) = crash_at {
+        assert!(
+            dra_plugin::driver::crash_points::enabled(),
+            "this build has no crash points: build with --features dra-plugin/crash-points"
+        );
         command.env(CRASH_AT_ENV, point);
     }
     let mut child = command.spawn().expect("spawning dra-plugin run");

@@ -3,7 +3,7 @@
 //! stream that then stays open (kubelet reads a closed stream as the plugin
 //! going away) and reports a device whose CPU goes offline, and that ends
 //! when the daemon stops rather than holding it up. The periodic re-send is
-//! tested in `dra-plugin/src/device_health.rs` on a paused clock.
+//! tested in `dra-plugin/src/kubelet/device_health.rs` on a paused clock.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -112,7 +112,7 @@ async fn garbage_and_stalled_coordination_clients_block_nobody() {
         .expect("prepare answers while clients stall")
         .expect("prepare");
     assert_eq!(answers[&claim.uid].error, "");
-    let report = tokio::time::timeout(WAIT, dra_plugin::inspect_state::from_socket(&socket))
+    let report = tokio::time::timeout(WAIT, dra_plugin::cli::inspect_state::from_socket(&socket))
         .await
         .expect("a subscriber is served while others stall")
         .expect("snapshot");
@@ -262,7 +262,7 @@ async fn malformed_and_foreign_allocation_results_are_refused_per_claim() {
         assert_eq!(errors[&good.uid], "");
     }
     // Nothing left behind: the daemon holds no claim and no spec.
-    let report = dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
+    let report = dra_plugin::cli::inspect_state::from_socket(&node.config.coordination_socket)
         .await
         .expect("snapshot");
     assert!(report.claims.is_empty(), "{:?}", report.claims);

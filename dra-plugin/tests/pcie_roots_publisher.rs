@@ -12,11 +12,10 @@ mod common;
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
+use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::publisher::{PublishStatus, Publisher};
-use dra_plugin::slices::{
-    devices_with_pcie_roots, DeviceMode, DeviceOptions, GroupBy, ATTR_PCIE_ROOT,
-};
+use dra_plugin::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use shared_state::topology::pcie::{Locality, PcieRoot, PcieRoots};
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};

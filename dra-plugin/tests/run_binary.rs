@@ -176,7 +176,7 @@ fn run_command(node: &Node) -> std::process::Command {
         .arg("--cpu-device-mode=grouped")
         .arg("--metrics-address=127.0.0.1:0")
         .env_remove("NODE_NAME")
-        .env_remove(dra_plugin::driver::CRASH_AT_ENV)
+        .env_remove(dra_plugin::driver::crash_points::CRASH_AT_ENV)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());

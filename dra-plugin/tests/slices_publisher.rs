@@ -9,9 +9,10 @@
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
+use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::publisher::{DesiredDevices, PublishError, PublishStatus, Publisher};
-use dra_plugin::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
+use dra_plugin::slices::devices_for;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;
 use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};

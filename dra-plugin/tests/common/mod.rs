@@ -246,8 +246,8 @@ pub fn cpus_of(node: &Node, claim: &Claim) -> CpuSet {
 }
 
 /// The running daemon's state through its coordination socket.
-pub async fn snapshot(node: &Node) -> dra_plugin::inspect_state::StateReport {
-    dra_plugin::inspect_state::from_socket(&node.config.coordination_socket)
+pub async fn snapshot(node: &Node) -> dra_plugin::cli::inspect_state::StateReport {
+    dra_plugin::cli::inspect_state::from_socket(&node.config.coordination_socket)
         .await
         .expect("snapshot from the coordination socket")
 }
@@ -318,7 +318,7 @@ pub fn in_process_driver(
     min_shared_cpus: u32,
 ) -> std::sync::Arc<dra_plugin::driver::Driver> {
     let topo = two_socket_topology();
-    let catalog = dra_plugin::prepare::DeviceCatalog::new(
+    let catalog = dra_plugin::devices::DeviceCatalog::new(
         &topo,
         &CpuSet::new(),
         DeviceMode::Grouped,

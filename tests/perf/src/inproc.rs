@@ -9,7 +9,8 @@ use dra_cpu_proto::nri::api::{
 };
 use dra_cpu_proto::nri::{NriPlugin, NriUpdater};
 use dra_plugin::config::{DeviceMode, GroupBy};
-use dra_plugin::prepare::{resolve_cpus, ClaimRef, DeviceCatalog, ParsedClaim};
+use dra_plugin::devices::DeviceCatalog;
+use dra_plugin::prepare::{resolve_cpus, ClaimRef, ParsedClaim};
 use nri_plugin::config::UnsolicitedUpdates;
 use nri_plugin::enforcer::Enforcer;
 use nri_plugin::metrics::Metrics;

@@ -40,41 +40,34 @@
 //! `DRANodeAllocatableResources` feature gate drops that field, and treating
 //! the loss as a difference would republish forever.
 
+mod comparison;
+pub mod server_support;
+mod status;
+
+pub use status::PublishStatus;
+
 use crate::metrics::Metrics;
+use crate::slices::device_attributes::{has_pcie_roots, without_pcie_roots};
 use crate::slices::{
-    build_slices, field_selector, has_pcie_roots, label_selector, without_pcie_roots, NodeOwner,
-    SliceError, ATTR_PCIE_ROOT,
+    build_slices, field_selector, label_selector, NodeOwner, SliceError, ATTR_PCIE_ROOT,
 };
+use comparison::{content_hash, slice_matches};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
-use serde_json::Value;
-use std::collections::hash_map::DefaultHasher;
+use server_support::{
+    is_refused_pcie_roots, is_undeclared_mapping, shares_devices, without_mapping, MAPPING_FIELD,
+    OPENAPI_RESOURCE_V1,
+};
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 use std::future::Future;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-/// The OpenAPI v3 document that declares the ResourceSlice fields.
-pub const OPENAPI_RESOURCE_V1: &str = "/openapi/v3/apis/resource.k8s.io/v1";
-const DEVICE_SCHEMA: &str = "io.k8s.api.resource.v1.Device";
-const ATTRIBUTE_SCHEMA: &str = "io.k8s.api.resource.v1.DeviceAttribute";
-/// The list value a pcieRoot attribute is published in.
-const LIST_FIELD: &str = "strings";
-/// The first release whose DeviceAttribute declares [`LIST_FIELD`].
-const LIST_MINOR: u32 = 36;
-/// The KEP-5517 mapping field in its 1.37 shape.
-pub const MAPPING_FIELD: &str = "nodeAllocatableResources";
-/// The first release whose Device declares [`MAPPING_FIELD`] (kubernetes
-/// #140009 renamed 1.36's `nodeAllocatableResourceMappings`).
-const MAPPING_MINOR: u32 = 37;
 
 /// Events arriving within this window after the first are handled by one
 /// resync (a slice deleted with its siblings, a burst of edits).
@@ -147,111 +140,6 @@ impl PublishError {
     }
 }
 
-/// Whether `error` is the server refusing an apply because its schema does
-/// not declare the mapping field (structured-merge-diff's
-/// `.spec.devices[N].nodeAllocatableResources: field not declared in schema`).
-pub fn is_undeclared_mapping(error: &kube::Error) -> bool {
-    match error {
-        kube::Error::Api(status) => {
-            status.code == 500
-                && status
-                    .message
-                    .contains(&format!(".{MAPPING_FIELD}: field not declared in schema"))
-        }
-        _ => false,
-    }
-}
-
-/// The field names of `io.k8s.api.resource.v1.Device` in an OpenAPI v3
-/// document, or `None` if the document does not describe it.
-pub fn declared_device_fields(openapi: &Value) -> Option<BTreeSet<String>> {
-    declared_fields(openapi, DEVICE_SCHEMA)
-}
-
-/// The field names of `io.k8s.api.resource.v1.DeviceAttribute`.
-pub fn declared_attribute_fields(openapi: &Value) -> Option<BTreeSet<String>> {
-    declared_fields(openapi, ATTRIBUTE_SCHEMA)
-}
-
-fn declared_fields(openapi: &Value, schema: &str) -> Option<BTreeSet<String>> {
-    let properties = openapi
-        .pointer(&format!("/components/schemas/{schema}/properties"))?
-        .as_object()?;
-    Some(properties.keys().cloned().collect())
-}
-
-/// Whether `error` is the server refusing the pcieRoot attribute: a
-/// validation error naming it (422; a 1.36/1.37 server without the
-/// `DRAListTypeAttributes` gate drops the list and then finds the attribute
-/// without a value), or a schema without list values (500, `.strings: field
-/// not declared in schema`).
-pub fn is_refused_pcie_roots(error: &kube::Error) -> bool {
-    match error {
-        kube::Error::Api(status) => {
-            (status.code == 422 && status.message.contains(ATTR_PCIE_ROOT))
-                || (status.code == 500
-                    && status
-                        .message
-                        .contains(&format!(".{LIST_FIELD}: field not declared in schema")))
-        }
-        _ => false,
-    }
-}
-
-/// The minor release of a `/version` answer (`"37"`, `"37+"` on some
-/// distributions), if readable.
-pub fn minor_release(info: &k8s_openapi::apimachinery::pkg::version::Info) -> Option<u32> {
-    if info.major.trim_end_matches('+') != "1" {
-        return None;
-    }
-    let digits: String = info
-        .minor
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
-}
-
-/// Whether the server keeps `allowMultipleAllocations` on the devices of
-/// `sent`, judged from what it answered (`returned`).
-pub fn keeps_multiple_allocations(sent: &ResourceSlice, returned: &ResourceSlice) -> bool {
-    let returned: BTreeMap<&str, &Device> = returned
-        .spec
-        .devices
-        .iter()
-        .flatten()
-        .map(|d| (d.name.as_str(), d))
-        .collect();
-    sent.spec
-        .devices
-        .iter()
-        .flatten()
-        .filter(|d| d.allow_multiple_allocations == Some(true))
-        .all(|d| {
-            returned
-                .get(d.name.as_str())
-                .is_some_and(|r| r.allow_multiple_allocations == Some(true))
-        })
-}
-
-/// The devices without the KEP-5517 mapping.
-pub fn without_mapping(devices: &[Device]) -> Vec<Device> {
-    devices
-        .iter()
-        .cloned()
-        .map(|mut d| {
-            d.node_allocatable_resources = None;
-            d
-        })
-        .collect()
-}
-
-fn shares_devices(devices: &[Device]) -> bool {
-    devices
-        .iter()
-        .any(|d| d.allow_multiple_allocations == Some(true))
-}
-
 /// What to publish, given the answers of the server.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DesiredDevices {
@@ -269,46 +157,6 @@ impl From<Vec<Device>> for DesiredDevices {
             devices,
             without_consumable_capacity: None,
         }
-    }
-}
-
-/// Why the node is not ready as far as publishing goes, shared with
-/// `/readyz`.
-#[derive(Debug, Default)]
-pub struct PublishStatus {
-    state: Mutex<StatusState>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct StatusState {
-    /// The last publish failed, with this reason.
-    failure: Option<String>,
-    /// The configured devices cannot work on this server, for this reason.
-    refusal: Option<String>,
-}
-
-impl PublishStatus {
-    fn state(&self) -> std::sync::MutexGuard<'_, StatusState> {
-        // Plain strings behind the lock: still fine after a panic elsewhere.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// `Some(reason)` while publishing keeps the node from being ready.
-    pub fn unready_reason(&self) -> Option<String> {
-        let state = self.state();
-        match (&state.refusal, &state.failure) {
-            (None, None) => None,
-            (Some(r), None) | (None, Some(r)) => Some(r.clone()),
-            (Some(refusal), Some(failure)) => Some(format!("{refusal}; {failure}")),
-        }
-    }
-
-    pub fn set_failure(&self, failure: Option<String>) {
-        self.state().failure = failure;
-    }
-
-    pub fn set_refusal(&self, refusal: Option<String>) {
-        self.state().refusal = refusal;
     }
 }
 
@@ -389,86 +237,9 @@ impl Publisher {
         self.list_attributes
     }
 
-    /// Whether this server's DeviceAttribute declares list values: from the
-    /// OpenAPI v3 document, else from `/version`.
-    async fn learn_list_attribute_support(&self) -> Result<bool, PublishError> {
-        self.learn_field_support(ATTRIBUTE_SCHEMA, LIST_FIELD, LIST_MINOR, "list attributes")
-            .await
-    }
-
     /// Whether the server keeps `allowMultipleAllocations`, once learned.
     pub fn consumable_capacity(&self) -> Option<bool> {
         self.consumable_capacity
-    }
-
-    /// Whether this server's Device declares the mapping field: from the
-    /// OpenAPI v3 document, else from `/version`.
-    async fn learn_mapping_support(&self) -> Result<bool, PublishError> {
-        self.learn_field_support(DEVICE_SCHEMA, MAPPING_FIELD, MAPPING_MINOR, "the mapping")
-            .await
-    }
-
-    /// Whether `schema` of this server declares `field`: from the OpenAPI v3
-    /// document (exactly what the server takes), else from `/version`
-    /// (`field` came with release 1.`minor`).
-    async fn learn_field_support(
-        &self,
-        schema: &str,
-        field: &str,
-        minor: u32,
-        what: &str,
-    ) -> Result<bool, PublishError> {
-        let openapi = match http::Request::get(OPENAPI_RESOURCE_V1).body(Vec::new()) {
-            Ok(request) => match self.client.request::<Value>(request).await {
-                Ok(document) => match declared_fields(&document, schema) {
-                    Some(fields) => return Ok(fields.contains(field)),
-                    None => format!("no {schema} schema in the document"),
-                },
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        let info =
-            self.client
-                .apiserver_version()
-                .await
-                .map_err(|source| PublishError::Discover {
-                    openapi: openapi.clone(),
-                    source,
-                })?;
-        tracing::info!(node = %self.node, "the OpenAPI document was not readable ({openapi}); judging {what} by /version {}.{}", info.major, info.minor);
-        Ok(minor_release(&info).is_some_and(|release| release >= minor))
-    }
-
-    /// Whether the server keeps `allowMultipleAllocations`: a dry-run apply
-    /// of the first slice with a shareable device, compared with the answer.
-    async fn probe_consumable_capacity(
-        &self,
-        owner: &NodeOwner,
-        devices: &[Device],
-    ) -> Result<bool, PublishError> {
-        let slices = build_slices(&self.driver, &self.node, Some(owner), devices.to_vec(), 1)
-            .map_err(|source| PublishError::Build {
-                node: self.node.clone(),
-                source,
-            })?;
-        let Some(sent) = slices
-            .into_iter()
-            .find(|s| shares_devices(s.spec.devices.as_deref().unwrap_or_default()))
-        else {
-            return Ok(true);
-        };
-        let name = sent.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(&self.driver).force().dry_run();
-        let returned = self
-            .slices
-            .patch(&name, &params, &Patch::Apply(&sent))
-            .await
-            .map_err(|source| PublishError::Probe {
-                slice: name.clone(),
-                source,
-            })?;
-        Ok(keeps_multiple_allocations(&sent, &returned))
     }
 
     /// [`Self::sync_desired`] for devices without a fallback.
@@ -862,113 +633,15 @@ fn grouped_refusal() -> String {
     "--cpu-device-mode grouped needs the API server to keep allowMultipleAllocations (feature gate DRAConsumableCapacity, off by default before Kubernetes 1.36), and this one drops it: no devices are published; enable the gate (then restart dra-plugin) or use --cpu-device-mode auto or individual".to_string()
 }
 
-fn content_hash(devices: &[Device]) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    // Serialising plain data cannot fail; an empty string would only make
-    // the next sync compare everything again.
-    serde_json::to_string(devices)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
-}
-
-/// A slice spec in the form the server stores it, for comparison: without
-/// `nodeAllocatableResources` (a server without its gate drops it), empty
-/// lists and maps and nulls left out (`omitempty`), capacity quantities in
-/// canonical form (`1000` comes back as `1k`).
-pub fn normalised_spec(mut spec: Value) -> Value {
-    if let Some(devices) = spec.get_mut("devices").and_then(Value::as_array_mut) {
-        for device in devices {
-            if let Some(d) = device.as_object_mut() {
-                d.remove(MAPPING_FIELD);
-                if let Some(capacity) = d.get_mut("capacity").and_then(Value::as_object_mut) {
-                    for entry in capacity.values_mut() {
-                        if let Some(value) = entry.get_mut("value") {
-                            if let Some(canonical) =
-                                value.as_str().and_then(crate::quantity::canonical)
-                            {
-                                *value = Value::String(canonical);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    drop_empty(&mut spec);
-    spec
-}
-
-fn drop_empty(value: &mut Value) {
-    match value {
-        Value::Object(map) => {
-            for child in map.values_mut() {
-                drop_empty(child);
-            }
-            map.retain(|_, v| !is_empty(v));
-        }
-        Value::Array(items) => items.iter_mut().for_each(drop_empty),
-        _ => {}
-    }
-}
-
-fn is_empty(value: &Value) -> bool {
-    match value {
-        Value::Null => true,
-        Value::Array(items) => items.is_empty(),
-        Value::Object(map) => map.is_empty(),
-        _ => false,
-    }
-}
-
-/// `want` is contained in `have`: every field we set has our value (the
-/// server may add defaults of its own); lists must have the same length.
-fn json_contains(want: &Value, have: &Value) -> bool {
-    match (want, have) {
-        (Value::Object(w), Value::Object(h)) => w
-            .iter()
-            .all(|(k, v)| h.get(k).is_some_and(|hv| json_contains(v, hv))),
-        (Value::Array(w), Value::Array(h)) => {
-            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| json_contains(a, b))
-        }
-        _ => want == have,
-    }
-}
-
-/// Whether the server's `have` says what `want` says: our labels, our owner,
-/// and our spec apart from `nodeAllocatableResources`.
-fn slice_matches(want: &ResourceSlice, have: &ResourceSlice) -> bool {
-    let labels_ok = want.metadata.labels.iter().flatten().all(|(k, v)| {
-        have.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(k))
-            .is_some_and(|hv| hv == v)
-    });
-    let owners_ok = want.metadata.owner_references.iter().flatten().all(|w| {
-        have.metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|h| h.uid == w.uid && h.kind == w.kind && h.name == w.name)
-    });
-    let spec = |s: &ResourceSlice| serde_json::to_value(&s.spec).map(normalised_spec).ok();
-    let spec_ok = match (spec(want), spec(have)) {
-        (Some(w), Some(h)) => json_contains(&w, &h),
-        _ => false,
-    };
-    labels_ok && owners_ok && spec_ok
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::slices::{devices_for, DeviceMode, DeviceOptions, GroupBy};
-    use serde_json::json;
+    use crate::devices::{DeviceMode, DeviceOptions, GroupBy};
+    use crate::slices::devices_for;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
     use shared_state::CpuSet;
 
-    fn devices(mode: DeviceMode) -> Vec<Device> {
+    pub(crate) fn devices(mode: DeviceMode) -> Vec<Device> {
         let topology = build(&Shape {
             sockets: 2,
             numa_per_socket: 1,
@@ -987,169 +660,5 @@ mod tests {
             },
         )
         .unwrap()
-    }
-
-    #[test]
-    fn comparison_ignores_the_dropped_mapping_and_server_defaults() {
-        let devices = devices(DeviceMode::Grouped);
-        let owner = NodeOwner {
-            name: "n".to_string(),
-            uid: "u".to_string(),
-        };
-        let want = build_slices("dra.cpu", "n", Some(&owner), devices, 1)
-            .unwrap()
-            .remove(0);
-        let mut have = want.clone();
-        assert!(slice_matches(&want, &have));
-        for d in have.spec.devices.iter_mut().flatten() {
-            d.node_allocatable_resources = None;
-            d.taints = Some(vec![]);
-        }
-        assert!(slice_matches(&want, &have), "dropped mapping and defaults");
-        let mut changed = have.clone();
-        if let Some(d) = changed.spec.devices.as_mut().and_then(|d| d.first_mut()) {
-            d.name = "other".to_string();
-        }
-        assert!(!slice_matches(&want, &changed));
-        let mut fewer = have.clone();
-        fewer.spec.devices.as_mut().unwrap().pop();
-        assert!(!slice_matches(&want, &fewer));
-        let mut unowned = have.clone();
-        unowned.metadata.owner_references = None;
-        assert!(!slice_matches(&want, &unowned));
-        let mut relabelled = have;
-        relabelled.metadata.labels = None;
-        assert!(!slice_matches(&want, &relabelled));
-    }
-
-    #[test]
-    fn normalised_specs_compare_as_the_server_stores_them() {
-        let want = json!({"driver": "d", "devices": [{"name": "a",
-            "capacity": {"dra.cpu/cpu": {"value": "1000"}}, "taints": [],
-            "nodeAllocatableResources": {"cpu": {}}}], "sharedCounters": []});
-        let have = json!({"driver": "d", "devices": [{"name": "a",
-            "capacity": {"dra.cpu/cpu": {"value": "1k"}}}]});
-        assert_eq!(normalised_spec(want.clone()), normalised_spec(have.clone()));
-        assert!(json_contains(
-            &normalised_spec(want),
-            &normalised_spec(have)
-        ));
-        let empty_pool = json!({"driver": "d", "devices": []});
-        assert_eq!(normalised_spec(empty_pool), json!({"driver": "d"}));
-        let other = json!({"driver": "d", "devices": [{"name": "a",
-            "capacity": {"dra.cpu/cpu": {"value": "2k"}}}]});
-        assert_ne!(
-            normalised_spec(other),
-            normalised_spec(json!({"driver": "d", "devices": [{"name": "a",
-                "capacity": {"dra.cpu/cpu": {"value": "1000"}}}]}))
-        );
-    }
-
-    #[test]
-    fn openapi_and_version_answers_are_read() {
-        let doc = json!({"components": {"schemas": {DEVICE_SCHEMA: {"properties":
-            {"name": {}, "nodeAllocatableResources": {}}}}}});
-        let fields = declared_device_fields(&doc).unwrap();
-        assert!(fields.contains(MAPPING_FIELD) && fields.contains("name"));
-        assert_eq!(declared_device_fields(&json!({"components": {}})), None);
-        let info = |major: &str, minor: &str| k8s_openapi::apimachinery::pkg::version::Info {
-            major: major.to_string(),
-            minor: minor.to_string(),
-            ..Default::default()
-        };
-        for (major, minor, want) in [
-            ("1", "37", Some(37)),
-            ("1", "36+", Some(36)),
-            ("1", "", None),
-            ("2", "1", None),
-        ] {
-            assert_eq!(minor_release(&info(major, minor)), want, "{major}.{minor}");
-        }
-    }
-
-    #[test]
-    fn refusals_of_the_pcie_root_list_are_recognised() {
-        let status = |code: u16, message: &str| {
-            kube::Error::Api(Box::new(kube::core::Status {
-                code,
-                message: message.to_string(),
-                ..Default::default()
-            }))
-        };
-        let cases = [
-            // 1.36/1.37 without DRAListTypeAttributes: the list dropped,
-            // the attribute left without a value.
-            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].attributes[resource.kubernetes.io/pcieRoot]: Invalid value: "": exactly one value must be specified"#, true),
-            // A schema without list values.
-            (500, "failed to create typed patch object (/n-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): .spec.devices[0].attributes.resource.kubernetes.io/pcieRoot.strings: field not declared in schema", true),
-            (422, r#"ResourceSlice.resource.k8s.io "n-dra.cpu-0" is invalid: spec.devices[0].name: Invalid value"#, false),
-            (500, "failed to create typed patch object (...): .spec.devices[0].nodeAllocatableResources: field not declared in schema", false),
-            (409, "resource.kubernetes.io/pcieRoot", false),
-        ];
-        for (code, message, want) in cases {
-            assert_eq!(
-                is_refused_pcie_roots(&status(code, message)),
-                want,
-                "{code} {message}"
-            );
-        }
-        let doc = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
-            {"string": {}, "strings": {}}}}}});
-        assert!(declared_attribute_fields(&doc)
-            .unwrap()
-            .contains(LIST_FIELD));
-        let old = json!({"components": {"schemas": {ATTRIBUTE_SCHEMA: {"properties":
-            {"string": {}, "int": {}}}}}});
-        assert!(!declared_attribute_fields(&old)
-            .unwrap()
-            .contains(LIST_FIELD));
-    }
-
-    #[test]
-    fn refusals_and_dropped_sharing_are_recognised() {
-        let status = |code: u16, message: &str| {
-            kube::Error::Api(Box::new(kube::core::Status {
-                code,
-                message: message.to_string(),
-                ..Default::default()
-            }))
-        };
-        let refused = "failed to create typed patch object (/n-dra.cpu-0; resource.k8s.io/v1, Kind=ResourceSlice): .spec.devices[0].nodeAllocatableResources: field not declared in schema";
-        assert!(is_undeclared_mapping(&status(500, refused)));
-        assert!(!is_undeclared_mapping(&status(422, refused)));
-        assert!(!is_undeclared_mapping(&status(
-            500,
-            "failed to create typed patch object (...): .spec.devices[0].other: field not declared in schema"
-        )));
-        let sent = build_slices("dra.cpu", "n", None, devices(DeviceMode::Grouped), 1)
-            .unwrap()
-            .remove(0);
-        assert!(keeps_multiple_allocations(&sent, &sent));
-        let mut stripped = sent.clone();
-        for d in stripped.spec.devices.iter_mut().flatten() {
-            d.allow_multiple_allocations = None;
-        }
-        assert!(!keeps_multiple_allocations(&sent, &stripped));
-    }
-
-    #[test]
-    fn readiness_reasons_combine_and_clear() {
-        let status = PublishStatus::default();
-        assert_eq!(status.unready_reason(), None);
-        status.set_failure(Some("f".into()));
-        assert_eq!(status.unready_reason().as_deref(), Some("f"));
-        status.set_refusal(Some("r".into()));
-        assert_eq!(status.unready_reason().as_deref(), Some("r; f"));
-        status.set_failure(None);
-        status.set_refusal(None);
-        assert_eq!(status.unready_reason(), None);
-    }
-
-    #[test]
-    fn content_hash_tells_device_sets_apart() {
-        let grouped = devices(DeviceMode::Grouped);
-        let individual = devices(DeviceMode::Individual);
-        assert_eq!(content_hash(&grouped), content_hash(&grouped.clone()));
-        assert_ne!(content_hash(&grouped), content_hash(&individual));
     }
 }

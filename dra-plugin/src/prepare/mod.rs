@@ -1,108 +1,26 @@
 //! From a ResourceClaim to the exact CPUs it gets on this node: the pure
 //! decisions of NodePrepareResources.
 //!
-//! [`DeviceCatalog`] knows which CPUs each published device stands for;
+//! [`DeviceCatalog`] (in [`crate::devices`]) knows which CPUs each
+//! published device stands for;
 //! [`parse_claim`] takes this driver's allocation results out of a claim and
 //! checks them; [`resolve_cpus`] turns them into CPUs that no other claim
 //! holds. Nothing here touches the store, the disk or the network, so every
 //! refusal can be tested directly, with its message.
 
-use crate::opaque_config::{cpusets_by_request, validate, NodeCpus, OpaqueConfigError};
-use crate::slices::{plan_devices, DeviceMode, DeviceOptions, GroupBy, SliceError};
+use crate::devices::{DeviceCatalog, DeviceMode};
+pub mod shared_pool;
+pub mod validation;
+
+use crate::opaque_config::{cpusets_by_request, validate, OpaqueConfigError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{AllocError, Allocator, Policy};
-use shared_state::claim_env::is_claim_uid;
-use shared_state::topology::Topology;
 use shared_state::{AllocatedDevice, CpuSet};
 use std::collections::BTreeMap;
 
 /// The consumable capacity a grouped device counts CPUs in (the one the
 /// slices publish).
 pub use crate::slices::CPU_CAPACITY;
-
-/// Which CPUs each device of this node stands for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceCatalog {
-    devices: BTreeMap<String, (DeviceMode, CpuSet)>,
-    allocatable: CpuSet,
-    online: CpuSet,
-    reserved: CpuSet,
-}
-
-impl DeviceCatalog {
-    /// The devices published for `topology` minus `reserved`, from the
-    /// same plan the ResourceSlices are built from, so a device name in an
-    /// allocation result means exactly the CPUs that were published for it.
-    pub fn new(
-        topology: &Topology,
-        reserved: &CpuSet,
-        mode: DeviceMode,
-        group_by: GroupBy,
-    ) -> Result<DeviceCatalog, SliceError> {
-        Self::for_modes(topology, reserved, &[mode], group_by)
-    }
-
-    /// The devices of every mode in `modes` (`--cpu-device-mode auto`
-    /// publishes grouped or individual devices depending on the API server;
-    /// their names never collide: `cpudev%03d` against `cpudevnuma%03d`,
-    /// `cpudevsocket%03d` and `cpudevmachine`).
-    pub fn for_modes(
-        topology: &Topology,
-        reserved: &CpuSet,
-        modes: &[DeviceMode],
-        group_by: GroupBy,
-    ) -> Result<DeviceCatalog, SliceError> {
-        let mut devices = BTreeMap::new();
-        for &mode in modes {
-            let options = DeviceOptions {
-                mode,
-                group_by,
-                reserved: reserved.clone(),
-                node_allocatable_mapping: false,
-            };
-            for d in plan_devices(topology, &options)? {
-                devices.insert(d.name, (mode, d.cpus));
-            }
-        }
-        Ok(DeviceCatalog {
-            devices,
-            allocatable: topology.online().difference(reserved),
-            online: topology.online().clone(),
-            reserved: reserved.clone(),
-        })
-    }
-
-    /// How a device is allocated: whole (individual) or by consumed
-    /// capacity (grouped).
-    pub fn mode_of(&self, device: &str) -> Option<DeviceMode> {
-        self.devices.get(device).map(|(mode, _)| *mode)
-    }
-
-    /// What an opaque cpuset config is checked against.
-    pub fn node_cpus(&self) -> NodeCpus<'_> {
-        NodeCpus {
-            online: &self.online,
-            reserved: &self.reserved,
-        }
-    }
-
-    /// Online CPUs minus reserved ones.
-    pub fn allocatable(&self) -> &CpuSet {
-        &self.allocatable
-    }
-
-    /// The CPUs of one device, if it exists.
-    pub fn cpus_of(&self, device: &str) -> Option<&CpuSet> {
-        self.devices.get(device).map(|(_, cpus)| cpus)
-    }
-
-    /// Every device name with its CPUs, sorted by name.
-    pub fn devices(&self) -> impl Iterator<Item = (&str, &CpuSet)> {
-        self.devices
-            .iter()
-            .map(|(name, (_, cpus))| (name.as_str(), cpus))
-    }
-}
 
 /// Why a claim reserved only for other consumers is refused: the CPUs of a
 /// claim are pinned to the pod that consumes it, and nri-plugin admits a
@@ -279,164 +197,6 @@ impl PrepareError {
     }
 }
 
-/// Upper bound on this driver's results in one claim: Kubernetes allows 32
-/// per claim; more means a malformed object, not a larger workload.
-pub const MAX_DEVICES_PER_CLAIM: usize = 32;
-
-/// Check `claim` (as read from the API server) against what kubelet asked for
-/// and take out this driver's results for this node.
-pub fn parse_claim(
-    requested: &ClaimRef,
-    claim: &ResourceClaim,
-    driver: &str,
-    node: &str,
-) -> Result<ParsedClaim, PrepareError> {
-    let name = requested.to_string();
-    if !is_claim_uid(&requested.uid) {
-        return Err(PrepareError::BadClaimUid {
-            claim: name,
-            uid: requested.uid.clone(),
-        });
-    }
-    let found = claim.metadata.uid.clone().unwrap_or_default();
-    if found != requested.uid {
-        return Err(PrepareError::UidMismatch {
-            claim: name,
-            requested: requested.uid.clone(),
-            found,
-        });
-    }
-    let status = claim.status.as_ref();
-    let results = status
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .ok_or_else(|| PrepareError::NotAllocated {
-            claim: name.clone(),
-        })?;
-    let ours: Vec<_> = results.iter().filter(|r| r.driver == driver).collect();
-    if ours.is_empty() {
-        return Err(PrepareError::NotAllocatedToDriver {
-            claim: name,
-            driver: driver.to_string(),
-        });
-    }
-    if ours.len() > MAX_DEVICES_PER_CLAIM {
-        return Err(PrepareError::TooManyDevices {
-            claim: name,
-            devices: ours.len(),
-            limit: MAX_DEVICES_PER_CLAIM,
-        });
-    }
-    let mut devices = Vec::with_capacity(ours.len());
-    for result in ours {
-        if result.pool != node {
-            return Err(PrepareError::NotThisNode {
-                claim: name,
-                request: result.request.clone(),
-                pool: result.pool.clone(),
-                node: node.to_string(),
-            });
-        }
-        let consumed_cpus = match result
-            .consumed_capacity
-            .as_ref()
-            .and_then(|c| c.get(CPU_CAPACITY))
-        {
-            None => None,
-            Some(quantity) => {
-                Some(
-                    whole_cpus(&quantity.0).ok_or_else(|| PrepareError::CapacityNotWhole {
-                        claim: name.clone(),
-                        device: result.device.clone(),
-                        quantity: quantity.0.clone(),
-                    })?,
-                )
-            }
-        };
-        devices.push(AllocatedDevice {
-            request: result.request.clone(),
-            pool: result.pool.clone(),
-            device: result.device.clone(),
-            consumed_cpus,
-        });
-    }
-    let consumer_pods: Vec<String> = status
-        .and_then(|s| s.reserved_for.as_ref())
-        .map(|refs| {
-            refs.iter()
-                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
-                .map(|r| r.uid.clone())
-                .filter(|uid| !uid.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if consumer_pods.is_empty() {
-        let reserved_for = status
-            .and_then(|s| s.reserved_for.as_ref())
-            .map(|refs| {
-                refs.iter()
-                    .map(|r| match r.api_group.as_deref().filter(|g| !g.is_empty()) {
-                        Some(group) => format!("{}.{group}/{}", r.resource, r.name),
-                        None => format!("{}/{}", r.resource, r.name),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        return Err(PrepareError::NoConsumerPod {
-            claim: name,
-            reserved_for,
-        });
-    }
-    let pod_claim_name = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
-        .filter(|n| !n.is_empty())
-        .cloned();
-    Ok(ParsedClaim {
-        devices,
-        consumer_pods,
-        pod_claim_name,
-    })
-}
-
-/// A Kubernetes quantity that is a whole, positive number of CPUs: `4`,
-/// `4000m`, `4.0`, `+4`. `1.5`, `500m`, `0`, `-2` and `2Ki` are not.
-pub fn whole_cpus(quantity: &str) -> Option<u32> {
-    let q = quantity.trim();
-    let q = q.strip_prefix('+').unwrap_or(q);
-    let value: u64 = if let Some(milli) = q.strip_suffix('m') {
-        let m: u64 = digits(milli)?;
-        if !m.is_multiple_of(1000) {
-            return None;
-        }
-        m / 1000
-    } else if let Some((whole, fraction)) = q.split_once('.') {
-        if !fraction.bytes().all(|b| b == b'0') {
-            return None;
-        }
-        if whole.is_empty() {
-            return None;
-        }
-        digits(whole)?
-    } else {
-        digits(q)?
-    };
-    if value == 0 {
-        return None;
-    }
-    u32::try_from(value).ok()
-}
-
-fn digits(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
 /// The CPUs a parsed claim gets, given the CPUs other claims hold.
 ///
 /// Individual devices give their CPU, which must not be held by another
@@ -460,38 +220,6 @@ pub fn resolve_cpus(
         held,
         policy,
     )
-}
-
-/// Refuse `cpus` for `claim` when they would leave the shared pool
-/// (allocatable CPUs no claim holds) with fewer than `min` CPUs.
-///
-/// dra-plugin does not see containers, but every node runs some without a
-/// claim (the CNI, kube-proxy, this driver's own pods), and an empty pool
-/// can only be answered by refusing them or by leaving them on CPUs a claim
-/// now holds exclusively. So the last CPUs are kept back at prepare, where
-/// the pod waits with a reason, instead of breaking exclusivity later.
-pub fn check_shared_pool_floor(
-    claim: &ClaimRef,
-    cpus: &CpuSet,
-    allocatable: &CpuSet,
-    held: &BTreeMap<String, CpuSet>,
-    min: u32,
-) -> Result<(), PrepareError> {
-    let mut left = allocatable.difference(cpus);
-    for (holder, taken) in held {
-        if holder != &claim.uid {
-            left = left.difference(taken);
-        }
-    }
-    if left.len() >= min as usize {
-        return Ok(());
-    }
-    Err(PrepareError::SharedPoolFloor {
-        claim: claim.to_string(),
-        cpus: cpus.clone(),
-        left,
-        min,
-    })
 }
 
 /// The opaque cpuset each request of this driver is given by the claim's
@@ -637,14 +365,10 @@ fn holder_of(held: &BTreeMap<String, CpuSet>, own: &str, cpus: &CpuSet) -> Strin
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use k8s_openapi::api::resource::v1::{
-        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
-        ResourceClaimConsumerReference, ResourceClaimStatus,
-    };
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use crate::devices::GroupBy;
     use proptest::prelude::*;
     use shared_state::topology::synthetic;
+    use shared_state::topology::Topology;
 
     fn individual_device_name(n: usize) -> String {
         format!("cpudev{n:03}")
@@ -664,135 +388,17 @@ pub(crate) mod tests {
 
     pub const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
     pub const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
-    const POD: &str = "cccccccc-0000-0000-0000-000000000003";
+    pub(crate) const POD: &str = "cccccccc-0000-0000-0000-000000000003";
 
-    fn set(s: &str) -> CpuSet {
+    pub(crate) fn set(s: &str) -> CpuSet {
         CpuSet::parse_cpulist(s).unwrap_or_default()
     }
 
-    fn claim_ref(uid: &str) -> ClaimRef {
+    pub(crate) fn claim_ref(uid: &str) -> ClaimRef {
         ClaimRef {
             namespace: "ns".into(),
             name: "c".into(),
             uid: uid.into(),
-        }
-    }
-
-    #[test]
-    fn the_shared_pool_keeps_its_floor_of_cpus() {
-        // (allocatable, other claims, this claim's CPUs, floor, refused with left)
-        type Case<'a> = (&'a str, &'a [&'a str], &'a str, u32, Option<&'a str>);
-        let cases: &[Case] = &[
-            ("0-7", &[], "0-6", 1, None),
-            ("0-7", &[], "0-7", 1, Some("")),
-            ("0-7", &["0-3"], "4-6", 1, None),
-            ("0-7", &["0-3"], "4-7", 1, Some("")),
-            ("0-7", &["0-3"], "4-5", 3, Some("6-7")),
-            ("0-7", &["0-3"], "4-5", 2, None),
-            // A floor of 0 lets a claim take every CPU.
-            ("0-7", &["0-3"], "4-7", 0, None),
-            // The claim's own earlier CPUs (a retried prepare) are not
-            // counted twice.
-            ("0-3", &[UID_A], "2", 1, None),
-        ];
-        for (allocatable, others, cpus, min, refused) in cases {
-            let mut held = BTreeMap::new();
-            for (i, other) in others.iter().enumerate() {
-                if *other == UID_A {
-                    held.insert(UID_A.to_string(), set(cpus));
-                } else {
-                    held.insert(format!("other-{i}"), set(other));
-                }
-            }
-            let result = check_shared_pool_floor(
-                &claim_ref(UID_A),
-                &set(cpus),
-                &set(allocatable),
-                &held,
-                *min,
-            );
-            match (refused, result) {
-                (None, Ok(())) => {}
-                (
-                    Some(left),
-                    Err(PrepareError::SharedPoolFloor {
-                        left: got,
-                        min: m,
-                        cpus: c,
-                        ..
-                    }),
-                ) => {
-                    assert_eq!(got, set(left), "{allocatable} {others:?} {cpus} {min}");
-                    assert_eq!((m, c), (*min, set(cpus)));
-                }
-                (want, got) => {
-                    panic!("{allocatable} {others:?} {cpus} {min}: want {want:?}, got {got:?}")
-                }
-            }
-        }
-        let message = check_shared_pool_floor(
-            &claim_ref(UID_A),
-            &set("0-3"),
-            &set("0-3"),
-            &BTreeMap::new(),
-            1,
-        )
-        .expect_err("every CPU")
-        .to_string();
-        assert!(
-            message.contains("leave 0 CPU(s)") && message.contains("--min-shared-cpus"),
-            "{message}"
-        );
-    }
-
-    /// (driver, pool, device, consumed capacity)
-    type ResultSpec<'a> = (&'a str, &'a str, &'a str, Option<&'a str>);
-
-    fn claim(uid: &str, results: Option<&[ResultSpec]>, pods: &[&str]) -> ResourceClaim {
-        let results = results.map(|rs| {
-            rs.iter()
-                .enumerate()
-                .map(
-                    |(i, (driver, pool, device, cap))| DeviceRequestAllocationResult {
-                        driver: driver.to_string(),
-                        pool: pool.to_string(),
-                        device: device.to_string(),
-                        request: format!("req{i}"),
-                        consumed_capacity: cap
-                            .map(|q| [(CPU_CAPACITY.to_string(), Quantity(q.to_string()))].into()),
-                        ..Default::default()
-                    },
-                )
-                .collect()
-        });
-        ResourceClaim {
-            metadata: ObjectMeta {
-                name: Some("c".into()),
-                namespace: Some("ns".into()),
-                uid: Some(uid.into()),
-                ..Default::default()
-            },
-            status: Some(ResourceClaimStatus {
-                allocation: results.map(|results| AllocationResult {
-                    devices: Some(DeviceAllocationResult {
-                        results: Some(results),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                reserved_for: Some(
-                    pods.iter()
-                        .map(|p| ResourceClaimConsumerReference {
-                            resource: "pods".into(),
-                            name: "pod".into(),
-                            uid: p.to_string(),
-                            api_group: None,
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            }),
-            ..Default::default()
         }
     }
 
@@ -807,212 +413,6 @@ pub(crate) mod tests {
             threads_per_core: 2,
             sibling_numbering: synthetic::SiblingNumbering::Split,
         })
-    }
-
-    #[test]
-    fn individual_numbering_keeps_siblings_consecutive_and_skips_reserved() {
-        let topo = topology();
-        let catalog = catalog(&topo, &set("0"), DeviceMode::Individual, GroupBy::Numanode);
-        // Cores are (n, n+8); CPU 0 is reserved, so core (0, 8) keeps only 8
-        // and sorts last by its lowest allocatable CPU.
-        let expected = [1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 8];
-        let got: Vec<(String, String)> = catalog
-            .devices()
-            .map(|(n, c)| (n.to_string(), c.to_cpulist()))
-            .collect();
-        let want: Vec<(String, String)> = expected
-            .iter()
-            .enumerate()
-            .map(|(n, cpu)| (individual_device_name(n), cpu.to_string()))
-            .collect();
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn grouped_devices_per_grouping() {
-        let topo = topology();
-        let reserved = set("0-1");
-        let cases: [(GroupBy, &[(&str, CpuSet)]); 3] = [
-            (
-                GroupBy::Numanode,
-                &[
-                    ("cpudevnuma000", topo.cpus_in_numa(0).difference(&reserved)),
-                    ("cpudevnuma001", topo.cpus_in_numa(1).difference(&reserved)),
-                ],
-            ),
-            (
-                GroupBy::Socket,
-                &[
-                    (
-                        "cpudevsocket000",
-                        topo.cpus_in_socket(0).difference(&reserved),
-                    ),
-                    (
-                        "cpudevsocket001",
-                        topo.cpus_in_socket(1).difference(&reserved),
-                    ),
-                ],
-            ),
-            (
-                GroupBy::Machine,
-                &[("cpudevmachine", topo.online().difference(&reserved))],
-            ),
-        ];
-        for (group_by, want) in cases {
-            let catalog = catalog(&topo, &reserved, DeviceMode::Grouped, group_by);
-            let got: Vec<(&str, CpuSet)> = catalog.devices().map(|(n, c)| (n, c.clone())).collect();
-            assert_eq!(got, want.to_vec(), "{group_by:?}");
-            assert!(got.iter().all(|(_, c)| c.is_disjoint(&reserved)));
-        }
-    }
-
-    #[test]
-    fn whole_cpus_table() {
-        let cases = [
-            ("4", Some(4)),
-            ("+4", Some(4)),
-            ("4000m", Some(4)),
-            ("4.0", Some(4)),
-            ("4.", Some(4)),
-            ("1.5", None),
-            ("500m", None),
-            ("0", None),
-            ("0m", None),
-            ("-2", None),
-            ("2Ki", None),
-            ("", None),
-            (".0", None),
-            ("99999999999", None),
-        ];
-        for (q, want) in cases {
-            assert_eq!(whole_cpus(q), want, "{q:?}");
-        }
-    }
-
-    #[test]
-    fn parse_claim_errors_say_what_is_wrong() {
-        let node = "node-a";
-        let ok: &[ResultSpec] = &[("dra.cpu", node, "cpudevnuma000", Some("2"))];
-        struct Case<'a> {
-            name: &'a str,
-            requested: &'a str,
-            claim: ResourceClaim,
-            want: &'a str,
-        }
-        let cases = [
-            Case {
-                name: "bad uid",
-                requested: "NOT A UID",
-                claim: claim(UID_A, Some(ok), &[POD]),
-                want: "is not a Kubernetes UID",
-            },
-            Case {
-                name: "replaced claim",
-                requested: UID_B,
-                claim: claim(UID_A, Some(ok), &[POD]),
-                want: &format!("the API server has uid {UID_A}, kubelet asked for {UID_B}"),
-            },
-            Case {
-                name: "not allocated",
-                requested: UID_A,
-                claim: claim(UID_A, None, &[POD]),
-                want: "is not allocated",
-            },
-            Case {
-                name: "other driver",
-                requested: UID_A,
-                claim: claim(
-                    UID_A,
-                    Some(&[("gpu.example.com", node, "gpu0", None)]),
-                    &[POD],
-                ),
-                want: "has no allocation result for driver dra.cpu",
-            },
-            Case {
-                name: "other node",
-                requested: UID_A,
-                claim: claim(
-                    UID_A,
-                    Some(&[("dra.cpu", "node-b", "cpudevnuma000", Some("2"))]),
-                    &[POD],
-                ),
-                want: "is allocated from pool node-b, not from this node node-a",
-            },
-            Case {
-                name: "fractional capacity",
-                requested: UID_A,
-                claim: claim(
-                    UID_A,
-                    Some(&[("dra.cpu", node, "cpudevnuma000", Some("1500m"))]),
-                    &[POD],
-                ),
-                want:
-                    "consumedCapacity dra.cpu/cpu \"1500m\" is not a whole positive number of CPUs",
-            },
-            Case {
-                name: "zero capacity",
-                requested: UID_A,
-                claim: claim(
-                    UID_A,
-                    Some(&[("dra.cpu", node, "cpudevnuma000", Some("0"))]),
-                    &[POD],
-                ),
-                want: "\"0\" is not a whole positive number",
-            },
-            Case {
-                name: "no pod",
-                requested: UID_A,
-                claim: claim(UID_A, Some(ok), &[]),
-                want: "is not reserved for any pod",
-            },
-            Case {
-                name: "reserved for a PodGroup only",
-                requested: UID_A,
-                claim: {
-                    let mut c = claim(UID_A, Some(ok), &[]);
-                    if let Some(status) = c.status.as_mut() {
-                        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
-                            resource: "podgroups".into(),
-                            name: "training".into(),
-                            uid: "group-uid".into(),
-                            api_group: Some("scheduling.k8s.io".into()),
-                        }]);
-                    }
-                    c
-                },
-                want: "is not reserved for any pod (reserved for podgroups.scheduling.k8s.io/training): exclusive CPUs go to the one pod",
-            },
-        ];
-        for case in cases {
-            let requested = claim_ref(case.requested);
-            match parse_claim(&requested, &case.claim, "dra.cpu", node) {
-                Ok(p) => panic!("{}: parsed {p:?}", case.name),
-                Err(e) => assert!(e.to_string().contains(case.want), "{}: {e}", case.name),
-            }
-        }
-    }
-
-    #[test]
-    fn parse_claim_takes_only_our_results() {
-        let c = claim(
-            UID_A,
-            Some(&[
-                ("gpu.example.com", "node-a", "gpu0", None),
-                ("dra.cpu", "node-a", "cpudevnuma001", Some("3")),
-            ]),
-            &[POD],
-        );
-        let parsed = parse_claim(&claim_ref(UID_A), &c, "dra.cpu", "node-a").expect("parses");
-        assert_eq!(
-            parsed.devices,
-            vec![AllocatedDevice {
-                request: "req1".into(),
-                pool: "node-a".into(),
-                device: "cpudevnuma001".into(),
-                consumed_cpus: Some(3),
-            }]
-        );
-        assert_eq!(parsed.consumer_pods, vec![POD.to_string()]);
     }
 
     fn parsed(devices: &[(&str, Option<u32>)]) -> ParsedClaim {

@@ -1,0 +1,84 @@
+//! The files of a prepared claim: its CDI spec and, when on, its device
+//! metadata files, written and removed in the order the runtime needs, and
+//! the worker threads that write a batch's files at once.
+
+use super::Driver;
+use crate::cdi::ClaimSpec;
+use crate::device_metadata::{ClaimMetadata, MetadataError};
+use crate::prepare::ClaimRef;
+use shared_state::ClaimAssignment;
+
+/// Most threads writing or removing the CDI specs of one batch at once:
+/// their fsyncs overlap instead of queueing one behind another.
+const CDI_WORKERS: usize = 16;
+
+impl Driver {
+    /// The CDI spec a prepared claim should have, and its metadata files
+    /// when those are on.
+    pub(super) fn claim_spec(
+        &self,
+        assignment: &ClaimAssignment,
+    ) -> Result<(ClaimSpec, Option<ClaimMetadata>), MetadataError> {
+        let spec = ClaimSpec::new(&assignment.claim_uid, &assignment.cpus);
+        match &self.metadata {
+            None => Ok((spec, None)),
+            Some(metadata) => {
+                let files = metadata.render(assignment)?;
+                Ok((spec.with_mounts(files.mounts()), Some(files)))
+            }
+        }
+    }
+
+    /// Metadata files then the CDI spec that mounts them, so the runtime
+    /// never finds a spec whose files are not there yet.
+    pub(super) fn write_claim(&self, assignment: &ClaimAssignment) -> Result<(), String> {
+        let (spec, files) = self.claim_spec(assignment).map_err(|e| e.to_string())?;
+        if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
+            metadata.write(files).map_err(|e| e.to_string())?;
+        }
+        self.cdi
+            .write_spec(&assignment.claim_uid, &spec)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The CDI spec first (no container can be given the claim any more),
+    /// then the metadata files it mounted.
+    pub(super) fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), String> {
+        match self.cdi.remove(&claim.uid) {
+            Ok(()) => {}
+            // A UID we could never have written a spec for: nothing to do.
+            Err(crate::cdi::CdiError::BadClaimUid(_)) => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        }
+        if let Some(metadata) = &self.metadata {
+            metadata
+                .remove(&claim.namespace, &claim.name, &claim.uid)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// `f` over `items` on up to [`CDI_WORKERS`] threads, results in order. A
+/// panic in a worker is re-raised here.
+pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    if items.len() <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(items.len().min(CDI_WORKERS));
+    let f = &f;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| {
+                worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}

@@ -1,0 +1,521 @@
+//! The state of prepared claims on this node and the two operations that
+//! change it, prepare and unprepare.
+//!
+//! Concurrent changes are group-committed. A prepare picks its CPUs under
+//! the state mutex against every committed claim and every claim still being
+//! committed, so two prepares never pick the same CPU; it then queues its
+//! store op and waits. Whichever waiter finds no commit running takes the
+//! whole queue and commits it in one store transaction and one fsync, each op
+//! with its own revision; then writes the CDI specs (each fsynced); then,
+//! under the mutex, applies the changes and tells subscribers in revision
+//! order; then wakes the waiters. Nobody is answered before their change is
+//! on disk, and a batch that fails fails each of its changes and leaves
+//! nothing behind. The store is the source of truth; the in-memory map
+//! mirrors it so that a decision does not read the disk.
+
+use crate::cdi::{device_id, CdiDir};
+use crate::device_metadata::DeviceMetadata;
+use crate::devices::DeviceCatalog;
+use crate::metrics::Metrics;
+use crate::prepare::shared_pool::check_shared_pool_floor;
+use crate::prepare::validation::parse_claim;
+use crate::prepare::{opaque_cpusets, resolve_cpus_configured, ClaimRef, PrepareError};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use shared_state::alloc::{Allocator, Policy};
+use shared_state::store::{AssignmentStore, StoreError};
+use shared_state::topology::Topology;
+use shared_state::upstream_metrics::AllocationState;
+use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::broadcast;
+
+mod claim_files;
+mod commit;
+pub mod crash_points;
+mod group_commit;
+mod reconcile;
+
+use group_commit::{CommitQueue, GroupCommit};
+pub use reconcile::{ReconcileError, Reconciled};
+
+/// Events a subscriber lags behind by before it is sent a fresh snapshot
+/// instead of the deltas it missed.
+pub const EVENT_BUFFER: usize = 1024;
+
+/// A committed change, in store revision order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateEvent {
+    Prepared {
+        revision: u64,
+        assignment: ClaimAssignment,
+    },
+    Unprepared {
+        revision: u64,
+        claim_uid: String,
+    },
+}
+
+/// What the driver needs to know about its node and its options.
+#[derive(Debug, Clone)]
+pub struct DriverOptions {
+    pub driver_name: String,
+    pub node_name: String,
+    pub reserved: CpuSet,
+    pub policy: Policy,
+    pub mixed_allocation_mode: bool,
+    /// A prepare that would leave the shared pool fewer CPUs is refused.
+    pub min_shared_cpus: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    claims: BTreeMap<String, ClaimAssignment>,
+    revision: u64,
+    /// Claims with a change queued or being committed, with the CPUs a
+    /// queued prepare holds (empty for an unprepare, whose CPUs are still in
+    /// `claims`). A second change of such a claim waits for the first.
+    in_flight: BTreeMap<String, CpuSet>,
+    /// Changes waiting for or in the group commit, and their answers.
+    commits: CommitQueue<Pending, Result<(), PrepareError>>,
+}
+
+/// A change waiting for the group commit.
+#[derive(Debug)]
+struct Pending {
+    claim: ClaimRef,
+    change: Change,
+}
+
+#[derive(Debug)]
+enum Change {
+    Prepare(ClaimAssignment),
+    Unprepare,
+}
+
+/// Why the driver could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("reading the assignment store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The last failed store write, until a later write succeeds. A store that
+/// has failed a write (sled after a full disk) may keep failing even once
+/// space returns; `/healthz` reports this so that the liveness probe
+/// restarts the process, which reopens the store.
+#[derive(Debug, Default)]
+pub struct StoreFault {
+    error: Mutex<Option<String>>,
+}
+
+impl StoreFault {
+    /// The error of the last store write, if no write has succeeded since.
+    pub fn error(&self) -> Option<String> {
+        self.slot().clone()
+    }
+
+    /// Note the outcome of one store write.
+    pub fn record<T>(&self, result: &Result<T, StoreError>) {
+        *self.slot() = result.as_ref().err().map(ToString::to_string);
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<String>> {
+        // A plain value: a poisoned lock still holds a valid one.
+        self.error.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A prepared claim, as answered to kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub assignment: ClaimAssignment,
+    /// `dra.k8s.io/cpu=claim-<uid>`.
+    pub cdi_device_id: String,
+}
+
+pub struct Driver {
+    options: DriverOptions,
+    catalog: DeviceCatalog,
+    allocator: Allocator,
+    store: Arc<dyn AssignmentStore>,
+    cdi: CdiDir,
+    /// KEP-5304 device metadata files, written with each CDI spec; `None`
+    /// when turned off.
+    metadata: Option<DeviceMetadata>,
+    state: GroupCommit<State>,
+    events: broadcast::Sender<StateEvent>,
+    metrics: Arc<Metrics>,
+    store_fault: Arc<StoreFault>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("options", &self.options)
+            .field("cdi", &self.cdi)
+            .finish()
+    }
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Driver {
+    /// Load the prepared claims from `store`.
+    pub fn open(
+        options: DriverOptions,
+        catalog: DeviceCatalog,
+        topology: &Topology,
+        store: Arc<dyn AssignmentStore>,
+        cdi: CdiDir,
+        metrics: Arc<Metrics>,
+    ) -> Result<Driver, DriverError> {
+        let claims: BTreeMap<String, ClaimAssignment> = store
+            .list()?
+            .into_iter()
+            .map(|a| (a.claim_uid.clone(), a))
+            .collect();
+        let revision = store.revision()?;
+        for claim in claims.values() {
+            if !claim.cpus.is_subset(catalog.allocatable()) {
+                tracing::warn!(
+                    claim_uid = %claim.claim_uid, cpus = %claim.cpus,
+                    allocatable = %catalog.allocatable(),
+                    "a prepared claim holds CPUs that are no longer allocatable on this node"
+                );
+            }
+        }
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let driver = Driver {
+            options,
+            catalog,
+            allocator: Allocator::new(topology),
+            store,
+            cdi,
+            metadata: None,
+            state: GroupCommit::new(State {
+                claims,
+                revision,
+                in_flight: BTreeMap::new(),
+                commits: CommitQueue::default(),
+            }),
+            events,
+            metrics,
+            store_fault: Arc::default(),
+        };
+        driver.update_gauges(&driver.lock());
+        Ok(driver)
+    }
+
+    /// Write device metadata for every prepared claim (see
+    /// [`crate::device_metadata`]).
+    pub fn with_device_metadata(mut self, metadata: Option<DeviceMetadata>) -> Driver {
+        self.metadata = metadata;
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock()
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.state.wait(state)
+    }
+
+    /// Wait until no change of `claim_uid` is queued or being committed.
+    fn lock_idle(&self, claim_uid: &str) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        while state.in_flight.contains_key(claim_uid) {
+            state = self.wait(state);
+        }
+        state
+    }
+
+    fn update_gauges(&self, state: &State) {
+        let exclusive = state
+            .claims
+            .values()
+            .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus));
+        let shared = self.catalog.allocatable().difference(&exclusive);
+        self.metrics
+            .exclusive_cpus
+            .store(exclusive.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .shared_cpus
+            .store(shared.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .revision
+            .store(state.revision, Ordering::Relaxed);
+        self.metrics.upstream.set_allocation_state(AllocationState {
+            allocated_cpus: exclusive.len() as u64,
+            available_cpus: shared.len() as u64,
+            reserved_cpus: self.options.reserved.len() as u64,
+            active_claims: state.claims.len() as u64,
+        });
+    }
+
+    pub fn options(&self) -> &DriverOptions {
+        &self.options
+    }
+
+    pub fn catalog(&self) -> &DeviceCatalog {
+        &self.catalog
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn cdi(&self) -> &CdiDir {
+        &self.cdi
+    }
+
+    /// The last store write failure not yet followed by a successful write.
+    pub fn store_fault(&self) -> &Arc<StoreFault> {
+        &self.store_fault
+    }
+
+    /// The record of a prepared claim.
+    pub fn prepared(&self, claim_uid: &str) -> Option<ClaimAssignment> {
+        self.lock().claims.get(claim_uid).cloned()
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    /// Changes waiting for the next group commit (not counting the one
+    /// running): how much a commit is lagging behind its callers.
+    pub fn queued(&self) -> usize {
+        self.lock().commits.len()
+    }
+
+    /// The current state and a receiver of every change after it.
+    pub fn subscribe(&self) -> (NodeSnapshot, broadcast::Receiver<StateEvent>) {
+        let state = self.lock();
+        let receiver = self.events.subscribe();
+        (self.snapshot_of(&state), receiver)
+    }
+
+    pub fn snapshot(&self) -> NodeSnapshot {
+        self.snapshot_of(&self.lock())
+    }
+
+    fn snapshot_of(&self, state: &State) -> NodeSnapshot {
+        NodeSnapshot {
+            revision: state.revision,
+            allocatable: self.catalog.allocatable().clone(),
+            reserved: self.options.reserved.clone(),
+            mixed_allocation_mode: self.options.mixed_allocation_mode,
+            claims: state.claims.values().cloned().collect(),
+        }
+    }
+
+    /// Whether [`Driver::already_prepared`] would answer `None` for this
+    /// claim (it is not prepared, or is being changed right now). Takes the
+    /// state lock only briefly and does no I/O, so a first prepare may ask
+    /// this on an async worker instead of hopping to a blocking thread.
+    pub fn needs_claim_object(&self, claim_uid: &str) -> bool {
+        let state = self.lock();
+        state.in_flight.contains_key(claim_uid) || !state.claims.contains_key(claim_uid)
+    }
+
+    /// Answer for a claim that is already prepared, making sure its CDI spec
+    /// is on disk (it may have been removed behind our back).
+    pub fn already_prepared(&self, claim: &ClaimRef) -> Option<Result<Prepared, PrepareError>> {
+        // Held across the spec check so that a concurrent unprepare cannot
+        // remove the claim between the check and a rewrite of its spec.
+        let state = self.lock();
+        if state.in_flight.contains_key(&claim.uid) {
+            // Being unprepared (or prepared) right now: the full path waits.
+            return None;
+        }
+        let assignment = state.claims.get(&claim.uid).cloned()?;
+        let answer = self.ensure_cdi(claim, assignment);
+        drop(state);
+        Some(answer)
+    }
+
+    fn ensure_cdi(
+        &self,
+        claim: &ClaimRef,
+        assignment: ClaimAssignment,
+    ) -> Result<Prepared, PrepareError> {
+        let failed = |reason: String| PrepareError::Cdi {
+            claim: claim.to_string(),
+            reason,
+        };
+        let (spec, files) = self
+            .claim_spec(&assignment)
+            .map_err(|e| failed(e.to_string()))?;
+        if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
+            if !metadata.is_current(files) {
+                metadata.write(files).map_err(|e| failed(e.to_string()))?;
+            }
+        }
+        if self.cdi.read_spec(&claim.uid).as_ref() != Some(&spec) {
+            self.cdi
+                .write_spec(&claim.uid, &spec)
+                .map_err(|e| failed(e.to_string()))?;
+        }
+        Ok(Prepared {
+            cdi_device_id: device_id(&claim.uid),
+            assignment,
+        })
+    }
+
+    /// Prepare a claim read from the API server: pick CPUs, commit, write
+    /// the CDI spec, notify. A repeat returns the recorded CPUs. On error
+    /// nothing of the claim is left in the store or the CDI directory.
+    /// Blocks on fsync: call from a blocking thread.
+    pub fn prepare(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+    ) -> Result<Prepared, PrepareError> {
+        let started = Instant::now();
+        let result = self.prepare_inner(claim, object);
+        self.metrics.prepare_latency.observe(started.elapsed());
+        self.metrics.prepares.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &result {
+            self.metrics.error("prepare", e.reason());
+        }
+        result
+    }
+
+    fn prepare_inner(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+    ) -> Result<Prepared, PrepareError> {
+        let mut state = self.lock_idle(&claim.uid);
+        if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
+            return self.ensure_cdi(claim, assignment);
+        }
+        let parsed = parse_claim(
+            claim,
+            object,
+            &self.options.driver_name,
+            &self.options.node_name,
+        )?;
+        // CPUs of claims still being committed are as taken as committed ones.
+        let held: BTreeMap<String, CpuSet> = state
+            .claims
+            .iter()
+            .map(|(uid, a)| (uid.clone(), a.cpus.clone()))
+            .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
+            .collect();
+        let cpusets = opaque_cpusets(claim, object, &parsed, &self.options.driver_name)?;
+        let cpus = resolve_cpus_configured(
+            claim,
+            &parsed,
+            &cpusets,
+            &self.catalog,
+            &self.allocator,
+            &held,
+            self.options.policy,
+        )?;
+        check_shared_pool_floor(
+            claim,
+            &cpus,
+            self.catalog.allocatable(),
+            &held,
+            self.options.min_shared_cpus,
+        )?;
+        let assignment = ClaimAssignment {
+            claim_uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            consumer_pods: parsed.consumer_pods,
+            devices: parsed.devices,
+            cpus,
+            prepared_at_unix_ms: now_unix_ms(),
+            pod_claim_name: parsed.pod_claim_name,
+        };
+        // A name that cannot be a metadata path is refused before anything
+        // is committed.
+        if self.metadata.is_some() {
+            crate::device_metadata::check_names(&assignment).map_err(|e| PrepareError::Cdi {
+                claim: claim.to_string(),
+                reason: e.to_string(),
+            })?;
+        }
+        state
+            .in_flight
+            .insert(claim.uid.clone(), assignment.cpus.clone());
+        self.submit(state, claim, Change::Prepare(assignment.clone()))?;
+        self.metrics
+            .upstream
+            .record_claim_allocated_cpus(assignment.cpus.len());
+        tracing::info!(
+            claim = %claim, cpus = %assignment.cpus, pods = ?assignment.consumer_pods,
+            "claim prepared"
+        );
+        Ok(Prepared {
+            cdi_device_id: device_id(&claim.uid),
+            assignment,
+        })
+    }
+
+    /// Unprepare a claim: remove its CDI spec, release its CPUs, notify.
+    /// Unknown claims succeed. Blocks on fsync.
+    pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        let started = Instant::now();
+        let result = self.unprepare_inner(claim);
+        self.metrics.unprepare_latency.observe(started.elapsed());
+        self.metrics.unprepares.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = &result {
+            self.metrics.error("unprepare", e.reason());
+        }
+        result
+    }
+
+    fn unprepare_inner(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        let mut state = self.lock_idle(&claim.uid);
+        if !state.claims.contains_key(&claim.uid) {
+            // Also clears files left by a crash between removal steps.
+            return self
+                .remove_claim_files(claim)
+                .map_err(|reason| PrepareError::Cdi {
+                    claim: claim.to_string(),
+                    reason,
+                });
+        }
+        state.in_flight.insert(claim.uid.clone(), CpuSet::new());
+        self.submit(state, claim, Change::Unprepare)
+    }
+
+    /// Queue a change and return its answer once it is committed. The
+    /// caller has marked the claim in flight.
+    fn submit<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        claim: &ClaimRef,
+        change: Change,
+    ) -> Result<(), PrepareError> {
+        self.state.submit(
+            state,
+            |state: &mut State| &mut state.commits,
+            Pending {
+                claim: claim.clone(),
+                change,
+            },
+            |batch| self.commit_batch(batch),
+            |state, batch, committed| {
+                let answers = match committed {
+                    Ok((settled, undone)) => self.apply_settled(state, batch, settled, undone),
+                    Err(_) => self.recover_from_panic(state, batch),
+                };
+                self.update_gauges(state);
+                answers
+            },
+        )
+    }
+}
