@@ -147,10 +147,10 @@ impl Rule {
     }
 }
 
-fn strings(value: &serde_yaml::Value, key: &str) -> Vec<String> {
+fn strings(value: &serde_json::Value, key: &str) -> Vec<String> {
     value
         .get(key)
-        .and_then(serde_yaml::Value::as_sequence)
+        .and_then(serde_json::Value::as_array)
         .map(|items| {
             items
                 .iter()
@@ -180,15 +180,15 @@ fn rendered_rules() -> Vec<Rule> {
         "helm template failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let role: serde_yaml::Value =
-        serde_yaml::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
+    let role: serde_json::Value =
+        serde_saphyr::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
     assert_eq!(
         role.get("kind").and_then(|k| k.as_str()),
         Some("ClusterRole")
     );
     let rules = role
         .get("rules")
-        .and_then(serde_yaml::Value::as_sequence)
+        .and_then(serde_json::Value::as_array)
         .expect("ClusterRole has rules");
     rules
         .iter()

@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod assignment;
 pub mod cdi_spec;
 pub mod claim_env;
+pub mod config_file;
 pub mod cpuset;
 pub mod pool;
 pub mod snapshot;

@@ -149,7 +149,7 @@ fn parse_body(content_type: Option<&str>, raw: &[u8]) -> Result<Value, ApiError>
         Ok(v) => Ok(v),
         Err(json_error) => {
             if content_type.is_some_and(|c| c.contains("yaml")) {
-                serde_yaml::from_slice::<Value>(raw).map_err(|e| {
+                serde_saphyr::from_slice::<Value>(raw).map_err(|e| {
                     ApiError::bad_request(format!("the body is neither JSON nor YAML: {e}"))
                 })
             } else {
