@@ -25,8 +25,9 @@ pub enum ConfigFileError {
     #[error("config file {path}: {source}")]
     Parse {
         path: PathBuf,
+        // Boxed: the reader's error is large, and every Result carries it.
         #[source]
-        source: serde_saphyr::Error,
+        source: Box<serde_saphyr::Error>,
     },
 }
 
@@ -52,7 +53,7 @@ pub fn parse<T: DeserializeOwned + Default>(path: &Path, text: &str) -> Result<T
         .map(Option::unwrap_or_default)
         .map_err(|source| ConfigFileError::Parse {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         })
 }
 

@@ -16,6 +16,7 @@ pub mod cpuset;
 pub mod pool;
 pub mod snapshot;
 pub mod store;
+pub mod sync;
 pub mod topology;
 pub mod upstream_metrics;
 

@@ -109,11 +109,9 @@ impl SocketSource {
                     })
             }
             SocketSource::Inherited(slot) => {
-                let fd = match slot.lock() {
-                    Ok(mut guard) => guard.take(),
-                    Err(poisoned) => poisoned.into_inner().take(),
-                }
-                .ok_or(NriError::InheritedSocketConsumed)?;
+                let fd = shared_state::sync::lock(slot)
+                    .take()
+                    .ok_or(NriError::InheritedSocketConsumed)?;
                 let path = PathBuf::from(format!("fd:{}", fd.as_raw_fd()));
                 let std_stream = std::os::unix::net::UnixStream::from(fd);
                 std_stream
@@ -340,17 +338,11 @@ impl NriUpdater {
     }
 
     fn current(&self) -> Option<ConnectionUpdater> {
-        match self.current.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        shared_state::sync::lock(&self.current).clone()
     }
 
     fn set(&self, value: Option<ConnectionUpdater>) {
-        match self.current.lock() {
-            Ok(mut g) => *g = value,
-            Err(p) => *p.into_inner() = value,
-        }
+        *shared_state::sync::lock(&self.current) = value;
     }
 
     /// Whether a registered connection exists right now.

@@ -76,7 +76,7 @@ fn injected_fault(shared: &Shared, method: &Method, path_and_query: &str) -> Opt
 /// A poisoned lock only means a handler panicked; the data is still usable
 /// for a test double, and refusing it would hide the first failure.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    shared_state::sync::lock(m)
 }
 
 fn json_response(code: u16, value: &Value) -> Response<Body> {
