@@ -307,10 +307,8 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
     .resolve(None)
     .expect("config");
     let registry = config.kubelet_root_dir.join("plugins_registry");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(dra_plugin::run::run(config, async {
-        let _ = stopped.await;
-    }));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let daemon = tokio::spawn(dra_plugin::run::run(config, shutdown.clone()));
 
     let kubelet = KubeletDra::register(&registry, DRIVER, DraVersion::V1, HANG_GUARD)
         .await
@@ -354,7 +352,7 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
             .any(|r| r.method == "GET" && r.path.contains("watch=true"))
     })
     .await;
-    let _ = stop.send(());
+    shutdown.cancel();
     match tokio::time::timeout(HANG_GUARD, daemon).await {
         Ok(Ok(result)) => result.expect("daemon ran cleanly"),
         other => panic!("daemon did not stop: {other:?}"),

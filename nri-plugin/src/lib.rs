@@ -4,11 +4,14 @@
 
 pub mod cdi_fallback;
 pub mod config;
+pub mod daemon;
 pub mod handler;
 pub mod host_cgroups;
 pub mod metrics;
 pub mod plugin;
 pub mod subscription;
+
+pub use daemon::run;
 
 /// The allocator the nri-plugin binary runs on. A CreateContainer reply on a
 /// busy node builds hundreds of small update messages, and with glibc's
