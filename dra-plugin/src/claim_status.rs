@@ -244,11 +244,7 @@ impl ClaimStatusWriter {
     /// replaces a body of the same claim not yet sent.
     pub fn spawn_apply(&self, claim: &ClaimRef, body: Value, what: &'static str) {
         {
-            let mut bodies = self
-                .pending
-                .bodies
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut bodies = shared_state::sync::lock(&self.pending.bodies);
             bodies.insert(claim.uid.clone(), (claim.clone(), body, what));
         }
         if !self.pending.worker_started.swap(true, Ordering::AcqRel) {
@@ -262,13 +258,7 @@ impl ClaimStatusWriter {
     /// then sleeps until more is queued.
     async fn drain_forever(self) {
         loop {
-            let batch = std::mem::take(
-                &mut *self
-                    .pending
-                    .bodies
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            let batch = std::mem::take(&mut *shared_state::sync::lock(&self.pending.bodies));
             if batch.is_empty() {
                 self.pending.wake.notified().await;
                 continue;
@@ -281,11 +271,7 @@ impl ClaimStatusWriter {
 
     /// Bodies queued and not yet sent.
     pub fn queued(&self) -> usize {
-        self.pending
-            .bodies
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        shared_state::sync::lock(&self.pending.bodies).len()
     }
 
     /// Apply `body` now; the outcome is counted and logged, never returned.
@@ -452,10 +438,7 @@ mod tests {
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            self.seen
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push((name.to_string(), body));
+            shared_state::sync::lock(&self.seen).push((name.to_string(), body));
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             Ok(true)
         }
@@ -487,11 +470,7 @@ mod tests {
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        let seen = sink
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let seen = shared_state::sync::lock(&sink.seen).clone();
         assert_eq!(
             sink.most_in_flight.load(Ordering::SeqCst),
             1,

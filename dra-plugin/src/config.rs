@@ -13,6 +13,7 @@ use crate::k8s_names::is_driver_name;
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 use shared_state::alloc::Policy;
+use shared_state::config_file::{self, ConfigFileError};
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -128,18 +129,8 @@ pub struct Settings {
 /// Why the settings could not be turned into a [`Config`].
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_yaml::Error,
-    },
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
     #[error("config file {path} (the upstream driver's format): {source}")]
     Upstream {
         path: PathBuf,
@@ -219,41 +210,26 @@ pub struct Config {
     pub min_shared_cpus: u32,
 }
 
-/// Parse a config file's text.
+/// Parse a config file's text: this driver's own keys, or the upstream
+/// driver's v1alpha1 file.
 pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
-    // An empty file is a valid "no settings" file; serde_yaml reads it as null.
-    if text.trim().is_empty() {
-        return Ok(Settings::default());
-    }
-    // The upstream driver's v1alpha1 file is read too.
-    let parse_error = |source| ConfigError::Parse {
-        path: path.to_path_buf(),
-        source,
-    };
     let upstream_error = |source| ConfigError::Upstream {
         path: path.to_path_buf(),
         source,
     };
-    if let serde_yaml::Value::Mapping(map) = serde_yaml::from_str(text).map_err(parse_error)? {
+    if let serde_json::Value::Object(map) = config_file::parse::<serde_json::Value>(path, text)? {
         if crate::upstream_config::classify(&map).map_err(upstream_error)?
             == crate::upstream_config::FileKind::Upstream
         {
             return crate::upstream_config::to_settings(&map).map_err(upstream_error);
         }
     }
-    serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(config_file::parse(path, text)?)
 }
 
 /// Read and parse a config file.
 pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_file(path, &text)
+    parse_file(path, &config_file::read(path)?)
 }
 
 impl Settings {
@@ -640,7 +616,7 @@ log-format: json
             ("group-by: core\n", "unknown variant `core`"),
             ("reserved-cpus: 3-1\n", "3-1"),
             ("allocation-policy: spread\n", "spread"),
-            ("- a\n", "invalid type"),
+            ("- a\n", "expected mapping"),
         ];
         for (text, fragment) in cases {
             match parse_file(Path::new("/etc/dra-cpu/config.yaml"), text) {

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// How often a quiet stream gets a heartbeat.
@@ -40,16 +40,16 @@ fn event_message(e: &StateEvent) -> coord::WatchEvent {
 pub struct CoordinationService {
     driver: Arc<Driver>,
     heartbeat: Duration,
-    stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
 }
 
 impl CoordinationService {
-    /// `stopping` turning true ends every Watch stream, so that a graceful
+    /// `stopping` cancelled ends every Watch stream, so that a graceful
     /// shutdown does not wait for subscribers that never hang up.
     pub fn new(
         driver: Arc<Driver>,
         heartbeat: Duration,
-        stopping: watch::Receiver<bool>,
+        stopping: CancellationToken,
     ) -> CoordinationService {
         CoordinationService {
             driver,
@@ -57,11 +57,6 @@ impl CoordinationService {
             stopping,
         }
     }
-}
-
-/// Completes once `stopping` is true (or its sender is gone).
-pub async fn stopped(mut stopping: watch::Receiver<bool>) {
-    let _ = stopping.wait_for(|stop| *stop).await;
 }
 
 type WatchStream =
@@ -120,7 +115,7 @@ impl coord::coordination_server::Coordination for CoordinationService {
         );
         let stream = futures::StreamExt::take_until(
             futures::StreamExt::chain(futures::stream::once(async { Ok(first) }), rest),
-            stopped(self.stopping.clone()),
+            self.stopping.clone().cancelled_owned(),
         );
         Ok(Response::new(Box::pin(stream)))
     }

@@ -6,8 +6,10 @@
 use dra_plugin::cli::{inspect_state, slices, topology as inspect};
 use dra_plugin::run;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,7 +41,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut out = std::io::stdout().lock();
     let result = match cli.command {
-        Command::Run(args) => run::main(*args),
+        Command::Run(args) => serve(*args),
         Command::Inspect(args) => inspect_state::inspect(&args, &mut out),
         Command::Topology(args) => inspect::topology(&args, &mut out),
         Command::Allocate(args) => inspect::allocate(&args, &mut out),
@@ -55,6 +57,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `dra-plugin run`: flags over the config file, logging, then the daemon
+/// until SIGTERM or SIGINT cancels its shutdown token.
+fn serve(args: run::RunArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    run::init_logging(config.log_format);
+    let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        let on_signal = shutdown.clone();
+        tokio::spawn(async move {
+            run::termination_signal().await;
+            on_signal.cancel();
+        });
+        run::run(config, shutdown).await
+    })
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

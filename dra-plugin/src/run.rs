@@ -30,11 +30,11 @@ use dra_cpu_proto::transport::{
 use shared_state::store::{AssignmentStore, SledStore};
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 /// Liveness and readiness, as `/healthz` and `/readyz` report them.
@@ -106,8 +106,8 @@ fn discover_pcie_roots(config: &Config, topology: &Topology) -> anyhow::Result<P
     Ok(roots)
 }
 
-/// Run the plugin until `shutdown` completes, then stop gracefully.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// Run the plugin until `shutdown` is cancelled, then stop gracefully.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let topology = Topology::discover(&config.sysfs_root).with_context(|| {
         format!(
             "discovering the CPU topology under {}",
@@ -249,11 +249,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         store: driver.store_fault().clone(),
         ..Health::default()
     });
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        // An Err means the sender is gone, which also means stop.
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
+    // Everything but registration stops on this one, after registration.
+    let stop = CancellationToken::new();
 
     // Coordination: served from the store alone.
     let coordination_socket = config.coordination_socket.clone();
@@ -265,11 +262,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .add_service(CoordinationServer::new(CoordinationService::new(
                 driver.clone(),
                 DEFAULT_HEARTBEAT,
-                stop_rx.clone(),
+                stop.clone(),
             )))
             .serve_with_incoming_shutdown(
                 incoming_with_peer_check(listener, policy),
-                stopped(stop_rx.clone()),
+                stop.clone().cancelled_owned(),
             ),
     );
 
@@ -278,7 +275,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         config.metrics_address,
         metrics.clone(),
         health.clone(),
-        stopped(stop_rx.clone()),
+        stop.clone().cancelled_owned(),
     )
     .await
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
@@ -307,7 +304,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             .collect(),
         config.sysfs_root.clone(),
         crate::kubelet::device_health::HealthTiming::default(),
-        stop_rx.clone(),
+        stop.clone(),
     );
     let dra = tokio::spawn(
         Server::builder()
@@ -329,13 +326,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             )
             .serve_with_incoming_shutdown(
                 incoming_with_peer_check(listener, kubelet_peers()),
-                stopped(stop_rx.clone()),
+                stop.clone().cancelled_owned(),
             ),
     );
 
     // Registration last: its socket appearing is what makes kubelet call.
     let registration_socket = config.registration_socket();
-    let (registration_stop_tx, registration_stop_rx) = watch::channel(false);
+    let registration_stop = CancellationToken::new();
     let listener = bind_unix(&registration_socket, OWNER_ONLY_SOCKET_MODE)
         .context("binding the registration socket")?;
     let registrar = Registrar::new(
@@ -350,7 +347,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
             ))
             .serve_with_incoming_shutdown(
                 incoming_with_peer_check(listener, kubelet_peers()),
-                stopped(registration_stop_rx),
+                registration_stop.clone().cancelled_owned(),
             ),
     );
 
@@ -386,7 +383,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     let publisher = tokio::spawn(
         Publisher::new(client, &config.driver_name, &config.node_name)
             .with_reporting(health.publishing.clone(), metrics.clone())
-            .run(devices_rx, stopped(stop_rx.clone())),
+            .run(devices_rx, stop.clone().cancelled_owned()),
     );
 
     health.serving.store(true, Ordering::Relaxed);
@@ -396,14 +393,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         coordination = %coordination_socket.display(), "dra-plugin serving"
     );
 
-    shutdown.await;
+    shutdown.cancelled().await;
     tracing::info!("shutting down");
     health.serving.store(false, Ordering::Relaxed);
     // Kubelet first: no new work once the registration socket is gone.
-    let _ = registration_stop_tx.send(true);
+    registration_stop.cancel();
     remove_sockets(&[&registration_socket]);
     let _ = join_server("registration", registration).await;
-    let _ = stop_tx.send(true);
+    stop.cancel();
     // Graceful: the DRA server finishes requests in flight before returning.
     let dra_result = join_server("DRA", dra).await;
     let coordination_result = join_server("coordination", coordination).await;
@@ -488,15 +485,4 @@ impl RunArgs {
         let env_node = std::env::var(crate::config::NODE_NAME_ENV).ok();
         Ok(self.settings.or(file).resolve(env_node)?)
     }
-}
-
-/// `dra-plugin run`: resolve the settings and serve until SIGTERM/SIGINT.
-pub fn main(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.resolve()?;
-    init_logging(config.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    runtime.block_on(run(config, termination_signal()))
 }

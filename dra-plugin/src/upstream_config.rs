@@ -16,7 +16,7 @@
 
 use crate::config::{GroupBy, Settings};
 use crate::devices::CpuDeviceMode;
-use serde_yaml::{Mapping, Value};
+use serde_json::{Map, Value};
 use shared_state::CpuSet;
 use std::path::PathBuf;
 
@@ -61,8 +61,6 @@ pub enum UpstreamConfigError {
     BadValue { key: String, reason: String },
     #[error("field \"sysfsOverlay\" ({path:?}) is not supported by this driver: point --sysfs-root at a directory holding the sys/ tree instead")]
     SysfsOverlay { path: String },
-    #[error("a config file key must be a string, found {0}")]
-    NonStringKey(String),
 }
 
 /// Which driver's file a mapping is.
@@ -104,18 +102,13 @@ fn is_own_key(key: &str) -> bool {
     OWN.contains(&key)
 }
 
-fn key_str(key: &Value) -> Result<&str, UpstreamConfigError> {
-    key.as_str()
-        .ok_or_else(|| UpstreamConfigError::NonStringKey(format!("{key:?}")))
-}
-
 /// Tell the two kinds of file apart. `kubeconfig` is a key of both; a file
 /// with only that key is this driver's.
-pub fn classify(map: &Mapping) -> Result<FileKind, UpstreamConfigError> {
+pub fn classify(map: &Map<String, Value>) -> Result<FileKind, UpstreamConfigError> {
     let mut upstream = None;
     let mut own = None;
     for key in map.keys() {
-        let key = key_str(key)?;
+        let key = key.as_str();
         if key == "kubeconfig" {
             continue;
         }
@@ -167,11 +160,8 @@ fn bad_enum(key: &str, found: &str, allowed: &str) -> UpstreamConfigError {
 }
 
 /// Read an upstream file's mapping into this driver's settings.
-pub fn to_settings(map: &Mapping) -> Result<Settings, UpstreamConfigError> {
-    let mut keys: Vec<(&str, &Value)> = map
-        .iter()
-        .map(|(k, v)| key_str(k).map(|k| (k, v)))
-        .collect::<Result<_, _>>()?;
+pub fn to_settings(map: &Map<String, Value>) -> Result<Settings, UpstreamConfigError> {
+    let mut keys: Vec<(&str, &Value)> = map.iter().map(|(k, v)| (k.as_str(), v)).collect();
     // Sorted, so a file with several problems names the same one every run.
     keys.sort_by(|a, b| a.0.cmp(b.0));
     if let Some((_, version)) = keys.iter().find(|(k, _)| *k == "apiVersion") {
@@ -268,8 +258,8 @@ pub fn to_settings(map: &Mapping) -> Result<Settings, UpstreamConfigError> {
 mod tests {
     use super::*;
 
-    fn mapping(text: &str) -> Mapping {
-        match serde_yaml::from_str(text) {
+    fn mapping(text: &str) -> Map<String, Value> {
+        match shared_state::config_file::from_yaml(text) {
             Ok(m) => m,
             Err(e) => panic!("{text}: {e}"),
         }

@@ -17,7 +17,7 @@ fn chart_dir() -> PathBuf {
 }
 
 /// `helm template` of the chart with `values` (a file under ci/, or none).
-fn render(values: Option<&str>) -> Vec<serde_yaml::Value> {
+fn render(values: Option<&str>) -> Vec<serde_json::Value> {
     let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
     let mut command = std::process::Command::new(&helm);
     command.args(["template", "dra-cpu"]).arg(chart_dir());
@@ -34,18 +34,18 @@ fn render(values: Option<&str>) -> Vec<serde_yaml::Value> {
     );
     let text = String::from_utf8(output.stdout).expect("UTF-8");
     text.split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+        .filter_map(|doc| shared_state::config_file::from_yaml::<serde_json::Value>(doc).ok())
         .filter(|doc| doc.get("kind").is_some())
         .collect()
 }
 
-fn object<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+fn object<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
     docs.iter()
         .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some(kind))
         .unwrap_or_else(|| panic!("no {kind} rendered"))
 }
 
-fn str_at<'a>(value: &'a serde_yaml::Value, path: &[&str]) -> &'a str {
+fn str_at<'a>(value: &'a serde_json::Value, path: &[&str]) -> &'a str {
     path.iter()
         .fold(value, |v, key| &v[*key])
         .as_str()
@@ -65,11 +65,11 @@ fn dra_plugin(values: Option<&str>) -> (Config, Vec<PathBuf>) {
         .unwrap_or_else(|e| panic!("{values:?}: {e}"));
     let pod = &object(&docs, "DaemonSet")["spec"]["template"]["spec"];
     let container = pod["containers"]
-        .as_sequence()
+        .as_array()
         .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some("dra-plugin")))
         .expect("dra-plugin container");
     let mounts = container["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .expect("mounts")
         .iter()
         .map(|m| PathBuf::from(m["mountPath"].as_str().expect("mountPath")))

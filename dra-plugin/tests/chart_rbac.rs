@@ -146,10 +146,10 @@ impl Rule {
     }
 }
 
-fn strings(value: &serde_yaml::Value, key: &str) -> Vec<String> {
+fn strings(value: &serde_json::Value, key: &str) -> Vec<String> {
     value
         .get(key)
-        .and_then(serde_yaml::Value::as_sequence)
+        .and_then(serde_json::Value::as_array)
         .map(|items| {
             items
                 .iter()
@@ -179,15 +179,15 @@ fn rendered_rules() -> Vec<Rule> {
         "helm template failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let role: serde_yaml::Value =
-        serde_yaml::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
+    let role: serde_json::Value =
+        serde_saphyr::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
     assert_eq!(
         role.get("kind").and_then(|k| k.as_str()),
         Some("ClusterRole")
     );
     let rules = role
         .get("rules")
-        .and_then(serde_yaml::Value::as_sequence)
+        .and_then(serde_json::Value::as_array)
         .expect("ClusterRole has rules");
     rules
         .iter()
@@ -277,10 +277,8 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
     .resolve(None)
     .expect("config");
     let registry = config.kubelet_root_dir.join("plugins_registry");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(dra_plugin::run::run(config, async {
-        let _ = stopped.await;
-    }));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let daemon = tokio::spawn(dra_plugin::run::run(config, shutdown.clone()));
 
     let kubelet = KubeletDra::register(&registry, DRIVER, DraVersion::V1, HANG_GUARD)
         .await
@@ -324,7 +322,7 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
             .any(|r| r.method == "GET" && r.path.contains("watch=true"))
     })
     .await;
-    let _ = stop.send(());
+    shutdown.cancel();
     match tokio::time::timeout(HANG_GUARD, daemon).await {
         Ok(Ok(result)) => result.expect("daemon ran cleanly"),
         other => panic!("daemon did not stop: {other:?}"),

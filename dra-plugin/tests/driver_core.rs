@@ -189,8 +189,11 @@ fn a_cdi_failure_undoes_the_store_commit() {
 async fn a_slow_subscriber_never_blocks_a_prepare_and_gets_a_fresh_snapshot() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(Arc::new(MemoryStore::new()), CdiDir::new(dir.path()));
-    let (_stop, stopping) = tokio::sync::watch::channel(false);
-    let service = CoordinationService::new(driver.clone(), Duration::from_secs(3600), stopping);
+    let service = CoordinationService::new(
+        driver.clone(),
+        Duration::from_secs(3600),
+        tokio_util::sync::CancellationToken::new(),
+    );
     let mut stream = service
         .watch(tonic::Request::new(coord::WatchRequest {
             from_revision: 0,

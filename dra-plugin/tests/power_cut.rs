@@ -318,7 +318,7 @@ impl AckLog {
 type SharedLog = Arc<Mutex<AckLog>>;
 
 fn record(log: &SharedLog, line: &str) {
-    log.lock().unwrap_or_else(|p| p.into_inner()).append(line);
+    shared_state::sync::lock(log).append(line);
 }
 
 struct Daemon {

@@ -8,6 +8,7 @@
 
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
+use shared_state::config_file::{self, ConfigFileError};
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -108,18 +109,8 @@ pub struct Settings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_yaml::Error,
-    },
+    #[error(transparent)]
+    File(#[from] ConfigFileError),
     #[error("plugin index {0:?} must be exactly two digits, e.g. \"10\"")]
     BadIndex(String),
     #[error("plugin name {0:?} must be non-empty and must not contain '-' or whitespace")]
@@ -148,23 +139,12 @@ pub struct Config {
 
 /// Parse a config file's text.
 pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
-    // An empty file is a valid "no settings" file; serde_yaml reads it as null.
-    if text.trim().is_empty() {
-        return Ok(Settings::default());
-    }
-    serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(config_file::parse(path, text)?)
 }
 
 /// Read and parse a config file.
 pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_file(path, &text)
+    Ok(config_file::load(path)?)
 }
 
 impl Settings {

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod coordination;
+pub mod daemon;
 pub mod enforcer;
 pub mod host_cgroups;
 pub mod metrics;
@@ -12,6 +13,8 @@ pub mod resolve;
 #[cfg(test)]
 mod test_support;
 pub mod view;
+
+pub use daemon::run;
 
 /// The allocator the nri-plugin binary runs on. A CreateContainer reply on a
 /// busy node builds hundreds of small update messages, and with glibc's

@@ -2,27 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
 use nri_plugin::config::{self, LogFormat, Settings};
-use nri_plugin::coordination;
-use nri_plugin::enforcer::Enforcer;
-use nri_plugin::host_cgroups::HostCgroups;
-use nri_plugin::metrics::{self, Metrics};
-use nri_plugin::nri::DraCpuPlugin;
-use nri_plugin::resolve::{scan_claims, CoordinationResolver};
-use nri_plugin::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
-use shared_state::topology::Topology;
+use tokio_util::sync::CancellationToken;
 
 nri_plugin::install_process_allocator!();
-
-/// How often host cgroups are checked for a cpuset changed by someone else.
-const HOST_CGROUP_CHECK: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -68,7 +54,7 @@ async fn shutdown_signal() {
 fn main() -> ExitCode {
     let result = tokio::runtime::Runtime::new()
         .context("starting the async runtime")
-        .and_then(|runtime| runtime.block_on(run()));
+        .and_then(|runtime| runtime.block_on(start()));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -79,7 +65,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run() -> anyhow::Result<()> {
+/// Flags over the config file, logging, then the daemon until SIGTERM or
+/// SIGINT cancels its shutdown token.
+async fn start() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let file = match &cli.config {
         Some(path) => config::load_file(path)?,
@@ -87,135 +75,11 @@ async fn run() -> anyhow::Result<()> {
     };
     let config = cli.settings.or(file).resolve()?;
     init_logging(config.log_format);
-
-    // Before anything is bound or started, so a refused path stops the
-    // start. Always opened: with no list it still gives back the cgroups a
-    // previous run managed (the option was removed between runs).
-    let host_cgroups =
-        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
-    let topology = Topology::discover(&config.sysfs_root)
-        .with_context(|| format!("discovering CPUs under {}", config.sysfs_root.display()))?;
-    let numa = config
-        .align_memory
-        .then(|| NumaMap::from_topology(&topology));
-    let mut view = NodeView::new(
-        topology.online(),
-        config.reserved_cpus.clone(),
-        config.mixed_allocation_mode,
-        numa,
-    );
-    // Until dra-plugin answers, the claims on disk are the best knowledge.
-    for (uid, cpus) in scan_claims(&config.cdi_dir) {
-        if let Err(e) = view.learn_claim(cdi_claim(&uid, cpus), ClaimOrigin::CdiSpec) {
-            tracing::warn!(claim = %uid, error = %e, "ignoring CDI spec");
-        }
-    }
-    tracing::info!(
-        allocatable = %view.pool().allocatable(), claims_from_cdi = view.pool().claims().len(),
-        "starting view"
-    );
-
-    let metrics = Arc::new(Metrics::new());
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    metrics::serve(
-        config.metrics_address,
-        metrics.clone(),
-        stopped(stop_rx.clone()),
-    )
-    .await
-    .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
-
-    if !host_cgroups.paths().is_empty() {
-        tracing::info!(host_cgroups = ?host_cgroups.paths(), "host cgroups follow the shared pool and the reserved CPUs");
-    }
-    let updater = NriUpdater::new();
-    let enforcer = Enforcer::new(
-        view,
-        metrics.clone(),
-        updater.clone(),
-        config.unsolicited_updates,
-    );
-    let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
-        enforcer
-    } else {
-        enforcer.with_host_cgroups(host_cgroups)
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.cancel();
     });
-    enforcer.sync_host_cgroups();
-    let resolver = Arc::new(CoordinationResolver::new(
-        config.coordination_socket.clone(),
-        config.cdi_dir.clone(),
-    )?);
-    let subscriber = format!(
-        "nri-plugin/{}",
-        std::env::var("NODE_NAME").unwrap_or_else(|_| "node".to_string())
-    );
-    let subscription = tokio::spawn(coordination::run(
-        enforcer.clone(),
-        config.coordination_socket.clone(),
-        subscriber,
-        stopped(stop_rx.clone()),
-    ));
-
-    // The connection can drop without a Shutdown (containerd killed): the
-    // registered gauge follows the connection itself.
-    let monitor = {
-        let (updater, metrics) = (updater.clone(), metrics.clone());
-        tokio::spawn(async move {
-            // Only a lost connection clears it: Synchronize may arrive
-            // before the client records its new connection.
-            let mut was_connected = false;
-            loop {
-                let connected = updater.is_connected();
-                if was_connected && !connected {
-                    metrics.nri_registered.store(false, Ordering::Relaxed);
-                }
-                was_connected = connected;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
-    // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
-    // host cgroup's cpuset between pool changes.
-    let host_repair = {
-        let enforcer = enforcer.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(HOST_CGROUP_CHECK);
-            loop {
-                tick.tick().await;
-                enforcer.repair_host_cgroups();
-            }
-        })
-    };
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
-    let source = SocketSource::from_env_or(&config.nri_socket)?;
-    let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
-    let nri = tokio::spawn(run_with_reconnect(
-        plugin,
-        source,
-        options,
-        updater,
-        stopped(stop_rx),
-    ));
-    tokio::select! {
-        () = shutdown_signal() => tracing::info!("stopping"),
-        ended = nri => {
-            let _ = stop_tx.send(true);
-            monitor.abort();
-            host_repair.abort();
-            enforcer.restore_host_cgroups();
-            ended.context("NRI task")?.context("NRI connection")?;
-            return Ok(());
-        }
-    }
-    // Host daemons get their CPUs back first: the rest of the stop may
-    // wait on the coordination stream.
-    host_repair.abort();
-    enforcer.restore_host_cgroups();
-    let _ = stop_tx.send(true);
-    let _ = subscription.await;
-    monitor.abort();
-    Ok(())
+    nri_plugin::run(config, shutdown).await
 }

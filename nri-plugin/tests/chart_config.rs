@@ -15,7 +15,7 @@ fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dra-cpu")
 }
 
-fn render(values: Option<&str>) -> Vec<serde_yaml::Value> {
+fn render(values: Option<&str>) -> Vec<serde_json::Value> {
     let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
     let mut command = std::process::Command::new(&helm);
     command.args(["template", "dra-cpu"]).arg(chart_dir());
@@ -32,12 +32,12 @@ fn render(values: Option<&str>) -> Vec<serde_yaml::Value> {
     );
     let text = String::from_utf8(output.stdout).expect("UTF-8");
     text.split("\n---")
-        .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+        .filter_map(|doc| shared_state::config_file::from_yaml::<serde_json::Value>(doc).ok())
         .filter(|doc| doc.get("kind").is_some())
         .collect()
 }
 
-fn object<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+fn object<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
     docs.iter()
         .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some(kind))
         .unwrap_or_else(|| panic!("no {kind} rendered"))
@@ -46,7 +46,7 @@ fn object<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Valu
 struct Rendered {
     config: Config,
     /// dra-plugin's file, as YAML, for the settings both must share.
-    dra_plugin: serde_yaml::Value,
+    dra_plugin: serde_json::Value,
     mounts: Vec<(PathBuf, bool)>,
 }
 
@@ -59,16 +59,17 @@ fn nri_plugin(values: Option<&str>) -> Rendered {
     let config = parse_file(Path::new("/etc/dra-cpu/nri-plugin.yaml"), text)
         .and_then(|s| s.resolve())
         .unwrap_or_else(|e| panic!("{values:?}: {e}"));
-    let dra_plugin =
-        serde_yaml::from_str(data["dra-plugin.yaml"].as_str().expect("dra-plugin.yaml"))
-            .expect("dra-plugin.yaml is YAML");
+    let dra_plugin = shared_state::config_file::from_yaml(
+        data["dra-plugin.yaml"].as_str().expect("dra-plugin.yaml"),
+    )
+    .expect("dra-plugin.yaml is YAML");
     let pod = &object(&docs, "DaemonSet")["spec"]["template"]["spec"];
     let container = pod["containers"]
-        .as_sequence()
+        .as_array()
         .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some("nri-plugin")))
         .expect("nri-plugin container");
     let mounts = container["volumeMounts"]
-        .as_sequence()
+        .as_array()
         .expect("mounts")
         .iter()
         .map(|m| {
@@ -204,7 +205,7 @@ fn without_nri_there_is_no_nri_plugin() {
         .get("nri-plugin.yaml")
         .is_none());
     let containers = object(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
+        .as_array()
         .expect("containers")
         .iter()
         .filter_map(|c| c["name"].as_str())

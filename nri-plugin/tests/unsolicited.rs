@@ -333,15 +333,13 @@ async fn run_case(case: &Case, dir: &Path) {
 
     let socket = dir.join(format!("{name}.sock"));
     let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let nri = tokio::spawn(run_with_reconnect(
         plugin,
         SocketSource::Path(socket),
         NriClientOptions::new("dracpu", "10"),
         updater.clone(),
-        async move {
-            let _ = stop_rx.wait_for(|s| *s).await;
-        },
+        stop.clone().cancelled_owned(),
     ));
     let runtime = FakeRuntime::accept(&listener).await;
     let (rt_name, rt_version, nri_version) = case.runtime;
@@ -478,7 +476,7 @@ async fn run_case(case: &Case, dir: &Path) {
     );
     assert!(text.contains(&line), "{name}: {line} in\n{text}");
 
-    stop_tx.send(true).unwrap();
+    stop.cancel();
     tokio::time::timeout(Duration::from_secs(10), nri)
         .await
         .expect("the NRI task stops")

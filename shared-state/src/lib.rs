@@ -12,10 +12,12 @@ pub mod assignment;
 pub mod cdi_read;
 pub mod cdi_spec;
 pub mod claim_env;
+pub mod config_file;
 pub mod cpuset;
 pub mod pool;
 pub mod snapshot;
 pub mod store;
+pub mod sync;
 pub mod topology;
 pub mod upstream_metrics;
 

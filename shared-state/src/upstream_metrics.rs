@@ -99,7 +99,7 @@ impl CpuAllocationMode {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain numbers survive a panic elsewhere well enough to be read.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    crate::sync::lock(m)
 }
 
 #[derive(Debug, Clone, Default)]

@@ -539,7 +539,7 @@ macro_rules! read_health {
         tokio::spawn(async move {
             while let Some(message) = stream.message().await? {
                 let at = tokio::time::Instant::now();
-                let mut map = received.lock().unwrap_or_else(|p| p.into_inner());
+                let mut map = shared_state::sync::lock(&received);
                 for device in message.devices {
                     let Some(id) = device.device else { continue };
                     map.insert(
@@ -561,7 +561,7 @@ macro_rules! read_health {
 impl HealthWatch {
     /// The state of `device` of `pool` now.
     pub fn state(&self, pool: &str, device: &str) -> DeviceHealthState {
-        let map = self.received.lock().unwrap_or_else(|p| p.into_inner());
+        let map = shared_state::sync::lock(&self.received);
         match map.get(&(pool.to_string(), device.to_string())) {
             Some(r) if r.at.elapsed() <= HEALTH_TIMEOUT && r.healthy => DeviceHealthState::Healthy,
             Some(r) if r.at.elapsed() <= HEALTH_TIMEOUT => DeviceHealthState::Unhealthy {
@@ -573,10 +573,7 @@ impl HealthWatch {
 
     /// Every device reported so far, with its state now.
     pub fn states(&self) -> BTreeMap<(String, String), DeviceHealthState> {
-        let keys: Vec<(String, String)> = self
-            .received
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let keys: Vec<(String, String)> = shared_state::sync::lock(&self.received)
             .keys()
             .cloned()
             .collect();

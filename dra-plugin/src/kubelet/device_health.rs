@@ -20,6 +20,7 @@ use std::time::Duration;
 use dra_cpu_proto::kubelet::{health_v1, health_v1alpha1};
 use shared_state::topology::read_online_cpus;
 use shared_state::CpuSet;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// How often the report goes out and how often the online list is read.
@@ -100,20 +101,20 @@ struct HealthSource {
     devices: Vec<(String, CpuSet)>,
     sysfs_root: PathBuf,
     timing: HealthTiming,
-    stopping: tokio::sync::watch::Receiver<bool>,
+    stopping: CancellationToken,
     /// The last read of the online list failed (logged once per failure run).
     online_unreadable: std::sync::atomic::AtomicBool,
 }
 
 impl Health {
-    /// `stopping` turning true ends the streams, so shutdown does not wait
+    /// `stopping` cancelled ends the streams, so shutdown does not wait
     /// for kubelet to hang up.
     pub fn new(
         pool: String,
         devices: Vec<(String, CpuSet)>,
         sysfs_root: PathBuf,
         timing: HealthTiming,
-        stopping: tokio::sync::watch::Receiver<bool>,
+        stopping: CancellationToken,
     ) -> Health {
         Health(std::sync::Arc::new(HealthSource {
             pool,
@@ -195,7 +196,7 @@ impl Health {
         });
         Box::pin(futures::StreamExt::take_until(
             stream,
-            crate::coordination_server::stopped(self.0.stopping.clone()),
+            self.0.stopping.clone().cancelled_owned(),
         ))
     }
 }
@@ -346,16 +347,16 @@ mod tests {
         }
     }
 
-    fn health(sysfs: &Sysfs, timing: HealthTiming) -> (Health, tokio::sync::watch::Sender<bool>) {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    fn health(sysfs: &Sysfs, timing: HealthTiming) -> (Health, CancellationToken) {
+        let stop = CancellationToken::new();
         let health = Health::new(
             "node-a".into(),
             vec![("numa0".into(), set("0-1")), ("numa1".into(), set("2-3"))],
             sysfs.root.path().to_path_buf(),
             timing,
-            stop_rx,
+            stop.clone(),
         );
-        (health, stop_tx)
+        (health, stop)
     }
 
     fn healthy(report: &HealthReport) -> Vec<bool> {
@@ -408,7 +409,7 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(22));
 
         // Stopping ends the stream.
-        stop.send(true).expect("stop");
+        stop.cancel();
         assert!(
             reports.next().await.is_none(),
             "the stream ends at shutdown"

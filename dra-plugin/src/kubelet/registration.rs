@@ -39,10 +39,7 @@ impl RegistrationState {
     }
 
     pub fn last_error(&self) -> Option<String> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        shared_state::sync::lock(&self.last_error).clone()
     }
 }
 
@@ -94,11 +91,7 @@ impl registration::registration_server::Registration for Registrar {
         } else {
             tracing::error!(driver = %self.driver_name, error = %status.error, "kubelet refused the plugin registration");
         }
-        *self
-            .state
-            .last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = error;
+        *shared_state::sync::lock(&self.state.last_error) = error;
         Ok(Response::new(registration::RegistrationStatusResponse {}))
     }
 }

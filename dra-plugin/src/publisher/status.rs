@@ -22,7 +22,7 @@ struct StatusState {
 impl PublishStatus {
     fn state(&self) -> std::sync::MutexGuard<'_, StatusState> {
         // Plain strings behind the lock: still fine after a panic elsewhere.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        shared_state::sync::lock(&self.state)
     }
 
     /// `Some(reason)` while publishing keeps the node from being ready.

@@ -99,11 +99,11 @@ impl Node {
 
     /// Start the daemon and register it through the kubelet stand-in.
     pub async fn start(&self, version: DraVersion) -> Running {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = tokio_util::sync::CancellationToken::new();
         let config = self.config.clone();
-        let task = tokio::spawn(dra_plugin::run::run(config, async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(dra_plugin::run::run(config, shutdown.clone()));
+        // Dropped (the test ended early), it stops the daemon too.
+        let stop = shutdown.drop_guard();
         let kubelet = match KubeletDra::register(&self.registry_dir(), DRIVER, version, WAIT).await
         {
             Ok(k) => k,
@@ -212,7 +212,7 @@ impl Node {
 }
 
 pub struct Running {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: Option<tokio_util::sync::DropGuard>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub kubelet: KubeletDra,
 }
@@ -220,9 +220,8 @@ pub struct Running {
 impl Running {
     /// Stop the daemon gracefully and return how its run loop ended.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        // Dropping the guard cancels the daemon's shutdown token.
+        drop(self.stop.take());
         match self.task.take() {
             Some(task) => match tokio::time::timeout(WAIT, task).await {
                 Ok(Ok(result)) => result,

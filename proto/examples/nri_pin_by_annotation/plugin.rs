@@ -60,18 +60,12 @@ impl PinByAnnotation {
 
     /// Everything seen so far, oldest first.
     pub fn seen(&self) -> Vec<Seen> {
-        match self.seen.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        shared_state::sync::lock(&self.seen).clone()
     }
 
     fn record(&self, event: Seen) {
         eprintln!("nri example: {event:?}");
-        match self.seen.lock() {
-            Ok(mut g) => g.push(event),
-            Err(p) => p.into_inner().push(event),
-        }
+        shared_state::sync::lock(&self.seen).push(event);
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use ttrpc::r#async::transport::{Listener, Socket};
 
 use super::api;
@@ -109,11 +110,9 @@ impl SocketSource {
                     })
             }
             SocketSource::Inherited(slot) => {
-                let fd = match slot.lock() {
-                    Ok(mut guard) => guard.take(),
-                    Err(poisoned) => poisoned.into_inner().take(),
-                }
-                .ok_or(NriError::InheritedSocketConsumed)?;
+                let fd = shared_state::sync::lock(slot)
+                    .take()
+                    .ok_or(NriError::InheritedSocketConsumed)?;
                 let path = PathBuf::from(format!("fd:{}", fd.as_raw_fd()));
                 let std_stream = std::os::unix::net::UnixStream::from(fd);
                 std_stream
@@ -340,17 +339,11 @@ impl NriUpdater {
     }
 
     fn current(&self) -> Option<ConnectionUpdater> {
-        match self.current.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        shared_state::sync::lock(&self.current).clone()
     }
 
     fn set(&self, value: Option<ConnectionUpdater>) {
-        match self.current.lock() {
-            Ok(mut g) => *g = value,
-            Err(p) => *p.into_inner() = value,
-        }
+        *shared_state::sync::lock(&self.current) = value;
     }
 
     /// Whether a registered connection exists right now.
@@ -374,12 +367,15 @@ impl NriUpdater {
     }
 }
 
-/// Next reconnect delay: doubles from `initial`, capped at `max`.
-pub fn next_backoff(current: Duration, initial: Duration, max: Duration) -> Duration {
-    if current.is_zero() {
-        return initial.min(max);
-    }
-    current.saturating_mul(2).min(max)
+/// The reconnect delays: `initial`, doubling up to `max`, without end.
+/// A new schedule starts after every good connection.
+pub fn reconnect_delays(initial: Duration, max: Duration) -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(initial.min(max))
+        .with_max_delay(max)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
 }
 
 /// Keeps `plugin` registered with the runtime until `stop` resolves:
@@ -400,7 +396,8 @@ where
 {
     options.validate()?;
     tokio::pin!(stop);
-    let mut backoff = Duration::ZERO;
+    let new_schedule = || reconnect_delays(options.initial_backoff, options.max_backoff);
+    let mut delays = new_schedule();
     loop {
         let attempt = tokio::select! {
             _ = &mut stop => return Ok(()),
@@ -408,7 +405,7 @@ where
         };
         match attempt {
             Ok(mut client) => {
-                backoff = Duration::ZERO;
+                delays = new_schedule();
                 updater.set(Some(client.updater()));
                 let ended = tokio::select! {
                     _ = &mut stop => None,
@@ -430,7 +427,8 @@ where
         if !source.can_reconnect() {
             return Err(NriError::InheritedSocketConsumed);
         }
-        backoff = next_backoff(backoff, options.initial_backoff, options.max_backoff);
+        // The schedule has no end; `max_backoff` is only its type's fallback.
+        let backoff = delays.next().unwrap_or(options.max_backoff);
         tracing::info!(delay = ?backoff, "reconnecting to the NRI runtime");
         tokio::select! {
             _ = &mut stop => return Ok(()),
@@ -449,17 +447,39 @@ pub fn socket_exists(path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    fn millis(delays: impl Iterator<Item = Duration>, n: usize) -> Vec<u128> {
+        delays.take(n).map(|d| d.as_millis()).collect()
+    }
+
     #[test]
-    fn backoff_doubles_and_caps() {
-        let initial = Duration::from_millis(100);
-        let max = Duration::from_secs(5);
-        let mut d = Duration::ZERO;
-        let mut seen = Vec::new();
-        for _ in 0..8 {
-            d = next_backoff(d, initial, max);
-            seen.push(d.as_millis());
+    fn reconnect_delays_double_from_100ms_to_5s_and_never_end() {
+        let defaults = NriClientOptions::new("pin", "10");
+        let delays = reconnect_delays(defaults.initial_backoff, defaults.max_backoff);
+        let mut seen = millis(delays, 100);
+        assert_eq!(seen.len(), 100, "the schedule does not run out");
+        assert!(seen.drain(7..).all(|d| d == 5000), "capped at 5 s");
+        assert_eq!(seen, vec![100, 200, 400, 800, 1600, 3200, 5000]);
+    }
+
+    #[test]
+    fn reconnect_delays_table() {
+        let ms = Duration::from_millis;
+        let cases = [
+            // (initial, max, first delays)
+            (ms(100), ms(5000), vec![100, 200, 400, 800]),
+            (ms(1), ms(3), vec![1, 2, 3, 3]),
+            // An initial delay above the cap starts at the cap.
+            (ms(900), ms(500), vec![500, 500, 500]),
+            (ms(250), ms(250), vec![250, 250]),
+        ];
+        for (initial, max, want) in cases {
+            let n = want.len();
+            assert_eq!(
+                millis(reconnect_delays(initial, max), n),
+                want,
+                "{initial:?}..{max:?}"
+            );
         }
-        assert_eq!(seen, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
     }
 
     #[test]

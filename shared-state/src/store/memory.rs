@@ -28,9 +28,7 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic in another thread cannot leave State half-updated: every
         // mutation is applied to a copy and swapped in whole.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.state)
     }
 }
 

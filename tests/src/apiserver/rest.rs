@@ -76,7 +76,7 @@ fn injected_fault(shared: &Shared, method: &Method, path_and_query: &str) -> Opt
 /// A poisoned lock only means a handler panicked; the data is still usable
 /// for a test double, and refusing it would hide the first failure.
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    shared_state::sync::lock(m)
 }
 
 fn json_response(code: u16, value: &Value) -> Response<Body> {
@@ -149,7 +149,7 @@ fn parse_body(content_type: Option<&str>, raw: &[u8]) -> Result<Value, ApiError>
         Ok(v) => Ok(v),
         Err(json_error) => {
             if content_type.is_some_and(|c| c.contains("yaml")) {
-                serde_yaml::from_slice::<Value>(raw).map_err(|e| {
+                serde_saphyr::from_slice::<Value>(raw).map_err(|e| {
                     ApiError::bad_request(format!("the body is neither JSON nor YAML: {e}"))
                 })
             } else {

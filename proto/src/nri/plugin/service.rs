@@ -21,17 +21,11 @@ pub struct RuntimeInfoCell(Arc<RwLock<Option<RuntimeInfo>>>);
 
 impl RuntimeInfoCell {
     pub fn get(&self) -> Option<RuntimeInfo> {
-        match self.0.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        shared_state::sync::read(&self.0).clone()
     }
 
     fn set(&self, info: RuntimeInfo) {
-        match self.0.write() {
-            Ok(mut guard) => *guard = Some(info),
-            Err(poisoned) => *poisoned.into_inner() = Some(info),
-        }
+        *shared_state::sync::write(&self.0) = Some(info);
     }
 }
 
@@ -89,10 +83,7 @@ impl<P: NriPlugin> PluginService<P> {
         containers: Vec<Container>,
         more: bool,
     ) -> Option<PendingSync> {
-        let mut slot = match self.pending_sync.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut slot = shared_state::sync::lock(&self.pending_sync);
         let pending = slot.get_or_insert_with(PendingSync::default);
         pending.pods.extend(pods);
         pending.containers.extend(containers);

@@ -222,9 +222,7 @@ impl SledStore {
 
     fn lock_writer(&self) -> MutexGuard<'_, ()> {
         // The guarded value is (); a panicking writer leaves nothing to repair.
-        self.writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.writer)
     }
 
     fn flush(&self) -> Result<(), StoreError> {

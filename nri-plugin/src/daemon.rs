@@ -1,0 +1,157 @@
+//! The nri-plugin daemon: the node view started from the CDI specs on disk,
+//! the enforcer, the coordination subscription to dra-plugin, the NRI
+//! connection to the runtime, metrics, and the order they stop in.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use shared_state::topology::Topology;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::coordination;
+use crate::enforcer::Enforcer;
+use crate::host_cgroups::HostCgroups;
+use crate::metrics::{self, Metrics};
+use crate::nri::DraCpuPlugin;
+use crate::resolve::{scan_claims, CoordinationResolver};
+use crate::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
+
+/// How often host cgroups are checked for a cpuset changed by someone else.
+const HOST_CGROUP_CHECK: Duration = Duration::from_secs(10);
+
+/// Run the plugin until `shutdown` is cancelled (or the NRI connection ends
+/// for good), then give the host cgroups back and stop.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Before anything is bound or started, so a refused path stops the
+    // start. Always opened: with no list it still gives back the cgroups a
+    // previous run managed (the option was removed between runs).
+    let host_cgroups =
+        HostCgroups::open(&config.cgroup_root, &config.host_cgroups, &config.state_dir)?;
+    let topology = Topology::discover(&config.sysfs_root)
+        .with_context(|| format!("discovering CPUs under {}", config.sysfs_root.display()))?;
+    let numa = config
+        .align_memory
+        .then(|| NumaMap::from_topology(&topology));
+    let mut view = NodeView::new(
+        topology.online(),
+        config.reserved_cpus.clone(),
+        config.mixed_allocation_mode,
+        numa,
+    );
+    // Until dra-plugin answers, the claims on disk are the best knowledge.
+    for (uid, cpus) in scan_claims(&config.cdi_dir) {
+        if let Err(e) = view.learn_claim(cdi_claim(&uid, cpus), ClaimOrigin::CdiSpec) {
+            tracing::warn!(claim = %uid, error = %e, "ignoring CDI spec");
+        }
+    }
+    tracing::info!(
+        allocatable = %view.pool().allocatable(), claims_from_cdi = view.pool().claims().len(),
+        "starting view"
+    );
+
+    let metrics = Arc::new(Metrics::new());
+    // Everything stops on this one, after the host cgroups are given back.
+    let stop = CancellationToken::new();
+    metrics::serve(
+        config.metrics_address,
+        metrics.clone(),
+        stop.clone().cancelled_owned(),
+    )
+    .await
+    .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
+
+    if !host_cgroups.paths().is_empty() {
+        tracing::info!(host_cgroups = ?host_cgroups.paths(), "host cgroups follow the shared pool and the reserved CPUs");
+    }
+    let updater = NriUpdater::new();
+    let enforcer = Enforcer::new(
+        view,
+        metrics.clone(),
+        updater.clone(),
+        config.unsolicited_updates,
+    );
+    let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
+        enforcer
+    } else {
+        enforcer.with_host_cgroups(host_cgroups)
+    });
+    enforcer.sync_host_cgroups();
+    let resolver = Arc::new(CoordinationResolver::new(
+        config.coordination_socket.clone(),
+        config.cdi_dir.clone(),
+    )?);
+    let subscriber = format!(
+        "nri-plugin/{}",
+        std::env::var("NODE_NAME").unwrap_or_else(|_| "node".to_string())
+    );
+    let subscription = tokio::spawn(coordination::run(
+        enforcer.clone(),
+        config.coordination_socket.clone(),
+        subscriber,
+        stop.clone().cancelled_owned(),
+    ));
+
+    // The connection can drop without a Shutdown (containerd killed): the
+    // registered gauge follows the connection itself.
+    let monitor = {
+        let (updater, metrics) = (updater.clone(), metrics.clone());
+        tokio::spawn(async move {
+            // Only a lost connection clears it: Synchronize may arrive
+            // before the client records its new connection.
+            let mut was_connected = false;
+            loop {
+                let connected = updater.is_connected();
+                if was_connected && !connected {
+                    metrics.nri_registered.store(false, Ordering::Relaxed);
+                }
+                was_connected = connected;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
+    // host cgroup's cpuset between pool changes.
+    let host_repair = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HOST_CGROUP_CHECK);
+            loop {
+                tick.tick().await;
+                enforcer.repair_host_cgroups();
+            }
+        })
+    };
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
+    let source = SocketSource::from_env_or(&config.nri_socket)?;
+    let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
+    let nri = tokio::spawn(run_with_reconnect(
+        plugin,
+        source,
+        options,
+        updater,
+        stop.clone().cancelled_owned(),
+    ));
+    tokio::select! {
+        () = shutdown.cancelled() => tracing::info!("stopping"),
+        ended = nri => {
+            stop.cancel();
+            monitor.abort();
+            host_repair.abort();
+            enforcer.restore_host_cgroups();
+            ended.context("NRI task")?.context("NRI connection")?;
+            return Ok(());
+        }
+    }
+    // Host daemons get their CPUs back first: the rest of the stop may
+    // wait on the coordination stream.
+    host_repair.abort();
+    enforcer.restore_host_cgroups();
+    stop.cancel();
+    let _ = subscription.await;
+    monitor.abort();
+    Ok(())
+}
