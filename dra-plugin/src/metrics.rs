@@ -282,6 +282,34 @@ mod tests {
         assert!(out.contains("x_count 3\n"), "{out}");
     }
 
+    /// Every family with at least one sample, as after a busy while.
+    fn populated() -> Metrics {
+        use shared_state::upstream_metrics::OpResult;
+        let m = Metrics::new();
+        m.prepares.fetch_add(1, Ordering::Relaxed);
+        m.unprepares.fetch_add(1, Ordering::Relaxed);
+        m.prepare_latency.observe(Duration::from_millis(2));
+        m.unprepare_latency.observe(Duration::from_millis(1));
+        m.error("prepare", "claim_not_found");
+        m.error("unprepare", "store");
+        m.publish_failure("apply", 500);
+        m.applied("nri-plugin/a", 1);
+        m.upstream
+            .record_prepare(OpResult::Success, Duration::from_millis(2));
+        m.upstream
+            .record_unprepare(OpResult::Error, Duration::from_millis(1));
+        m.upstream.record_claim_allocated_cpus(4);
+        m
+    }
+
+    #[test]
+    fn served_series_match_the_golden_file() {
+        let text = populated().render();
+        if let Err(problems) = dra_cpu_tests::metrics_golden::check("dra-plugin", &text) {
+            panic!("{problems}");
+        }
+    }
+
     #[test]
     fn render_has_every_family_and_lag() {
         let m = Metrics::new();

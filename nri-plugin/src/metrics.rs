@@ -286,6 +286,41 @@ mod tests {
         assert_eq!(respond(&Method::GET, "/readyz", &metrics).0, StatusCode::OK);
     }
 
+    /// Every family with at least one sample, as after a busy while.
+    fn populated() -> Metrics {
+        use shared_state::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
+        let m = Metrics::new();
+        m.event("CreateContainer", "ok", Duration::from_micros(30));
+        m.updates_sent("reply", 1);
+        m.pool_change("deferred");
+        m.refused("cpus-mismatch");
+        m.host_cgroup_writes(1, 1);
+        m.upstream
+            .record_synchronize(OpResult::Success, Duration::from_micros(50));
+        for callback in [
+            NriCallback::CreateContainer,
+            NriCallback::StopContainer,
+            NriCallback::RemoveContainer,
+        ] {
+            m.upstream.record_container(
+                callback,
+                OpResult::Error,
+                CpuAllocationMode::Unknown,
+                Duration::from_micros(300),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn served_series_match_the_golden_file() {
+        if let Err(problems) =
+            dra_cpu_tests::metrics_golden::check("nri-plugin", &populated().render())
+        {
+            panic!("{problems}");
+        }
+    }
+
     #[test]
     fn render_counts_and_buckets() {
         let m = Metrics::new();

@@ -8,6 +8,7 @@ pub mod cri;
 pub mod image;
 pub mod kubelet_dra;
 pub mod metrics_doc;
+pub mod metrics_golden;
 pub mod node;
 pub mod perf;
 pub mod prom_text;
