@@ -12,6 +12,7 @@ pub mod assignment;
 pub mod cdi_spec;
 pub mod claim_env;
 pub mod cpuset;
+pub mod exposition;
 pub mod pool;
 pub mod snapshot;
 pub mod store;
