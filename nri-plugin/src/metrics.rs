@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dra_cpu_proto::http::{self, Method, Reply, StatusCode, PROMETHEUS_TEXT, TEXT};
+use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
 use shared_state::exposition::{
     self, register, AtomicGauge, Computed, Counter, Declared, Family, Histogram, Registry,
 };
@@ -227,25 +227,31 @@ impl Metrics {
     }
 }
 
-/// The answer to one request: status, content type, body.
-pub fn respond(method: &Method, path: &str, metrics: &Metrics) -> Reply {
-    if let Some(refused) = http::refuse_method(method) {
-        return refused;
+/// What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
+/// routes and the server are `dra_cpu_proto::http`'s.
+impl Endpoints for Metrics {
+    fn metrics(&self) -> String {
+        self.render()
     }
-    match path {
-        "/metrics" => (StatusCode::OK, PROMETHEUS_TEXT, metrics.render()),
-        "/healthz" => (StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" if metrics.nri_registered.load(Ordering::Relaxed) => (
-            StatusCode::OK,
-            TEXT,
-            "registered with the NRI runtime\n".into(),
-        ),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            TEXT,
-            "not registered with the NRI runtime\n".into(),
-        ),
-        _ => http::not_found(),
+
+    fn health(&self) -> Reply {
+        (StatusCode::OK, TEXT, "ok\n".into())
+    }
+
+    fn readiness(&self) -> Reply {
+        if self.nri_registered.load(Ordering::Relaxed) {
+            (
+                StatusCode::OK,
+                TEXT,
+                "registered with the NRI runtime\n".into(),
+            )
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "not registered with the NRI runtime\n".into(),
+            )
+        }
     }
 }
 
@@ -255,12 +261,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    http::serve(
-        addr,
-        move |method, path| respond(method, path, &metrics),
-        shutdown,
-    )
-    .await
+    http::serve(addr, http::router(metrics), shutdown).await
 }
 
 #[cfg(test)]
@@ -268,20 +269,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes() {
+    fn answers() {
         let metrics = Metrics::new();
-        let cases = [
-            (Method::GET, "/healthz", StatusCode::OK),
-            (Method::GET, "/readyz", StatusCode::SERVICE_UNAVAILABLE),
-            (Method::GET, "/metrics", StatusCode::OK),
-            (Method::GET, "/nope", StatusCode::NOT_FOUND),
-            (Method::POST, "/metrics", StatusCode::METHOD_NOT_ALLOWED),
-        ];
-        for (method, path, want) in cases {
-            assert_eq!(respond(&method, path, &metrics).0, want, "{method} {path}");
-        }
+        assert_eq!(metrics.health().0, StatusCode::OK);
+        assert_eq!(metrics.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
         metrics.nri_registered.store(true, Ordering::Relaxed);
-        assert_eq!(respond(&Method::GET, "/readyz", &metrics).0, StatusCode::OK);
+        assert_eq!(metrics.readiness().0, StatusCode::OK);
     }
 
     /// Every family with at least one sample, as after a busy while.
