@@ -255,6 +255,22 @@ impl Endpoints for Metrics {
     }
 }
 
+/// Clear `nri_registered` whenever the runtime connection is lost (the
+/// connection can drop without a Shutdown when containerd is killed);
+/// returns when `connection`'s sender is gone. Only a lost connection
+/// clears it and only Synchronize sets it: Synchronize may arrive before
+/// the client records its new connection.
+pub async fn follow_registration(
+    mut connection: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) {
+    while connection.changed().await.is_ok() {
+        if !*connection.borrow_and_update() {
+            metrics.nri_registered.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Bind `addr` and serve until `shutdown` completes.
 pub async fn serve(
     addr: SocketAddr,
@@ -276,6 +292,22 @@ mod tests {
         assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
         metrics.nri_registered.store(true, Ordering::Relaxed);
         assert_eq!(metrics.readiness().0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_clears_the_registration() {
+        let metrics = Arc::new(Metrics::new());
+        let (connected, connection) = tokio::sync::watch::channel(false);
+        let follower = tokio::spawn(follow_registration(connection, metrics.clone()));
+        connected.send_replace(true);
+        // Synchronize: registered.
+        metrics.nri_registered.store(true, Ordering::Relaxed);
+        tokio::task::yield_now().await;
+        assert!(metrics.nri_registered.load(Ordering::Relaxed));
+        connected.send_replace(false);
+        drop(connected);
+        follower.await.expect("the follower ends with its sender");
+        assert!(!metrics.nri_registered.load(Ordering::Relaxed));
     }
 
     /// Every family with at least one sample, as after a busy while.
