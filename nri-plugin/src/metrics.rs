@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
 use shared_state::exposition::{
-    self, register, AtomicGauge, Computed, Counter, Declared, Family, Histogram, Registry,
+    self, register, AtomicGauge, Computed, Counter, Declared, DurationHistogram, Family, Registry,
 };
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
@@ -20,8 +20,8 @@ const LATENCY_BUCKETS: [f64; 14] = [
     1.0,
 ];
 
-fn reply_histogram() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS.iter().copied())
+fn reply_histogram() -> DurationHistogram {
+    DurationHistogram::new(&LATENCY_BUCKETS)
 }
 
 /// Label set of one label.
@@ -29,7 +29,7 @@ type Label = [(&'static str, &'static str); 1];
 /// Counts by one label value, declared before the first count.
 type LabelledCounter = Declared<Family<Label, Counter>>;
 /// Reply latencies by event, declared before the first event.
-type LatencyByEvent = Declared<Family<Label, Histogram, fn() -> Histogram>>;
+type LatencyByEvent = Declared<Family<Label, DurationHistogram, fn() -> DurationHistogram>>;
 
 /// Every metric of the process.
 #[derive(Debug)]
@@ -75,7 +75,7 @@ impl Metrics {
             registry: Registry::default(),
             events: Declared::default(),
             latency: Declared(Family::new_with_constructor(
-                reply_histogram as fn() -> Histogram,
+                reply_histogram as fn() -> DurationHistogram,
             )),
             updates: Declared::default(),
             pool_changes: Declared::default(),
@@ -181,7 +181,7 @@ impl Metrics {
             .inc();
         self.latency
             .get_or_create(&[("event", event)])
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed);
     }
 
     pub fn updates_sent(&self, path: &'static str, count: usize) {

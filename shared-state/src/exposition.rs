@@ -12,12 +12,13 @@
 
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Metric;
 
 pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -157,39 +158,82 @@ impl<F: Fn() -> u64> EncodeMetric for Computed<F> {
     }
 }
 
-/// A histogram of durations in seconds, with fixed bucket bounds.
+/// A histogram of durations in seconds, with fixed bucket bounds, kept in
+/// atomics: observing takes no lock, so it may sit on the prepare and
+/// CreateContainer paths. prometheus-client's own histogram takes a mutex.
 #[derive(Debug, Clone)]
-pub struct DurationHistogram(Histogram);
+pub struct DurationHistogram {
+    bounds: &'static [f64],
+    inner: Arc<HistogramCounts>,
+}
+
+#[derive(Debug)]
+struct HistogramCounts {
+    /// Observations in each bucket alone (not cumulative), by bound.
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    /// Sum in nanoseconds.
+    sum_ns: AtomicU64,
+}
 
 impl DurationHistogram {
-    pub fn new(bounds: &[f64]) -> Self {
-        DurationHistogram(Histogram::new(bounds.iter().copied()))
+    pub fn new(bounds: &'static [f64]) -> Self {
+        DurationHistogram {
+            bounds,
+            inner: Arc::new(HistogramCounts {
+                buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+                count: AtomicU64::new(0),
+                sum_ns: AtomicU64::new(0),
+            }),
+        }
     }
 
     pub fn observe(&self, elapsed: Duration) {
-        self.0.observe(elapsed.as_secs_f64());
+        let secs = elapsed.as_secs_f64();
+        let counts = &self.inner;
+        // The count before the bucket, the encoder reads them the other
+        // way round: a scrape racing an observation does not show more in
+        // the buckets than in +Inf.
+        counts.count.fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = self.bounds.iter().position(|bound| secs <= *bound) {
+            if let Some(bucket) = counts.buckets.get(i) {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        counts.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.inner.count.load(Ordering::Relaxed)
     }
 }
 
+impl TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
 impl EncodeMetric for DurationHistogram {
-    fn encode(&self, encoder: MetricEncoder) -> Result<(), fmt::Error> {
-        self.0.encode(encoder)
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        let counts = &self.inner;
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(counts.buckets.iter())
+            .map(|(bound, n)| (*bound, n.load(Ordering::Relaxed)))
+            .collect();
+        let count = counts.count.load(Ordering::Relaxed);
+        let sum = counts.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
     fn metric_type(&self) -> MetricType {
         MetricType::Histogram
     }
 }
 
-/// A new histogram with `bounds`, for [`Family::new_with_constructor`].
-pub fn histogram_with(bounds: &'static [f64]) -> impl Fn() -> Histogram + Clone {
-    move || Histogram::new(bounds.iter().copied())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
-    use std::sync::Arc;
 
     #[test]
     fn names_and_help_are_served_as_registered() {

@@ -342,11 +342,11 @@ pub enum NriCallback {
     RemoveContainer,
 }
 
-fn nri_histogram() -> Histogram {
-    Histogram::new(NRI_BUCKETS.iter().copied())
+fn nri_histogram() -> DurationHistogram {
+    DurationHistogram::new(NRI_BUCKETS)
 }
 
-type NriFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+type NriFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
 
 /// One container callback's histograms by result and mode.
 #[derive(Debug)]
@@ -355,7 +355,7 @@ struct ContainerSeries {
     /// The family's shared and exclusive members, by result: created up
     /// front as upstream's, and observed without a map lookup. An unknown
     /// mode's series is created in the family when first observed.
-    known: [[Histogram; 2]; 3],
+    known: [[DurationHistogram; 2]; 3],
 }
 
 fn mode_labels(result: OpResult, mode: CpuAllocationMode) -> ResultModeLabels {
@@ -367,7 +367,7 @@ fn mode_labels(result: OpResult, mode: CpuAllocationMode) -> ResultModeLabels {
 
 impl Default for ContainerSeries {
     fn default() -> Self {
-        let family = NriFamily::new_with_constructor(nri_histogram as fn() -> Histogram);
+        let family = NriFamily::new_with_constructor(nri_histogram as fn() -> DurationHistogram);
         let known = OpResult::ALL.map(|result| {
             [CpuAllocationMode::Shared, CpuAllocationMode::Exclusive]
                 .map(|mode| family.get_or_create(&mode_labels(result, mode)).clone())
@@ -377,13 +377,13 @@ impl Default for ContainerSeries {
 }
 
 impl ContainerSeries {
-    fn observe(&self, result: OpResult, mode: CpuAllocationMode, seconds: f64) {
+    fn observe(&self, result: OpResult, mode: CpuAllocationMode, elapsed: Duration) {
         match self.known[result.index()].get(mode.index()) {
-            Some(histogram) => histogram.observe(seconds),
+            Some(histogram) => histogram.observe(elapsed),
             None => self
                 .family
                 .get_or_create(&mode_labels(result, mode))
-                .observe(seconds),
+                .observe(elapsed),
         }
     }
 }
@@ -393,14 +393,15 @@ impl ContainerSeries {
 pub struct NriMetrics {
     synchronize: NriFamily<ResultLabel>,
     /// The synchronize family's members, by result.
-    synchronize_by_result: [Histogram; 3],
+    synchronize_by_result: [DurationHistogram; 3],
     /// By [`NriCallback`].
     containers: [ContainerSeries; 3],
 }
 
 impl Default for NriMetrics {
     fn default() -> Self {
-        let synchronize = NriFamily::new_with_constructor(nri_histogram as fn() -> Histogram);
+        let synchronize =
+            NriFamily::new_with_constructor(nri_histogram as fn() -> DurationHistogram);
         let synchronize_by_result =
             OpResult::ALL.map(|r| synchronize.get_or_create(&result_label(r)).clone());
         NriMetrics {
@@ -413,7 +414,7 @@ impl Default for NriMetrics {
 
 impl NriMetrics {
     pub fn record_synchronize(&self, result: OpResult, elapsed: Duration) {
-        self.synchronize_by_result[result.index()].observe(elapsed.as_secs_f64());
+        self.synchronize_by_result[result.index()].observe(elapsed);
     }
 
     pub fn record_container(
@@ -423,7 +424,7 @@ impl NriMetrics {
         mode: CpuAllocationMode,
         elapsed: Duration,
     ) {
-        self.containers[callback as usize].observe(result, mode, elapsed.as_secs_f64());
+        self.containers[callback as usize].observe(result, mode, elapsed);
     }
 
     /// Serve every series through `registry`.
