@@ -1,13 +1,16 @@
-//! Prometheus metrics of dra-plugin, rendered in the text exposition format.
-//!
-//! A handful of counters, gauges and two latency histograms do not justify
-//! a metrics framework; they live here as atomics and small maps.
+//! Prometheus metrics of dra-plugin: each series registered once with a
+//! `prometheus-client` registry under the name dashboards know, and kept
+//! here as handles the driver updates without a lock (counters and gauges
+//! are atomics).
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use shared_state::exposition::{
+    self, register, AtomicCounter, AtomicGauge, Computed, Counter, Declared, DurationHistogram,
+    Family, Registry,
+};
 
 /// Upper bounds (seconds) of the latency histogram buckets: a prepare is a
 /// few fsyncs, so the interesting range is 100 µs to a few seconds.
@@ -15,78 +18,41 @@ const LATENCY_BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5,
 ];
 
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS.len()],
-    count: AtomicU64,
-    /// Sum in nanoseconds.
-    sum_ns: AtomicU64,
-}
-
-impl Histogram {
-    pub fn observe(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
-            if secs <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, name: &str, help: &str, out: &mut String) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.buckets) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {count}");
-    }
-}
+/// Label set `operation="...",reason="..."`.
+type OperationReason = [(&'static str, &'static str); 2];
+/// Label set `stage="...",code="..."`.
+type StageCode = ([(&'static str, &'static str); 1], [(&'static str, u16); 1]);
 
 /// Every metric of the process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    pub prepares: AtomicU64,
-    pub unprepares: AtomicU64,
-    pub prepare_latency: Histogram,
-    pub unprepare_latency: Histogram,
+    registry: Registry,
+    pub prepares: AtomicCounter,
+    pub unprepares: AtomicCounter,
+    pub prepare_latency: DurationHistogram,
+    pub unprepare_latency: DurationHistogram,
     /// Failed claims by [`crate::prepare::PrepareError::reason`].
-    errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    pub exclusive_cpus: AtomicU64,
-    pub shared_cpus: AtomicU64,
-    pub subscribers: AtomicU64,
-    pub revision: AtomicU64,
+    errors: Declared<Family<OperationReason, Counter>>,
+    pub exclusive_cpus: AtomicGauge,
+    pub shared_cpus: AtomicGauge,
+    pub subscribers: AtomicGauge,
+    pub revision: AtomicGauge,
     /// Last revision each subscriber reported as applied.
-    applied: Mutex<BTreeMap<String, u64>>,
+    applied: Arc<Mutex<BTreeMap<String, u64>>>,
     /// Failed ResourceSlice publishes by stage (`apply`, `list`, ...) and
     /// HTTP status code (0: no answer from the server).
-    publish_failures: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    publish_failures: Declared<Family<StageCode, Counter>>,
     /// 1 when the API server drops `allowMultipleAllocations`
     /// (`DRAConsumableCapacity` off): grouped devices cannot be shared there.
-    pub grouped_mode_unsupported: AtomicU64,
+    pub grouped_mode_unsupported: AtomicGauge,
     /// 1 while the published devices carry the KEP-5517 mapping.
-    pub node_allocatable_mapping_published: AtomicU64,
+    pub node_allocatable_mapping_published: AtomicGauge,
     /// 1 while the published devices carry `resource.kubernetes.io/pcieRoot`.
-    pub pcie_roots_published: AtomicU64,
+    pub pcie_roots_published: AtomicGauge,
     /// The upstream Go driver's series, exported as well.
     pub upstream: shared_state::upstream_metrics::DriverMetrics,
     /// Claim device-status writes (KEP-4817), done and failed.
-    pub claim_status: std::sync::Arc<crate::claim_status::StatusWriteStats>,
+    pub claim_status: Arc<crate::claim_status::StatusWriteStats>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -95,35 +61,175 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How far the furthest-behind subscriber is from `current`.
+fn lag(current: u64, applied: &Mutex<BTreeMap<String, u64>>) -> u64 {
+    lock(applied)
+        .values()
+        .map(|applied| current.saturating_sub(*applied))
+        .max()
+        .unwrap_or(0)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
-        Metrics::default()
+        let mut m = Metrics {
+            registry: Registry::default(),
+            prepares: AtomicCounter::default(),
+            unprepares: AtomicCounter::default(),
+            prepare_latency: DurationHistogram::new(&LATENCY_BUCKETS),
+            unprepare_latency: DurationHistogram::new(&LATENCY_BUCKETS),
+            errors: Declared::default(),
+            exclusive_cpus: AtomicGauge::default(),
+            shared_cpus: AtomicGauge::default(),
+            subscribers: AtomicGauge::default(),
+            revision: AtomicGauge::default(),
+            applied: Arc::default(),
+            publish_failures: Declared::default(),
+            grouped_mode_unsupported: AtomicGauge::default(),
+            node_allocatable_mapping_published: AtomicGauge::default(),
+            pcie_roots_published: AtomicGauge::default(),
+            upstream: Default::default(),
+            claim_status: Arc::default(),
+        };
+        m.register_all();
+        m
+    }
+
+    /// Put every series in the registry, in the order they are served.
+    fn register_all(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "dra_cpu_prepares_total",
+            "Claims prepared (including idempotent repeats).",
+            self.prepares.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_unprepares_total",
+            "Claims unprepared (including unknown claims).",
+            self.unprepares.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_claim_errors_total",
+            "Claims that failed, by operation and reason.",
+            self.errors.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_prepare_duration_seconds",
+            "Time to prepare one claim, store fsync and CDI write included.",
+            self.prepare_latency.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_unprepare_duration_seconds",
+            "Time to unprepare one claim, store fsync included.",
+            self.unprepare_latency.clone(),
+        );
+        let stats = self.claim_status.clone();
+        register(
+            r,
+            "dra_cpu_claim_status_writes_total",
+            "Claim device statuses written (after prepare and unprepare).",
+            Computed::counter(move || stats.written.load(Ordering::Relaxed)),
+        );
+        let stats = self.claim_status.clone();
+        register(
+            r,
+            "dra_cpu_claim_status_write_failures_total",
+            "Claim device-status writes that failed; the prepares themselves succeeded.",
+            Computed::counter(move || stats.failed.load(Ordering::Relaxed)),
+        );
+        register(
+            r,
+            "dra_cpu_exclusive_cpus",
+            "CPUs held by prepared claims.",
+            self.exclusive_cpus.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_shared_pool_cpus",
+            "Allocatable CPUs not held by any claim.",
+            self.shared_cpus.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_coordination_subscribers",
+            "Open Watch streams on the coordination socket.",
+            self.subscribers.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_store_revision",
+            "Revision of the assignment store.",
+            self.revision.clone(),
+        );
+        let (revision, applied) = (self.revision.clone(), self.applied.clone());
+        register(
+            r,
+            "dra_cpu_applied_revision_lag",
+            "Revisions the furthest-behind subscriber has not applied yet.",
+            Computed::gauge(move || lag(revision.load(Ordering::Relaxed), &applied)),
+        );
+        register(
+            r,
+            "dra_cpu_slice_publish_failures_total",
+            "Failed ResourceSlice publishes, by stage and HTTP status code (0: no answer).",
+            self.publish_failures.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_grouped_mode_unsupported",
+            "1 when the API server drops allowMultipleAllocations (DRAConsumableCapacity off).",
+            self.grouped_mode_unsupported.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_node_allocatable_mapping_published",
+            "1 while the published devices carry the KEP-5517 node-allocatable mapping.",
+            self.node_allocatable_mapping_published.clone(),
+        );
+        register(
+            r,
+            "dra_cpu_pcie_roots_published",
+            "1 while the published devices carry resource.kubernetes.io/pcieRoot (--expose-pcie-roots, kept by the API server).",
+            self.pcie_roots_published.clone(),
+        );
+        self.upstream.register(r);
     }
 
     /// Count a failed claim; `operation` is `prepare` or `unprepare`.
     pub fn error(&self, operation: &'static str, reason: &'static str) {
-        *lock(&self.errors).entry((operation, reason)).or_default() += 1;
+        self.errors
+            .get_or_create(&[("operation", operation), ("reason", reason)])
+            .inc();
     }
 
     pub fn errors(&self, operation: &'static str, reason: &'static str) -> u64 {
-        lock(&self.errors)
-            .get(&(operation, reason))
-            .copied()
-            .unwrap_or(0)
+        self.errors
+            .get(&[("operation", operation), ("reason", reason)])
+            .map_or(0, |c| c.get())
     }
 
     /// Count a failed ResourceSlice publish.
     pub fn publish_failure(&self, stage: &'static str, code: u16) {
-        *lock(&self.publish_failures)
-            .entry((stage, code))
-            .or_default() += 1;
+        self.publish_failures
+            .get_or_create(&([("stage", stage)], [("code", code)]))
+            .inc();
     }
 
     pub fn publish_failures(&self, stage: &'static str, code: u16) -> u64 {
-        lock(&self.publish_failures)
-            .get(&(stage, code))
-            .copied()
-            .unwrap_or(0)
+        self.publish_failures
+            .get(&([("stage", stage)], [("code", code)]))
+            .map_or(0, |c| c.get())
     }
 
     pub fn applied(&self, subscriber: &str, revision: u64) {
@@ -132,154 +238,73 @@ impl Metrics {
 
     /// How far the furthest-behind subscriber is from the current revision.
     pub fn applied_lag(&self) -> u64 {
-        let current = self.revision.load(Ordering::Relaxed);
-        lock(&self.applied)
-            .values()
-            .map(|applied| current.saturating_sub(*applied))
-            .max()
-            .unwrap_or(0)
+        lag(self.revision.load(Ordering::Relaxed), &self.applied)
     }
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        };
-        let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        };
-        counter(
-            &mut out,
-            "dra_cpu_prepares_total",
-            "Claims prepared (including idempotent repeats).",
-            self.prepares.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "dra_cpu_unprepares_total",
-            "Claims unprepared (including unknown claims).",
-            self.unprepares.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dra_cpu_claim_errors_total Claims that failed, by operation and reason.\n# TYPE dra_cpu_claim_errors_total counter"
-        );
-        for ((operation, reason), value) in lock(&self.errors).iter() {
-            let _ = writeln!(
-                out,
-                "dra_cpu_claim_errors_total{{operation=\"{operation}\",reason=\"{reason}\"}} {value}"
-            );
-        }
-        self.prepare_latency.render(
-            "dra_cpu_prepare_duration_seconds",
-            "Time to prepare one claim, store fsync and CDI write included.",
-            &mut out,
-        );
-        self.unprepare_latency.render(
-            "dra_cpu_unprepare_duration_seconds",
-            "Time to unprepare one claim, store fsync included.",
-            &mut out,
-        );
-        counter(
-            &mut out,
-            "dra_cpu_claim_status_writes_total",
-            "Claim device statuses written (after prepare and unprepare).",
-            self.claim_status.written.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "dra_cpu_claim_status_write_failures_total",
-            "Claim device-status writes that failed; the prepares themselves succeeded.",
-            self.claim_status.failed.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_exclusive_cpus",
-            "CPUs held by prepared claims.",
-            self.exclusive_cpus.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_shared_pool_cpus",
-            "Allocatable CPUs not held by any claim.",
-            self.shared_cpus.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_coordination_subscribers",
-            "Open Watch streams on the coordination socket.",
-            self.subscribers.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_store_revision",
-            "Revision of the assignment store.",
-            self.revision.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_applied_revision_lag",
-            "Revisions the furthest-behind subscriber has not applied yet.",
-            self.applied_lag(),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP dra_cpu_slice_publish_failures_total Failed ResourceSlice publishes, by stage and HTTP status code (0: no answer).\n# TYPE dra_cpu_slice_publish_failures_total counter"
-        );
-        for ((stage, code), value) in lock(&self.publish_failures).iter() {
-            let _ = writeln!(
-                out,
-                "dra_cpu_slice_publish_failures_total{{stage=\"{stage}\",code=\"{code}\"}} {value}"
-            );
-        }
-        gauge(
-            &mut out,
-            "dra_cpu_grouped_mode_unsupported",
-            "1 when the API server drops allowMultipleAllocations (DRAConsumableCapacity off).",
-            self.grouped_mode_unsupported.load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_node_allocatable_mapping_published",
-            "1 while the published devices carry the KEP-5517 node-allocatable mapping.",
-            self.node_allocatable_mapping_published
-                .load(Ordering::Relaxed),
-        );
-        gauge(
-            &mut out,
-            "dra_cpu_pcie_roots_published",
-            "1 while the published devices carry resource.kubernetes.io/pcieRoot (--expose-pcie-roots, kept by the API server).",
-            self.pcie_roots_published.load(Ordering::Relaxed),
-        );
-        self.upstream.render(&mut out);
-        out
+        exposition::encode(&self.registry)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let h = Histogram::default();
-        h.observe(Duration::from_micros(50));
-        h.observe(Duration::from_millis(3));
-        h.observe(Duration::from_secs(10));
-        let mut out = String::new();
-        h.render("x", "help", &mut out);
-        assert!(out.contains("x_bucket{le=\"0.0001\"} 1\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"0.005\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"2.5\"} 2\n"), "{out}");
-        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
-        assert!(out.contains("x_count 3\n"), "{out}");
+        let m = Metrics::new();
+        m.prepare_latency.observe(Duration::from_micros(50));
+        m.prepare_latency.observe(Duration::from_millis(3));
+        m.prepare_latency.observe(Duration::from_secs(10));
+        let out = m.render();
+        let x = "dra_cpu_prepare_duration_seconds";
+        assert!(
+            out.contains(&format!("{x}_bucket{{le=\"0.0001\"}} 1\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("{x}_bucket{{le=\"0.005\"}} 2\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("{x}_bucket{{le=\"2.5\"}} 2\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("{x}_bucket{{le=\"+Inf\"}} 3\n")),
+            "{out}"
+        );
+        assert!(out.contains(&format!("{x}_count 3\n")), "{out}");
+    }
+
+    /// Every family with at least one sample, as after a busy while.
+    fn populated() -> Metrics {
+        use shared_state::upstream_metrics::OpResult;
+        let m = Metrics::new();
+        m.prepares.fetch_add(1, Ordering::Relaxed);
+        m.unprepares.fetch_add(1, Ordering::Relaxed);
+        m.prepare_latency.observe(Duration::from_millis(2));
+        m.unprepare_latency.observe(Duration::from_millis(1));
+        m.error("prepare", "claim_not_found");
+        m.error("unprepare", "store");
+        m.publish_failure("apply", 500);
+        m.applied("nri-plugin/a", 1);
+        m.upstream
+            .record_prepare(OpResult::Success, Duration::from_millis(2));
+        m.upstream
+            .record_unprepare(OpResult::Error, Duration::from_millis(1));
+        m.upstream.record_claim_allocated_cpus(4);
+        m
+    }
+
+    #[test]
+    fn served_series_match_the_golden_file() {
+        let text = populated().render();
+        if let Err(problems) = dra_cpu_tests::metrics_golden::check("dra-plugin", &text) {
+            panic!("{problems}");
+        }
     }
 
     #[test]

@@ -8,14 +8,15 @@ mod common;
 
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
+use dra_cpu_proto::http::Endpoints;
+use dra_cpu_proto::http::StatusCode;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::coordination_server::CoordinationService;
 use dra_plugin::driver::{Driver, EVENT_BUFFER};
-use dra_plugin::http::respond;
+use dra_plugin::http::DraEndpoints;
 use dra_plugin::prepare::ClaimRef;
 use dra_plugin::run::Health;
 use futures::StreamExt;
-use hyper::{Method, StatusCode};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::store::{AssignmentStore, LenientListing, MemoryStore, StoreError, StoreOp};
 use shared_state::ClaimAssignment;
@@ -119,12 +120,19 @@ fn a_store_write_failure_makes_the_process_unhealthy_until_a_write_succeeds() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Arc::new(FaultyStore::default());
     let driver = driver(store.clone(), CdiDir::new(dir.path()));
-    let health = Health {
-        serving: AtomicBool::new(true),
-        store: driver.store_fault().clone(),
-        ..Health::default()
+    let endpoints = DraEndpoints {
+        metrics: driver.metrics().clone(),
+        health: Arc::new(Health {
+            serving: AtomicBool::new(true),
+            store: driver.store_fault().clone(),
+            ..Health::default()
+        }),
     };
-    let get = |path: &str| respond(&Method::GET, path, driver.metrics(), &health);
+    let health = &endpoints.health;
+    let get = |path: &str| match path {
+        "/healthz" => endpoints.health(),
+        _ => endpoints.readiness(),
+    };
     assert_eq!(get("/healthz").0, StatusCode::OK);
     assert_eq!(get("/readyz").0, StatusCode::OK);
 

@@ -2,7 +2,6 @@
 //! the enforcer, the coordination subscription to dra-plugin, the NRI
 //! connection to the runtime, metrics, and the order they stop in.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,22 +96,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // The connection can drop without a Shutdown (containerd killed): the
     // registered gauge follows the connection itself.
-    let monitor = {
-        let (updater, metrics) = (updater.clone(), metrics.clone());
-        tokio::spawn(async move {
-            // Only a lost connection clears it: Synchronize may arrive
-            // before the client records its new connection.
-            let mut was_connected = false;
-            loop {
-                let connected = updater.is_connected();
-                if was_connected && !connected {
-                    metrics.nri_registered.store(false, Ordering::Relaxed);
-                }
-                was_connected = connected;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let monitor = tokio::spawn(metrics::follow_registration(
+        updater.connection(),
+        metrics.clone(),
+    ));
     // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
     // host cgroup's cpuset between pool changes.
     let host_repair = {

@@ -1,18 +1,17 @@
-//! Prometheus metrics of nri-plugin in the text exposition format, and the
+//! Prometheus metrics of nri-plugin, each series registered once with a
+//! `prometheus-client` registry under the name dashboards know, and the
 //! small HTTP server for `/metrics`, `/healthz` and `/readyz`.
-//!
-//! A few labelled counters, gauges and one histogram per event type do not
-//! justify a metrics framework; they live here as atomics and small maps.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-use dra_cpu_proto::http::{self, Method, Reply, StatusCode, PROMETHEUS_TEXT, TEXT};
+use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
+use shared_state::exposition::{
+    self, register, AtomicGauge, Computed, Counter, Declared, DurationHistogram, Family, Registry,
+};
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
 /// in microseconds; a claim lookup may take up to half a second.
@@ -21,43 +20,25 @@ const LATENCY_BUCKETS: [f64; 14] = [
     1.0,
 ];
 
-#[derive(Debug, Default)]
-struct Histogram {
-    buckets: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum_ns: u128,
+fn reply_histogram() -> DurationHistogram {
+    DurationHistogram::new(&LATENCY_BUCKETS)
 }
 
-impl Histogram {
-    fn observe(&mut self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(self.buckets.iter_mut()) {
-            if secs <= *bound {
-                *bucket += 1;
-            }
-        }
-        self.count += 1;
-        self.sum_ns += elapsed.as_nanos();
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain numbers survive a panic elsewhere well enough to be read.
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
-/// Counts by one label value.
-type LabelledCounter = Mutex<BTreeMap<&'static str, u64>>;
+/// Label set of one label.
+type Label = [(&'static str, &'static str); 1];
+/// Counts by one label value, declared before the first count.
+type LabelledCounter = Declared<Family<Label, Counter>>;
+/// Reply latencies by event, declared before the first event.
+type LatencyByEvent = Declared<Family<Label, DurationHistogram, fn() -> DurationHistogram>>;
 
 /// Every metric of the process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
+    registry: Registry,
     /// (event, result) → count.
-    events: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    latency: Mutex<BTreeMap<&'static str, Histogram>>,
+    events: Declared<Family<[(&'static str, &'static str); 2], Counter>>,
+    /// event → reply latency.
+    latency: LatencyByEvent,
     /// path (reply, unsolicited, synchronize) → container updates sent.
     updates: LabelledCounter,
     /// way (unsolicited, deferred) → pool changes after a coordination event.
@@ -65,189 +46,228 @@ pub struct Metrics {
     refused: LabelledCounter,
     /// result (ok, failed) → writes of a host cgroup's cpuset.cpus.
     host_cgroup_writes: LabelledCounter,
-    pub applied_revision: AtomicU64,
-    pub view_revision: AtomicU64,
-    pub shared_cpus: AtomicU64,
-    pub exclusive_cpus: AtomicU64,
-    pub containers: AtomicU64,
+    pub applied_revision: AtomicGauge,
+    pub view_revision: AtomicGauge,
+    pub shared_cpus: AtomicGauge,
+    pub exclusive_cpus: AtomicGauge,
+    pub containers: AtomicGauge,
     /// Containers left on a stale cpuset because the shared pool is empty.
-    pub over_committed: AtomicU64,
-    pub coordination_connected: AtomicBool,
-    pub nri_registered: AtomicBool,
+    pub over_committed: AtomicGauge,
+    pub coordination_connected: Arc<AtomicBool>,
+    pub nri_registered: Arc<AtomicBool>,
     /// The upstream Go driver's NRI callback series, exported as well.
     pub upstream: shared_state::upstream_metrics::NriMetrics,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn count(family: &LabelledCounter, label: &'static str, value: &'static str) -> u64 {
+    family.get(&[(label, value)]).map_or(0, |c| c.get())
+}
+
 impl Metrics {
     pub fn new() -> Self {
-        Self::default()
+        let mut m = Metrics {
+            registry: Registry::default(),
+            events: Declared::default(),
+            latency: Declared(Family::new_with_constructor(
+                reply_histogram as fn() -> DurationHistogram,
+            )),
+            updates: Declared::default(),
+            pool_changes: Declared::default(),
+            refused: Declared::default(),
+            host_cgroup_writes: Declared::default(),
+            applied_revision: AtomicGauge::default(),
+            view_revision: AtomicGauge::default(),
+            shared_cpus: AtomicGauge::default(),
+            exclusive_cpus: AtomicGauge::default(),
+            containers: AtomicGauge::default(),
+            over_committed: AtomicGauge::default(),
+            coordination_connected: Arc::default(),
+            nri_registered: Arc::default(),
+            upstream: Default::default(),
+        };
+        m.register_all();
+        m
+    }
+
+    /// Put every series in the registry, in the order they are served.
+    fn register_all(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "nri_plugin_events_total",
+            "NRI events handled, by event and result.",
+            self.events.clone(),
+        );
+        register(
+            r,
+            "nri_plugin_reply_latency_seconds",
+            "Time to build the reply to an NRI event, in the plugin.",
+            self.latency.clone(),
+        );
+        for (name, help, family) in [
+            ("nri_plugin_container_updates_total", "Container cpuset updates sent, by path.", &self.updates),
+            ("nri_plugin_pool_changes_total", "Pool changes from claims, by how they reached containers (unsolicited now, or deferred to the next event reply).", &self.pool_changes),
+            ("nri_plugin_refused_containers_total", "Containers refused at creation, by reason.", &self.refused),
+            ("nri_plugin_host_cgroup_writes_total", "Writes of a host cgroup's cpuset.cpus (--host-cgroups), by result (ok, failed).", &self.host_cgroup_writes),
+        ] {
+            register(r, name, help, family.clone());
+        }
+        for (name, help, gauge) in [
+            (
+                "nri_plugin_applied_revision",
+                "Highest dra-plugin revision whose effects are on containers.",
+                &self.applied_revision,
+            ),
+            (
+                "nri_plugin_view_revision",
+                "dra-plugin revision of the plugin's view.",
+                &self.view_revision,
+            ),
+            (
+                "nri_plugin_shared_pool_cpus",
+                "CPUs in the shared pool.",
+                &self.shared_cpus,
+            ),
+            (
+                "nri_plugin_exclusive_cpus",
+                "CPUs held by prepared claims.",
+                &self.exclusive_cpus,
+            ),
+            (
+                "nri_plugin_containers",
+                "Containers in the plugin's view.",
+                &self.containers,
+            ),
+            (
+                "nri_plugin_over_committed_containers",
+                "Containers kept on a stale cpuset because the shared pool is empty.",
+                &self.over_committed,
+            ),
+        ] {
+            register(r, name, help, gauge.clone());
+        }
+        for (name, help, flag) in [
+            (
+                "nri_plugin_coordination_connected",
+                "1 while subscribed to dra-plugin.",
+                &self.coordination_connected,
+            ),
+            (
+                "nri_plugin_nri_registered",
+                "1 while registered with the NRI runtime.",
+                &self.nri_registered,
+            ),
+        ] {
+            let flag = flag.clone();
+            register(
+                r,
+                name,
+                help,
+                Computed::gauge(move || u64::from(flag.load(Ordering::Relaxed))),
+            );
+        }
+        self.upstream.register(r);
     }
 
     pub fn event(&self, event: &'static str, result: &'static str, elapsed: Duration) {
-        *lock(&self.events).entry((event, result)).or_default() += 1;
-        lock(&self.latency)
-            .entry(event)
-            .or_default()
+        self.events
+            .get_or_create(&[("event", event), ("result", result)])
+            .inc();
+        self.latency
+            .get_or_create(&[("event", event)])
             .observe(elapsed);
     }
 
     pub fn updates_sent(&self, path: &'static str, count: usize) {
         if count > 0 {
-            *lock(&self.updates).entry(path).or_default() += count as u64;
+            self.updates
+                .get_or_create(&[("path", path)])
+                .inc_by(count as u64);
         }
     }
 
     pub fn pool_change(&self, way: &'static str) {
-        *lock(&self.pool_changes).entry(way).or_default() += 1;
+        self.pool_changes.get_or_create(&[("way", way)]).inc();
     }
 
     pub fn refused(&self, reason: &'static str) {
-        *lock(&self.refused).entry(reason).or_default() += 1;
+        self.refused.get_or_create(&[("reason", reason)]).inc();
     }
 
     pub fn host_cgroup_writes(&self, written: usize, failed: usize) {
-        let mut map = lock(&self.host_cgroup_writes);
         for (result, n) in [("ok", written), ("failed", failed)] {
             if n > 0 {
-                *map.entry(result).or_default() += n as u64;
+                self.host_cgroup_writes
+                    .get_or_create(&[("result", result)])
+                    .inc_by(n as u64);
             }
         }
     }
 
-    pub fn host_cgroup_write_count(&self, result: &str) -> u64 {
-        lock(&self.host_cgroup_writes)
-            .get(result)
-            .copied()
-            .unwrap_or(0)
+    pub fn host_cgroup_write_count(&self, result: &'static str) -> u64 {
+        count(&self.host_cgroup_writes, "result", result)
     }
 
-    pub fn pool_change_count(&self, way: &str) -> u64 {
-        lock(&self.pool_changes).get(way).copied().unwrap_or(0)
+    pub fn pool_change_count(&self, way: &'static str) -> u64 {
+        count(&self.pool_changes, "way", way)
     }
 
-    pub fn refused_count(&self, reason: &str) -> u64 {
-        lock(&self.refused).get(reason).copied().unwrap_or(0)
+    pub fn refused_count(&self, reason: &'static str) -> u64 {
+        count(&self.refused, "reason", reason)
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP nri_plugin_events_total NRI events handled, by event and result."
-        );
-        let _ = writeln!(out, "# TYPE nri_plugin_events_total counter");
-        for ((event, result), n) in lock(&self.events).iter() {
-            let _ = writeln!(
-                out,
-                "nri_plugin_events_total{{event=\"{event}\",result=\"{result}\"}} {n}"
-            );
-        }
-        let name = "nri_plugin_reply_latency_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time to build the reply to an NRI event, in the plugin."
-        );
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        for (event, h) in lock(&self.latency).iter() {
-            for (bound, n) in LATENCY_BUCKETS.iter().zip(&h.buckets) {
-                let _ = writeln!(out, "{name}_bucket{{event=\"{event}\",le=\"{bound}\"}} {n}");
-            }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{event=\"{event}\",le=\"+Inf\"}} {}",
-                h.count
-            );
-            let _ = writeln!(
-                out,
-                "{name}_sum{{event=\"{event}\"}} {}",
-                h.sum_ns as f64 / 1e9
-            );
-            let _ = writeln!(out, "{name}_count{{event=\"{event}\"}} {}", h.count);
-        }
-        let labelled: [(&str, &str, &str, &LabelledCounter); 4] = [
-            ("nri_plugin_container_updates_total", "Container cpuset updates sent, by path.", "path", &self.updates),
-            ("nri_plugin_pool_changes_total", "Pool changes from claims, by how they reached containers (unsolicited now, or deferred to the next event reply).", "way", &self.pool_changes),
-            ("nri_plugin_refused_containers_total", "Containers refused at creation, by reason.", "reason", &self.refused),
-            ("nri_plugin_host_cgroup_writes_total", "Writes of a host cgroup's cpuset.cpus (--host-cgroups), by result (ok, failed).", "result", &self.host_cgroup_writes),
-        ];
-        for (name, help, label, map) in labelled {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            for (value, n) in lock(map).iter() {
-                let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
-            }
-        }
-        let gauges: [(&str, &str, u64); 8] = [
-            (
-                "nri_plugin_applied_revision",
-                "Highest dra-plugin revision whose effects are on containers.",
-                self.applied_revision.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_view_revision",
-                "dra-plugin revision of the plugin's view.",
-                self.view_revision.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_shared_pool_cpus",
-                "CPUs in the shared pool.",
-                self.shared_cpus.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_exclusive_cpus",
-                "CPUs held by prepared claims.",
-                self.exclusive_cpus.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_containers",
-                "Containers in the plugin's view.",
-                self.containers.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_over_committed_containers",
-                "Containers kept on a stale cpuset because the shared pool is empty.",
-                self.over_committed.load(Ordering::Relaxed),
-            ),
-            (
-                "nri_plugin_coordination_connected",
-                "1 while subscribed to dra-plugin.",
-                u64::from(self.coordination_connected.load(Ordering::Relaxed)),
-            ),
-            (
-                "nri_plugin_nri_registered",
-                "1 while registered with the NRI runtime.",
-                u64::from(self.nri_registered.load(Ordering::Relaxed)),
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name} {value}");
-        }
-        self.upstream.render(&mut out);
-        out
+        exposition::encode(&self.registry)
     }
 }
 
-/// The answer to one request: status, content type, body.
-pub fn respond(method: &Method, path: &str, metrics: &Metrics) -> Reply {
-    if let Some(refused) = http::refuse_method(method) {
-        return refused;
+/// What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
+/// routes and the server are `dra_cpu_proto::http`'s.
+impl Endpoints for Metrics {
+    fn metrics(&self) -> String {
+        self.render()
     }
-    match path {
-        "/metrics" => (StatusCode::OK, PROMETHEUS_TEXT, metrics.render()),
-        "/healthz" => (StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" if metrics.nri_registered.load(Ordering::Relaxed) => (
-            StatusCode::OK,
-            TEXT,
-            "registered with the NRI runtime\n".into(),
-        ),
-        "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            TEXT,
-            "not registered with the NRI runtime\n".into(),
-        ),
-        _ => http::not_found(),
+
+    fn health(&self) -> Reply {
+        (StatusCode::OK, TEXT, "ok\n".into())
+    }
+
+    fn readiness(&self) -> Reply {
+        if self.nri_registered.load(Ordering::Relaxed) {
+            (
+                StatusCode::OK,
+                TEXT,
+                "registered with the NRI runtime\n".into(),
+            )
+        } else {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "not registered with the NRI runtime\n".into(),
+            )
+        }
+    }
+}
+
+/// Clear `nri_registered` whenever the runtime connection is lost (the
+/// connection can drop without a Shutdown when containerd is killed);
+/// returns when `connection`'s sender is gone. Only a lost connection
+/// clears it and only Synchronize sets it: Synchronize may arrive before
+/// the client records its new connection.
+pub async fn follow_registration(
+    mut connection: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) {
+    while connection.changed().await.is_ok() {
+        if !*connection.borrow_and_update() {
+            metrics.nri_registered.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -257,12 +277,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    http::serve(
-        addr,
-        move |method, path| respond(method, path, &metrics),
-        shutdown,
-    )
-    .await
+    http::serve(addr, http::router(metrics), shutdown).await
 }
 
 #[cfg(test)]
@@ -270,20 +285,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes() {
+    fn answers() {
         let metrics = Metrics::new();
-        let cases = [
-            (Method::GET, "/healthz", StatusCode::OK),
-            (Method::GET, "/readyz", StatusCode::SERVICE_UNAVAILABLE),
-            (Method::GET, "/metrics", StatusCode::OK),
-            (Method::GET, "/nope", StatusCode::NOT_FOUND),
-            (Method::POST, "/metrics", StatusCode::METHOD_NOT_ALLOWED),
-        ];
-        for (method, path, want) in cases {
-            assert_eq!(respond(&method, path, &metrics).0, want, "{method} {path}");
-        }
+        assert_eq!(metrics.health().0, StatusCode::OK);
+        assert_eq!(metrics.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
         metrics.nri_registered.store(true, Ordering::Relaxed);
-        assert_eq!(respond(&Method::GET, "/readyz", &metrics).0, StatusCode::OK);
+        assert_eq!(metrics.readiness().0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_lost_connection_clears_the_registration() {
+        let metrics = Arc::new(Metrics::new());
+        let (connected, connection) = tokio::sync::watch::channel(false);
+        let follower = tokio::spawn(follow_registration(connection, metrics.clone()));
+        connected.send_replace(true);
+        // Synchronize: registered.
+        metrics.nri_registered.store(true, Ordering::Relaxed);
+        tokio::task::yield_now().await;
+        assert!(metrics.nri_registered.load(Ordering::Relaxed));
+        connected.send_replace(false);
+        drop(connected);
+        follower.await.expect("the follower ends with its sender");
+        assert!(!metrics.nri_registered.load(Ordering::Relaxed));
+    }
+
+    /// Every family with at least one sample, as after a busy while.
+    fn populated() -> Metrics {
+        use shared_state::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
+        let m = Metrics::new();
+        m.event("CreateContainer", "ok", Duration::from_micros(30));
+        m.updates_sent("reply", 1);
+        m.pool_change("deferred");
+        m.refused("cpus-mismatch");
+        m.host_cgroup_writes(1, 1);
+        m.upstream
+            .record_synchronize(OpResult::Success, Duration::from_micros(50));
+        for callback in [
+            NriCallback::CreateContainer,
+            NriCallback::StopContainer,
+            NriCallback::RemoveContainer,
+        ] {
+            m.upstream.record_container(
+                callback,
+                OpResult::Error,
+                CpuAllocationMode::Unknown,
+                Duration::from_micros(300),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn served_series_match_the_golden_file() {
+        if let Err(problems) =
+            dra_cpu_tests::metrics_golden::check("nri-plugin", &populated().render())
+        {
+            panic!("{problems}");
+        }
     }
 
     #[test]
@@ -302,7 +361,8 @@ mod tests {
         for line in [
             "nri_plugin_events_total{event=\"CreateContainer\",result=\"ok\"} 1",
             "nri_plugin_events_total{event=\"CreateContainer\",result=\"refused\"} 1",
-            "nri_plugin_reply_latency_seconds_bucket{event=\"CreateContainer\",le=\"0.00005\"} 1",
+            // Bounds below 1e-4 are written as Go's client writes them.
+            "nri_plugin_reply_latency_seconds_bucket{event=\"CreateContainer\",le=\"5e-05\"} 1",
             "nri_plugin_reply_latency_seconds_bucket{event=\"CreateContainer\",le=\"0.0025\"} 2",
             "nri_plugin_reply_latency_seconds_count{event=\"CreateContainer\"} 2",
             "nri_plugin_refused_containers_total{reason=\"cpus-mismatch\"} 1",

@@ -341,6 +341,7 @@ async fn run_case(case: &Case, dir: &Path) {
         updater.clone(),
         stop.clone().cancelled_owned(),
     ));
+    let mut connection = updater.connection();
     let runtime = FakeRuntime::accept(&listener).await;
     let (rt_name, rt_version, nri_version) = case.runtime;
     runtime.configure(rt_name, rt_version, nri_version).await;
@@ -353,6 +354,10 @@ async fn run_case(case: &Case, dir: &Path) {
     let synced = runtime.synchronize(vec![shared, mixed]).await;
     assert_eq!(synced, updates(&[("m", "0-7"), ("s", "0-5")]), "{name}");
     wait_connected(&updater).await;
+    assert!(
+        *connection.borrow_and_update(),
+        "{name}: connection followed"
+    );
     let pool_changes = |m: &Metrics| {
         (
             m.pool_change_count("unsolicited"),
@@ -482,6 +487,10 @@ async fn run_case(case: &Case, dir: &Path) {
         .expect("the NRI task stops")
         .expect("join")
         .expect("run_with_reconnect");
+    assert!(
+        !*connection.borrow_and_update(),
+        "{name}: the lost connection is followed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,21 +1,21 @@
 //! The plain HTTP/1 endpoints each process serves beside its real protocols:
-//! Prometheus `/metrics` and the kubelet probes `/healthz` and `/readyz`.
+//! Prometheus `/metrics` and the kubelet probes `/healthz` and `/readyz`,
+//! routed and served by axum.
 //!
-//! Routing is the caller's: a plain function from method and path to a
-//! [`Reply`], testable without a socket. This module is the socket side,
-//! the same for both processes.
+//! What each answer says is the process's ([`Endpoints`]); the routes, the
+//! refusals (405 for a method other than GET and HEAD, 404 for any other
+//! path) and the socket are the same for both processes and live here.
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::Request;
-use hyper_util::rt::TokioIo;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use hyper::{Method, StatusCode};
+pub use axum::http::{Method, StatusCode};
 
 /// Content type of the probes' and errors' answers.
 pub const TEXT: &str = "text/plain; charset=utf-8";
@@ -24,6 +24,16 @@ pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The answer to one request: status, content type, body.
 pub type Reply = (StatusCode, &'static str, String);
+
+/// What one process answers on its endpoints.
+pub trait Endpoints: Send + Sync + 'static {
+    /// The text exposition of the process's metrics.
+    fn metrics(&self) -> String;
+    /// `/healthz`: a failed answer makes the kubelet restart the process.
+    fn health(&self) -> Reply;
+    /// `/readyz`.
+    fn readiness(&self) -> Reply;
+}
 
 /// The answer to a method other than GET and HEAD, which every endpoint
 /// refuses; `None` for those two.
@@ -42,49 +52,58 @@ pub fn not_found() -> Reply {
     (StatusCode::NOT_FOUND, TEXT, "not found\n".to_string())
 }
 
-/// Bind `addr` and answer every request with `respond` until `shutdown`
-/// completes. Binding errors are returned; errors of one connection (a
-/// client hanging up early) end that connection only.
-pub async fn serve<F>(
+fn response((status, content_type, body): Reply) -> Response {
+    (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// The routes of `/metrics`, `/healthz` and `/readyz` over `endpoints`. A
+/// GET route answers HEAD too, without the body.
+pub fn router<E: Endpoints>(endpoints: Arc<E>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(e): State<Arc<E>>| async move {
+                response((StatusCode::OK, PROMETHEUS_TEXT, e.metrics()))
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|State(e): State<Arc<E>>| async move { response(e.health()) }),
+        )
+        .route(
+            "/readyz",
+            get(|State(e): State<Arc<E>>| async move { response(e.readiness()) }),
+        )
+        .method_not_allowed_fallback(|method: Method| async move {
+            response(refuse_method(&method).unwrap_or_else(not_found))
+        })
+        // Any method on an unknown path is refused as a method first, as
+        // on a known one.
+        .fallback(|method: Method| async move {
+            response(refuse_method(&method).unwrap_or_else(not_found))
+        })
+        .with_state(endpoints)
+}
+
+/// Bind `addr` and serve `router` until `shutdown` completes. Binding
+/// errors are returned; errors of one connection (a client hanging up
+/// early, garbage) end that connection only.
+pub async fn serve(
     addr: SocketAddr,
-    respond: F,
+    router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<tokio::task::JoinHandle<()>>
-where
-    F: Fn(&Method, &str) -> Reply + Send + Sync + 'static,
-{
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(
         address = %listener.local_addr().unwrap_or(addr),
         "metrics and health endpoints listening"
     );
-    let respond = Arc::new(respond);
     Ok(tokio::spawn(async move {
-        tokio::pin!(shutdown);
-        loop {
-            let accepted = tokio::select! {
-                () = &mut shutdown => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else { continue };
-            let respond = respond.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let (status, content_type, body) =
-                        respond(request.method(), request.uri().path());
-                    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
-                    *response.status_mut() = status;
-                    response.headers_mut().insert(
-                        hyper::header::CONTENT_TYPE,
-                        hyper::header::HeaderValue::from_static(content_type),
-                    );
-                    async move { Ok::<_, std::convert::Infallible>(response) }
-                });
-                // A client hanging up early is its business.
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+        if let Err(e) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::warn!(error = %e, "metrics and health endpoints stopped");
         }
     }))
 }
@@ -104,6 +123,24 @@ mod tests {
         }
     }
 
+    struct Fixed;
+
+    impl Endpoints for Fixed {
+        fn metrics(&self) -> String {
+            "# TYPE x gauge\nx 1\n".into()
+        }
+        fn health(&self) -> Reply {
+            (StatusCode::OK, TEXT, "ok\n".to_string())
+        }
+        fn readiness(&self) -> Reply {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "not yet\n".to_string(),
+            )
+        }
+    }
+
     /// One raw HTTP/1.0 exchange over a real socket.
     async fn exchange(addr: SocketAddr, request: &str) -> String {
         let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -120,17 +157,9 @@ mod tests {
         let addr = probe.local_addr().unwrap();
         drop(probe);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = serve(
-            addr,
-            |method, path| match (refuse_method(method), path) {
-                (Some(refused), _) => refused,
-                (None, "/healthz") => (StatusCode::OK, TEXT, "ok\n".to_string()),
-                (None, _) => not_found(),
-            },
-            async move {
-                let _ = stopped.await;
-            },
-        )
+        let server = serve(addr, router(Arc::new(Fixed)), async move {
+            let _ = stopped.await;
+        })
         .await
         .unwrap();
 
@@ -141,10 +170,36 @@ mod tests {
             "{ok}"
         );
         assert!(ok.ends_with("\r\n\r\nok\n"), "{ok}");
+        let metrics = exchange(addr, "GET /metrics HTTP/1.0\r\n\r\n").await;
+        assert!(metrics.contains(&format!("content-type: {PROMETHEUS_TEXT}")));
+        assert!(
+            metrics.ends_with("\r\n\r\n# TYPE x gauge\nx 1\n"),
+            "{metrics}"
+        );
+        let head = exchange(addr, "HEAD /metrics HTTP/1.0\r\n\r\n").await;
+        assert!(head.starts_with("HTTP/1.0 200 OK\r\n"), "{head}");
+        assert!(
+            head.ends_with("\r\n\r\n"),
+            "a HEAD answer has no body: {head}"
+        );
+        let unready = exchange(addr, "GET /readyz HTTP/1.0\r\n\r\n").await;
+        assert!(unready.starts_with("HTTP/1.0 503"), "{unready}");
+        assert!(unready.ends_with("\r\n\r\nnot yet\n"), "{unready}");
         let missing = exchange(addr, "GET /nope HTTP/1.0\r\n\r\n").await;
         assert!(missing.starts_with("HTTP/1.0 404"), "{missing}");
-        let refused = exchange(addr, "POST /healthz HTTP/1.0\r\n\r\n").await;
-        assert!(refused.starts_with("HTTP/1.0 405"), "{refused}");
+        assert!(missing.ends_with("\r\n\r\nnot found\n"), "{missing}");
+        for request in [
+            "POST /healthz HTTP/1.0\r\n\r\n",
+            "DELETE /metrics HTTP/1.0\r\n\r\n",
+            "POST /nope HTTP/1.0\r\n\r\n",
+        ] {
+            let refused = exchange(addr, request).await;
+            assert!(refused.starts_with("HTTP/1.0 405"), "{request}: {refused}");
+            assert!(
+                refused.ends_with("\r\n\r\nonly GET and HEAD\n"),
+                "{refused}"
+            );
+        }
         // Garbage ends that connection only.
         let garbage = exchange(addr, "\x00\x01 not http\r\n\r\n").await;
         assert!(!garbage.contains("200 OK"), "{garbage}");

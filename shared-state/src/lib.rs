@@ -14,6 +14,7 @@ pub mod cdi_spec;
 pub mod claim_env;
 pub mod config_file;
 pub mod cpuset;
+pub mod exposition;
 pub mod pool;
 pub mod snapshot;
 pub mod store;

@@ -4,10 +4,12 @@
 //! read this driver too. dra-plugin exports [`DriverMetrics`], nri-plugin
 //! [`NriMetrics`]; each next to its own series, on the same `/metrics`.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use crate::exposition::{
+    register, AtomicGauge, Counter, DurationHistogram, Family, Histogram, Registry,
+};
 
 /// Prometheus client_golang's `DefBuckets`, which upstream's claim duration
 /// histograms use.
@@ -95,89 +97,6 @@ impl CpuAllocationMode {
     fn index(self) -> usize {
         self as usize
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain numbers survive a panic elsewhere well enough to be read.
-    crate::sync::lock(m)
-}
-
-#[derive(Debug, Clone, Default)]
-struct HistogramData {
-    /// Observations at or below each bound (not yet cumulative).
-    buckets: Vec<u64>,
-    count: u64,
-    sum: f64,
-}
-
-/// A histogram with fixed bounds.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    data: Mutex<HistogramData>,
-}
-
-impl Histogram {
-    pub fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            data: Mutex::new(HistogramData {
-                buckets: vec![0; bounds.len()],
-                ..HistogramData::default()
-            }),
-        }
-    }
-
-    pub fn observe(&self, value: f64) {
-        let mut data = lock(&self.data);
-        if let Some(i) = self.bounds.iter().position(|bound| value <= *bound) {
-            if let Some(bucket) = data.buckets.get_mut(i) {
-                *bucket += 1;
-            }
-        }
-        data.count += 1;
-        data.sum += value;
-    }
-
-    pub fn observe_duration(&self, elapsed: Duration) {
-        self.observe(elapsed.as_secs_f64());
-    }
-
-    pub fn count(&self) -> u64 {
-        lock(&self.data).count
-    }
-
-    /// The sample lines of this histogram; `labels` is `a="x",b="y"` or empty.
-    fn render_samples(&self, name: &str, labels: &str, out: &mut String) {
-        let data = lock(&self.data).clone();
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (bound, n) in self.bounds.iter().zip(&data.buckets) {
-            cumulative += n;
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            data.count
-        );
-        let braces = |s: &str| {
-            if s.is_empty() {
-                String::new()
-            } else {
-                format!("{{{s}}}")
-            }
-        };
-        let _ = writeln!(out, "{name}_sum{} {}", braces(labels), data.sum);
-        let _ = writeln!(out, "{name}_count{} {}", braces(labels), data.count);
-    }
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
 /// One upstream series: name, type, help, label names.
@@ -299,32 +218,58 @@ pub struct AllocationState {
     pub active_claims: u64,
 }
 
+/// Label set `result="..."`.
+type ResultLabel = [(&'static str, &'static str); 1];
+/// Label set `result="...",cpu_allocation_mode="..."`.
+type ResultModeLabels = [(&'static str, &'static str); 2];
+
+fn result_label(result: OpResult) -> ResultLabel {
+    [("result", result.label())]
+}
+
+/// A counter per `result`, all three served from the start as upstream's.
+#[derive(Debug)]
+struct ResultCounters {
+    family: Family<ResultLabel, Counter>,
+    /// The family's members, by [`OpResult::index`]: no map lookup when
+    /// counting.
+    by_result: [Counter; 3],
+}
+
+impl Default for ResultCounters {
+    fn default() -> Self {
+        let family = Family::<ResultLabel, Counter>::default();
+        let by_result = OpResult::ALL.map(|r| family.get_or_create(&result_label(r)).clone());
+        ResultCounters { family, by_result }
+    }
+}
+
 /// Upstream's driver series (dra-plugin).
 #[derive(Debug)]
 pub struct DriverMetrics {
-    allocated_cpus: AtomicU64,
-    available_cpus: AtomicU64,
-    reserved_cpus: AtomicU64,
-    active_claims: AtomicU64,
-    prepares: [AtomicU64; 3],
-    unprepares: [AtomicU64; 3],
-    prepare_duration: Histogram,
-    unprepare_duration: Histogram,
+    allocated_cpus: AtomicGauge,
+    available_cpus: AtomicGauge,
+    reserved_cpus: AtomicGauge,
+    active_claims: AtomicGauge,
+    prepares: ResultCounters,
+    unprepares: ResultCounters,
+    prepare_duration: DurationHistogram,
+    unprepare_duration: DurationHistogram,
     claim_allocated_cpus: Histogram,
 }
 
 impl Default for DriverMetrics {
     fn default() -> Self {
         DriverMetrics {
-            allocated_cpus: AtomicU64::new(0),
-            available_cpus: AtomicU64::new(0),
-            reserved_cpus: AtomicU64::new(0),
-            active_claims: AtomicU64::new(0),
-            prepares: Default::default(),
-            unprepares: Default::default(),
-            prepare_duration: Histogram::new(DEFAULT_BUCKETS),
-            unprepare_duration: Histogram::new(DEFAULT_BUCKETS),
-            claim_allocated_cpus: Histogram::new(CLAIM_CPU_BUCKETS),
+            allocated_cpus: AtomicGauge::default(),
+            available_cpus: AtomicGauge::default(),
+            reserved_cpus: AtomicGauge::default(),
+            active_claims: AtomicGauge::default(),
+            prepares: ResultCounters::default(),
+            unprepares: ResultCounters::default(),
+            prepare_duration: DurationHistogram::new(DEFAULT_BUCKETS),
+            unprepare_duration: DurationHistogram::new(DEFAULT_BUCKETS),
+            claim_allocated_cpus: Histogram::new(CLAIM_CPU_BUCKETS.iter().copied()),
         }
     }
 }
@@ -343,14 +288,14 @@ impl DriverMetrics {
 
     /// One claim of a NodePrepareResources call.
     pub fn record_prepare(&self, result: OpResult, elapsed: Duration) {
-        self.prepares[result.index()].fetch_add(1, Ordering::Relaxed);
-        self.prepare_duration.observe_duration(elapsed);
+        self.prepares.by_result[result.index()].inc();
+        self.prepare_duration.observe(elapsed);
     }
 
     /// One claim of a NodeUnprepareResources call.
     pub fn record_unprepare(&self, result: OpResult, elapsed: Duration) {
-        self.unprepares[result.index()].fetch_add(1, Ordering::Relaxed);
-        self.unprepare_duration.observe_duration(elapsed);
+        self.unprepares.by_result[result.index()].inc();
+        self.unprepare_duration.observe(elapsed);
     }
 
     /// A claim newly given `cpus` CPUs (not a repeated prepare).
@@ -359,42 +304,33 @@ impl DriverMetrics {
     }
 
     pub fn prepares(&self, result: OpResult) -> u64 {
-        self.prepares[result.index()].load(Ordering::Relaxed)
+        self.prepares.by_result[result.index()].get()
     }
 
-    pub fn render(&self, out: &mut String) {
-        for (d, value) in [
+    /// Serve every series through `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        for (d, gauge) in [
             (ALLOCATED_CPUS, &self.allocated_cpus),
             (AVAILABLE_CPUS, &self.available_cpus),
             (RESERVED_CPUS, &self.reserved_cpus),
             (RESOURCE_CLAIMS_ACTIVE, &self.active_claims),
         ] {
-            header(out, d.name, d.kind, d.help);
-            let _ = writeln!(out, "{} {}", d.name, value.load(Ordering::Relaxed));
+            register(registry, d.name, d.help, gauge.clone());
         }
-        for (d, counts) in [
+        for (d, counters) in [
             (PREPARE_CLAIMS, &self.prepares),
             (UNPREPARE_CLAIMS, &self.unprepares),
         ] {
-            header(out, d.name, d.kind, d.help);
-            for result in OpResult::ALL {
-                let _ = writeln!(
-                    out,
-                    "{}{{result=\"{}\"}} {}",
-                    d.name,
-                    result.label(),
-                    counts[result.index()].load(Ordering::Relaxed)
-                );
-            }
+            register(registry, d.name, d.help, counters.family.clone());
         }
         for (d, histogram) in [
             (PREPARE_CLAIM_DURATION, &self.prepare_duration),
             (UNPREPARE_CLAIM_DURATION, &self.unprepare_duration),
-            (CLAIM_ALLOCATED_CPUS, &self.claim_allocated_cpus),
         ] {
-            header(out, d.name, d.kind, d.help);
-            histogram.render_samples(d.name, "", out);
+            register(registry, d.name, d.help, histogram.clone());
         }
+        let d = CLAIM_ALLOCATED_CPUS;
+        register(registry, d.name, d.help, self.claim_allocated_cpus.clone());
     }
 }
 
@@ -406,29 +342,79 @@ pub enum NriCallback {
     RemoveContainer,
 }
 
+fn nri_histogram() -> DurationHistogram {
+    DurationHistogram::new(NRI_BUCKETS)
+}
+
+type NriFamily<S> = Family<S, DurationHistogram, fn() -> DurationHistogram>;
+
+/// One container callback's histograms by result and mode.
+#[derive(Debug)]
+struct ContainerSeries {
+    family: NriFamily<ResultModeLabels>,
+    /// The family's shared and exclusive members, by result: created up
+    /// front as upstream's, and observed without a map lookup. An unknown
+    /// mode's series is created in the family when first observed.
+    known: [[DurationHistogram; 2]; 3],
+}
+
+fn mode_labels(result: OpResult, mode: CpuAllocationMode) -> ResultModeLabels {
+    [
+        ("result", result.label()),
+        ("cpu_allocation_mode", mode.label()),
+    ]
+}
+
+impl Default for ContainerSeries {
+    fn default() -> Self {
+        let family = NriFamily::new_with_constructor(nri_histogram as fn() -> DurationHistogram);
+        let known = OpResult::ALL.map(|result| {
+            [CpuAllocationMode::Shared, CpuAllocationMode::Exclusive]
+                .map(|mode| family.get_or_create(&mode_labels(result, mode)).clone())
+        });
+        ContainerSeries { family, known }
+    }
+}
+
+impl ContainerSeries {
+    fn observe(&self, result: OpResult, mode: CpuAllocationMode, elapsed: Duration) {
+        match self.known[result.index()].get(mode.index()) {
+            Some(histogram) => histogram.observe(elapsed),
+            None => self
+                .family
+                .get_or_create(&mode_labels(result, mode))
+                .observe(elapsed),
+        }
+    }
+}
+
 /// Upstream's NRI callback duration series (nri-plugin).
 #[derive(Debug)]
 pub struct NriMetrics {
-    synchronize: [Histogram; 3],
-    /// By callback, result, mode.
-    containers: [[[Histogram; 3]; 3]; 3],
+    synchronize: NriFamily<ResultLabel>,
+    /// The synchronize family's members, by result.
+    synchronize_by_result: [DurationHistogram; 3],
+    /// By [`NriCallback`].
+    containers: [ContainerSeries; 3],
 }
 
 impl Default for NriMetrics {
     fn default() -> Self {
-        let h = || Histogram::new(NRI_BUCKETS);
-        let by_result = || [h(), h(), h()];
-        let by_mode = || [by_result(), by_result(), by_result()];
+        let synchronize =
+            NriFamily::new_with_constructor(nri_histogram as fn() -> DurationHistogram);
+        let synchronize_by_result =
+            OpResult::ALL.map(|r| synchronize.get_or_create(&result_label(r)).clone());
         NriMetrics {
-            synchronize: by_result(),
-            containers: [by_mode(), by_mode(), by_mode()],
+            synchronize,
+            synchronize_by_result,
+            containers: Default::default(),
         }
     }
 }
 
 impl NriMetrics {
     pub fn record_synchronize(&self, result: OpResult, elapsed: Duration) {
-        self.synchronize[result.index()].observe_duration(elapsed);
+        self.synchronize_by_result[result.index()].observe(elapsed);
     }
 
     pub fn record_container(
@@ -438,48 +424,20 @@ impl NriMetrics {
         mode: CpuAllocationMode,
         elapsed: Duration,
     ) {
-        self.containers[callback as usize][result.index()][mode.index()].observe_duration(elapsed);
+        self.containers[callback as usize].observe(result, mode, elapsed);
     }
 
-    pub fn container_count(
-        &self,
-        callback: NriCallback,
-        result: OpResult,
-        mode: CpuAllocationMode,
-    ) -> u64 {
-        self.containers[callback as usize][result.index()][mode.index()].count()
-    }
-
-    pub fn render(&self, out: &mut String) {
+    /// Serve every series through `registry`.
+    pub fn register(&self, registry: &mut Registry) {
         let d = NRI_SYNCHRONIZE_DURATION;
-        header(out, d.name, d.kind, d.help);
-        for result in OpResult::ALL {
-            let labels = format!("result=\"{}\"", result.label());
-            self.synchronize[result.index()].render_samples(d.name, &labels, out);
-        }
+        register(registry, d.name, d.help, self.synchronize.clone());
         for (d, callback) in [
             (NRI_CREATE_CONTAINER_DURATION, NriCallback::CreateContainer),
             (NRI_STOP_CONTAINER_DURATION, NriCallback::StopContainer),
             (NRI_REMOVE_CONTAINER_DURATION, NriCallback::RemoveContainer),
         ] {
-            header(out, d.name, d.kind, d.help);
-            for result in OpResult::ALL {
-                for mode in CpuAllocationMode::ALL {
-                    let histogram =
-                        &self.containers[callback as usize][result.index()][mode.index()];
-                    // Upstream creates the shared and exclusive series up
-                    // front and an unknown one only once observed.
-                    if mode == CpuAllocationMode::Unknown && histogram.count() == 0 {
-                        continue;
-                    }
-                    let labels = format!(
-                        "result=\"{}\",cpu_allocation_mode=\"{}\"",
-                        result.label(),
-                        mode.label()
-                    );
-                    histogram.render_samples(d.name, &labels, out);
-                }
-            }
+            let series = &self.containers[callback as usize];
+            register(registry, d.name, d.help, series.family.clone());
         }
     }
 }
@@ -488,18 +446,21 @@ impl NriMetrics {
 mod tests {
     use super::*;
 
+    use crate::exposition::encode;
+
     fn lines(text: &str) -> Vec<&str> {
         text.lines().collect()
     }
 
     #[test]
     fn histogram_buckets_are_cumulative_and_sum_is_in_units() {
-        let h = Histogram::new(DEFAULT_BUCKETS);
-        h.observe_duration(Duration::from_millis(3));
-        h.observe_duration(Duration::from_millis(30));
-        h.observe_duration(Duration::from_secs(20));
-        let mut out = String::new();
-        h.render_samples("x", "", &mut out);
+        let h = DurationHistogram::new(DEFAULT_BUCKETS);
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(20));
+        let mut registry = Registry::default();
+        register(&mut registry, "x", "X.", h);
+        let out = encode(&registry);
         let l = lines(&out);
         for want in [
             "x_bucket{le=\"0.005\"} 1",
@@ -527,8 +488,9 @@ mod tests {
         m.record_prepare(OpResult::Error, Duration::from_millis(2));
         m.record_unprepare(OpResult::Success, Duration::from_millis(1));
         m.record_claim_allocated_cpus(3);
-        let mut out = String::new();
-        m.render(&mut out);
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let out = encode(&registry);
         let l = lines(&out);
         for d in DRIVER_SERIES {
             let want = format!("# TYPE {} {}", d.name, d.kind);
@@ -564,8 +526,9 @@ mod tests {
             CpuAllocationMode::Unknown,
             Duration::from_micros(300),
         );
-        let mut out = String::new();
-        m.render(&mut out);
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let out = encode(&registry);
         let l = lines(&out);
         for want in [
             "dra_cpu_nri_synchronize_duration_seconds_bucket{result=\"success\",le=\"0.0001\"} 1",

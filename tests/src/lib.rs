@@ -12,6 +12,7 @@ pub mod cri;
 pub mod image;
 pub mod kubelet_dra;
 pub mod metrics_doc;
+pub mod metrics_golden;
 pub mod must;
 pub mod node;
 pub mod nri_runtime;

@@ -15,6 +15,7 @@ use dra_cpu_tests::metrics_doc::{
     dashboard_exprs, family_of, mismatches, parse_table, promql_metric_names, render_table,
     replace_table, with_declared,
 };
+use dra_cpu_tests::metrics_golden;
 use dra_cpu_tests::node::binary_candidates;
 use dra_cpu_tests::prom_text::{self, Family};
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
@@ -170,6 +171,13 @@ fn readme_documents_every_series_and_the_dashboard_queries_only_served_ones() {
     let dra_text = metrics_of(dra_addr, "dra-plugin", &mut processes);
     let nri_text = metrics_of(nri_addr, "nri-plugin", &mut processes);
     drop(processes);
+    // Before any parsing: the names a scraper sees, as the golden files
+    // keep them (`tests/golden/`, written from every family populated).
+    for (process, text) in [("dra-plugin", &dra_text), ("nri-plugin", &nri_text)] {
+        if let Err(problems) = metrics_golden::check_served(process, text) {
+            panic!("{problems}");
+        }
+    }
     let Some(dra) = parse(&dra_text, "dra-plugin") else {
         return;
     };

@@ -328,9 +328,20 @@ impl ConnectionUpdater {
 
 /// Unsolicited updates through whichever connection is current, for use
 /// with [`run_with_reconnect`].
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct NriUpdater {
     current: Arc<Mutex<Option<ConnectionUpdater>>>,
+    /// Whether a registered connection exists, for those who follow it.
+    connected: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for NriUpdater {
+    fn default() -> Self {
+        NriUpdater {
+            current: Arc::default(),
+            connected: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
 }
 
 impl NriUpdater {
@@ -338,12 +349,24 @@ impl NriUpdater {
         Self::default()
     }
 
+    /// Follows whether a registered connection exists: changes when a
+    /// connection is recorded or lost.
+    pub fn connection(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.connected.subscribe()
+    }
+
     fn current(&self) -> Option<ConnectionUpdater> {
         shared_state::sync::lock(&self.current).clone()
     }
 
     fn set(&self, value: Option<ConnectionUpdater>) {
+        let connected = value.is_some();
         *shared_state::sync::lock(&self.current) = value;
+        self.connected.send_if_modified(|was| {
+            let changed = *was != connected;
+            *was = connected;
+            changed
+        });
     }
 
     /// Whether a registered connection exists right now.
