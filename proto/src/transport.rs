@@ -379,10 +379,12 @@ mod tests {
         let pid = std::process::id();
         let dir = "/run/dra";
         let short = format!("{dir}/plugin.sock");
-        // Leaves room for `.<pid>.tmp` but not for `.<name>.<pid>.tmp`.
+        // Leaves room for `.<pid>.tmp` but, one byte short, not for
+        // `.<name>.<pid>.tmp`, whatever the number of digits of the pid.
+        let pid_len = pid.to_string().len();
         let long = format!(
             "{dir}/{}",
-            "n".repeat(MAX_UNIX_SOCKET_PATH_BYTES - dir.len() - 10)
+            "n".repeat(MAX_UNIX_SOCKET_PATH_BYTES - dir.len() - pid_len - 6)
         );
         // A one-byte name in a directory that uses up the rest of the limit.
         let full = format!("/{}/x", "d".repeat(MAX_UNIX_SOCKET_PATH_BYTES - 3));
