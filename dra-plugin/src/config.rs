@@ -149,38 +149,6 @@ pub enum ConfigError {
     BadDeviceMetadataDir { dir: PathBuf, why: &'static str },
 }
 
-/// Why `dir` cannot hold the device metadata files, if it cannot: dra-plugin
-/// owns that directory (it removes whatever no stored claim explains), so
-/// it must be an absolute path of its own, not one that holds the CDI
-/// specs, the store or kubelet's files.
-fn device_metadata_dir_problem(
-    dir: &Path,
-    cdi_dir: &Path,
-    state_dir: &Path,
-    kubelet_root_dir: &Path,
-) -> Option<&'static str> {
-    use std::path::Component;
-    if !dir.is_absolute() {
-        return Some("must be an absolute path");
-    }
-    if dir.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Some("must not contain '..'");
-    }
-    if dir.parent().is_none() {
-        return Some("must not be the root directory");
-    }
-    [
-        (cdi_dir, "must not be or hold the CDI directory"),
-        (state_dir, "must not be or hold the state directory"),
-        (
-            kubelet_root_dir,
-            "must not be or hold kubelet's root directory",
-        ),
-    ]
-    .into_iter()
-    .find_map(|(owned, why)| owned.starts_with(dir).then_some(why))
-}
-
 /// The settings of a running plugin, defaults applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -307,7 +275,7 @@ impl Settings {
         let cdi_dir = self
             .cdi_dir
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CDI_DIR));
-        if let Some(why) = device_metadata_dir_problem(
+        if let Some(why) = crate::device_metadata::dir_problem(
             &device_metadata_dir,
             &cdi_dir,
             &state_dir,
@@ -450,36 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn device_metadata_dir_must_be_a_directory_of_its_own() {
-        let (cdi, state, kubelet) = (
-            Path::new("/var/run/cdi"),
-            Path::new("/var/lib/dra-cpu"),
-            Path::new("/var/lib/kubelet"),
-        );
-        for (dir, problem) in [
-            ("/var/run/dra-cpu/device-metadata", None),
-            ("/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata", None),
-            ("/var/run/cdi/metadata", None),
-            ("run/md", Some("must be an absolute path")),
-            ("/var/run/../md", Some("must not contain '..'")),
-            ("/", Some("must not be the root directory")),
-            ("/var/run", Some("must not be or hold the CDI directory")),
-            (
-                "/var/run/cdi",
-                Some("must not be or hold the CDI directory"),
-            ),
-            ("/var/lib", Some("must not be or hold the state directory")),
-            (
-                "/var/lib/kubelet",
-                Some("must not be or hold kubelet's root directory"),
-            ),
-        ] {
-            assert_eq!(
-                device_metadata_dir_problem(Path::new(dir), cdi, state, kubelet),
-                problem,
-                "{dir}"
-            );
-        }
+    fn a_device_metadata_dir_holding_the_cdi_dir_is_refused() {
         let refused = flags(&["--node-name=n", "--device-metadata-dir=/var/run"])
             .resolve(None)
             .err()

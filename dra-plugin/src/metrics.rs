@@ -58,7 +58,7 @@ pub struct Metrics {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic elsewhere while holding a metrics lock leaves plain numbers
     // behind, still fine to read.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    shared_state::sync::lock(m)
 }
 
 /// How far the furthest-behind subscriber is from `current`.

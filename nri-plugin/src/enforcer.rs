@@ -41,17 +41,11 @@ pub struct Enforcer {
 }
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
-    match view.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    shared_state::sync::lock(view)
 }
 
 fn lock_host(host: &Mutex<Option<HostCgroups>>) -> MutexGuard<'_, Option<HostCgroups>> {
-    match host.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    shared_state::sync::lock(host)
 }
 
 impl Enforcer {

@@ -278,6 +278,76 @@ pub fn default_host_root(plugin_data_dir: &Path) -> PathBuf {
     plugin_data_dir.join(HOST_SUBDIR)
 }
 
+/// Why `dir` cannot hold the device metadata files, if it cannot: dra-plugin
+/// owns that directory (it removes whatever no stored claim explains), so
+/// it must be an absolute path of its own, not one that holds the CDI
+/// specs, the store or kubelet's files.
+pub fn dir_problem(
+    dir: &Path,
+    cdi_dir: &Path,
+    state_dir: &Path,
+    kubelet_root_dir: &Path,
+) -> Option<&'static str> {
+    use std::path::Component;
+    if !dir.is_absolute() {
+        return Some("must be an absolute path");
+    }
+    if dir.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Some("must not contain '..'");
+    }
+    if dir.parent().is_none() {
+        return Some("must not be the root directory");
+    }
+    [
+        (cdi_dir, "must not be or hold the CDI directory"),
+        (state_dir, "must not be or hold the state directory"),
+        (
+            kubelet_root_dir,
+            "must not be or hold kubelet's root directory",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(owned, why)| owned.starts_with(dir).then_some(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metadata_dir_must_be_a_directory_of_its_own() {
+        let (cdi, state, kubelet) = (
+            Path::new("/var/run/cdi"),
+            Path::new("/var/lib/dra-cpu"),
+            Path::new("/var/lib/kubelet"),
+        );
+        for (dir, problem) in [
+            ("/var/run/dra-cpu/device-metadata", None),
+            ("/var/lib/kubelet/plugins/dra.cpu/dra-device-metadata", None),
+            ("/var/run/cdi/metadata", None),
+            ("run/md", Some("must be an absolute path")),
+            ("/var/run/../md", Some("must not contain '..'")),
+            ("/", Some("must not be the root directory")),
+            ("/var/run", Some("must not be or hold the CDI directory")),
+            (
+                "/var/run/cdi",
+                Some("must not be or hold the CDI directory"),
+            ),
+            ("/var/lib", Some("must not be or hold the state directory")),
+            (
+                "/var/lib/kubelet",
+                Some("must not be or hold kubelet's root directory"),
+            ),
+        ] {
+            assert_eq!(
+                dir_problem(Path::new(dir), cdi, state, kubelet),
+                problem,
+                "{dir}"
+            );
+        }
+    }
+}
+
 /// Builders the unit tests of the render and host-file rooms share.
 #[cfg(test)]
 pub(crate) mod test_support {

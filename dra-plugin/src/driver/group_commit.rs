@@ -93,7 +93,7 @@ impl<S> GroupCommit<S> {
     pub fn lock(&self) -> MutexGuard<'_, S> {
         // Every mutation leaves the state consistent before any call that
         // could panic, so a poisoned lock still guards valid data.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        shared_state::sync::lock(&self.state)
     }
 
     /// Release the lock until the next group commit ends.

@@ -124,7 +124,7 @@ impl StoreFault {
 
     fn slot(&self) -> MutexGuard<'_, Option<String>> {
         // A plain value: a poisoned lock still holds a valid one.
-        self.error.lock().unwrap_or_else(|p| p.into_inner())
+        shared_state::sync::lock(&self.error)
     }
 }
 

@@ -16,10 +16,7 @@ use crate::resolve::{ClaimResolver, Resolution};
 fn lock(view: &Mutex<NodeView>) -> std::sync::MutexGuard<'_, NodeView> {
     // The view is plain data; a panic elsewhere cannot leave it half-written
     // in a way that is worse than refusing to serve.
-    match view.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
+    shared_state::sync::lock(view)
 }
 
 /// A claim from a CDI spec as the view stores it (no consumer yet).
