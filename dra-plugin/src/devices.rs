@@ -312,23 +312,7 @@ impl DeviceCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prepare::tests::topology;
-
-    fn individual_device_name(n: usize) -> String {
-        format!("cpudev{n:03}")
-    }
-
-    fn catalog(
-        topo: &Topology,
-        reserved: &CpuSet,
-        mode: DeviceMode,
-        group_by: GroupBy,
-    ) -> DeviceCatalog {
-        match DeviceCatalog::new(topo, reserved, mode, group_by) {
-            Ok(c) => c,
-            Err(e) => panic!("catalog: {e}"),
-        }
-    }
+    use crate::prepare::tests::{catalog, individual_device_name, topology};
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse_cpulist(s).unwrap_or_default()

@@ -370,11 +370,11 @@ pub(crate) mod tests {
     use shared_state::topology::synthetic;
     use shared_state::topology::Topology;
 
-    fn individual_device_name(n: usize) -> String {
+    pub(crate) fn individual_device_name(n: usize) -> String {
         format!("cpudev{n:03}")
     }
 
-    fn catalog(
+    pub(crate) fn catalog(
         topo: &Topology,
         reserved: &CpuSet,
         mode: DeviceMode,
