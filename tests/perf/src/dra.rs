@@ -267,8 +267,12 @@ impl DraBench {
             args
         };
         let mut args = with_sysfs(dra_plugin_args(&layout, &options));
-        if cdi == CdiPlacement::Tmpfs {
-            // As the chart deploys it.
+        // As the chart deploys it; `DRA_CPU_PERF_METADATA_ON_DISK=1` keeps
+        // the metadata in its default place on the store's disk, to compare
+        // the two placements in alternated runs of one build.
+        let metadata_on_disk =
+            std::env::var_os("DRA_CPU_PERF_METADATA_ON_DISK").is_some_and(|v| v == "1");
+        if cdi == CdiPlacement::Tmpfs && !metadata_on_disk {
             args.push(format!(
                 "--device-metadata-dir={}",
                 run_dir.join(METADATA_UNDER_RUN).display()
