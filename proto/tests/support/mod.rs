@@ -1,3 +1,7 @@
 //! Helpers shared by the protocol crate's integration tests.
 
+// Every test binary compiles all of the support; each uses a part of it.
+#![allow(dead_code)]
+
+pub mod nri_runtime;
 pub mod reference;
