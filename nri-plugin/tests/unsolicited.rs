@@ -1,25 +1,23 @@
 //! How a pool change reaches running containers, end to end through the
-//! real plugin (`DraCpuPlugin`, `Enforcer`, `run_with_reconnect`) and a fake
-//! NRI runtime speaking ttrpc over the multiplexed Unix socket. A runtime
-//! with NRI ≥ 0.12.1 (or `--unsolicited-updates=always`) gets the change as
-//! an unsolicited `UpdateContainers` right away; any other runtime (or
-//! `never`) gets it in the reply to its next event. An update the runtime
-//! reports as failed stays due and rides on the next reply.
+//! real plugin (`DraCpuPlugin`, `Enforcer`, `run_with_reconnect`) and the
+//! stand-in NRI runtime speaking ttrpc over the multiplexed Unix socket. A
+//! runtime with NRI ≥ 0.12.1 (or `--unsolicited-updates=always`) gets the
+//! change as an unsolicited `UpdateContainers` right away; any other runtime
+//! (or `never`) gets it in the reply to its next event. An update the
+//! runtime reports as failed stays due and rides on the next reply.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, PodSandbox};
-use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
-use dra_cpu_proto::nri::mux::{Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use dra_cpu_proto::nri::api::{Container, PodSandbox};
 use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use dra_cpu_tests::nri_runtime::{self, CreateReply, NriRuntime, NriSession, Update};
 use nri_plugin::config::UnsolicitedUpdates;
 use nri_plugin::enforcer::Enforcer;
 use nri_plugin::metrics::Metrics;
@@ -27,9 +25,6 @@ use nri_plugin::nri::DraCpuPlugin;
 use nri_plugin::resolve::{ClaimResolver, Resolution};
 use nri_plugin::view::NodeView;
 use shared_state::{ClaimAssignment, CpuSet};
-use tokio::sync::Notify;
-use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::TtrpcContext;
 
 /// Claim of the running mixed container `m`.
 const CLAIM_A: &str = "a0a0a0a0-0000-4000-8000-00000000000a";
@@ -66,209 +61,37 @@ impl ClaimResolver for NoLookups {
     }
 }
 
-/// What the fake runtime's `Runtime` service saw, and how it answers.
-#[derive(Default)]
-struct RuntimeLog {
-    registered: bool,
-    updates: Vec<Vec<(String, String)>>,
-    /// Containers whose updates the runtime reports as failed.
-    fail: HashSet<String>,
-}
-
-struct FakeRuntimeService {
-    log: Arc<Mutex<RuntimeLog>>,
-    registered: Arc<Notify>,
-}
-
-fn cpus_of(u: &ContainerUpdate) -> String {
-    u.linux
-        .as_ref()
-        .and_then(|l| l.resources.as_ref())
-        .and_then(|r| r.cpu.as_ref())
-        .map(|c| c.cpus.clone())
-        .unwrap_or_default()
-}
-
-fn listed(updates: &[ContainerUpdate]) -> Vec<(String, String)> {
-    updates
-        .iter()
-        .map(|u| (u.container_id.clone(), cpus_of(u)))
-        .collect()
-}
-
-#[async_trait]
-impl api_ttrpc::Runtime for FakeRuntimeService {
-    async fn register_plugin(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: api::RegisterPluginRequest,
-    ) -> ttrpc::Result<api::Empty> {
-        self.log.lock().unwrap().registered = true;
-        self.registered.notify_one();
-        Ok(api::Empty::new())
-    }
-
-    async fn update_containers(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::UpdateContainersRequest,
-    ) -> ttrpc::Result<api::UpdateContainersResponse> {
-        let mut log = self.log.lock().unwrap();
-        let mut rsp = api::UpdateContainersResponse::new();
-        rsp.failed = req
-            .update
-            .iter()
-            .filter(|u| log.fail.contains(&u.container_id))
-            .cloned()
-            .collect();
-        log.updates.push(listed(&req.update));
-        Ok(rsp)
-    }
-}
-
-/// The runtime end of one accepted plugin connection.
-struct FakeRuntime {
-    plugin: PluginClient,
-    log: Arc<Mutex<RuntimeLog>>,
-    _server: ttrpc::r#async::Server,
-    _mux: Multiplexer,
-}
-
-fn ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_duration(Duration::from_secs(5))
-}
-
-impl FakeRuntime {
-    /// Accepts the plugin on `listener` and waits for its registration.
-    async fn accept(listener: &tokio::net::UnixListener) -> FakeRuntime {
-        let (stream, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
-            .await
-            .expect("the plugin connects")
-            .expect("accept");
-        let (mux, mut conns) =
-            Multiplexer::start(stream, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]).unwrap();
-        let runtime_conn = conns.pop().unwrap();
-        let plugin_conn = conns.pop().unwrap();
-        let log = Arc::new(Mutex::new(RuntimeLog::default()));
-        let registered = Arc::new(Notify::new());
-        let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(runtime_conn) });
-        let mut server = ttrpc::r#async::Server::new()
-            .add_listener(Listener::new(futures::StreamExt::chain(
-                accepted,
-                futures::stream::pending(),
-            )))
-            .register_service(api_ttrpc::create_runtime(Arc::new(FakeRuntimeService {
-                log: log.clone(),
-                registered: registered.clone(),
-            })));
-        server.start().await.unwrap();
-        let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(plugin_conn)));
-        tokio::time::timeout(Duration::from_secs(10), registered.notified())
-            .await
-            .expect("RegisterPlugin");
-        FakeRuntime {
-            plugin,
-            log,
-            _server: server,
-            _mux: mux,
-        }
-    }
-
-    fn unsolicited(&self) -> Vec<Vec<(String, String)>> {
-        self.log.lock().unwrap().updates.clone()
-    }
-
-    async fn configure(&self, name: &str, version: &str, nri_version: &str) {
-        let mut req = api::ConfigureRequest::new();
-        req.runtime_name = name.into();
-        req.runtime_version = version.into();
-        req.NRI_version = nri_version.into();
-        req.registration_timeout = 5000;
-        req.request_timeout = 2000;
-        self.plugin.configure(ctx(), &req).await.expect("Configure");
-    }
-
-    async fn synchronize(&self, containers: Vec<Container>) -> Vec<(String, String)> {
-        let mut req = api::SynchronizeRequest::new();
-        req.pods = [POD_S, POD_M].iter().map(|uid| pod(uid)).collect();
-        req.containers = containers;
-        let rsp = self
-            .plugin
-            .synchronize(ctx(), &req)
-            .await
-            .expect("Synchronize");
-        listed(&rsp.update)
-    }
-
-    /// CreateContainer: the new container's cpuset and the other updates.
-    async fn create(&self, c: Container) -> (String, Vec<(String, String)>) {
-        let mut req = api::CreateContainerRequest::new();
-        req.pod = Some(pod(&pod_uid_of(&c))).into();
-        req.container = Some(c).into();
-        let rsp = self
-            .plugin
-            .create_container(ctx(), &req)
-            .await
-            .expect("CreateContainer");
-        let own = rsp
-            .adjust
-            .as_ref()
-            .and_then(|a| a.linux.as_ref())
-            .and_then(|l| l.resources.as_ref())
-            .and_then(|r| r.cpu.as_ref())
-            .map(|c| c.cpus.clone())
-            .unwrap_or_default();
-        (own, listed(&rsp.update))
-    }
-
-    async fn remove(&self, c: Container) {
-        let mut req = api::RemoveContainerRequest::new();
-        req.pod = Some(pod(&pod_uid_of(&c))).into();
-        req.container = Some(c).into();
-        self.plugin
-            .remove_container(ctx(), &req)
-            .await
-            .expect("RemoveContainer");
-    }
-}
+/// How long the plugin has to connect and register.
+const CONNECT: Duration = Duration::from_secs(10);
 
 /// Pod sandboxes are named by their UID in this test.
 fn pod(uid: &str) -> PodSandbox {
-    let mut p = PodSandbox::new();
-    p.id = uid.into();
-    p.uid = uid.into();
-    p.name = format!("pod-{}", &uid[..8]);
-    p.namespace = "ns".into();
-    p
-}
-
-fn pod_uid_of(c: &Container) -> String {
-    c.pod_sandbox_id.clone()
+    nri_runtime::pod(uid, &format!("pod-{}", &uid[..8]), "ns")
 }
 
 fn container(id: &str, pod_uid: &str, env: &[String], shares: u64, cpus: &str) -> Container {
-    let mut c = Container::new();
-    c.id = id.into();
-    c.name = format!("name-{id}");
-    c.pod_sandbox_id = pod_uid.into();
-    c.env = env.to_vec();
-    c.state = api::ContainerState::CONTAINER_RUNNING.into();
-    let mut cpu = api::LinuxCPU::new();
-    let mut s = api::OptionalUInt64::new();
-    s.value = shares;
-    cpu.shares = Some(s).into();
-    cpu.cpus = cpus.into();
-    let mut res = api::LinuxResources::new();
-    res.cpu = Some(cpu).into();
-    let mut linux = api::LinuxContainer::new();
-    linux.resources = Some(res).into();
-    c.linux = Some(linux).into();
-    c
+    nri_runtime::container(id, &format!("name-{id}"), pod_uid, env, shares, cpus)
 }
 
-fn updates(list: &[(&str, &str)]) -> Vec<(String, String)> {
+/// CreateContainer, which the plugin must not refuse.
+async fn create(runtime: &NriSession, c: Container) -> CreateReply {
+    let id = c.id.clone();
+    let reply = runtime
+        .create_container(pod(&c.pod_sandbox_id), c)
+        .await
+        .expect("CreateContainer");
+    let refused = runtime.state().refused;
+    assert!(!refused.contains_key(&id), "{id} refused: {refused:?}");
+    reply
+}
+
+fn unsolicited(runtime: &NriSession) -> Vec<Vec<Update>> {
+    runtime.state().unsolicited
+}
+
+fn updates(list: &[(&str, &str)]) -> Vec<Update> {
     list.iter()
-        .map(|(id, cpus)| (id.to_string(), cpus.to_string()))
+        .map(|(id, cpus)| (id.to_string(), Some(cpus.to_string())))
         .collect()
 }
 
@@ -332,7 +155,7 @@ async fn run_case(case: &Case, dir: &Path) {
     let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), Arc::new(NoLookups)));
 
     let socket = dir.join(format!("{name}.sock"));
-    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let listening = NriRuntime::bind(&socket).expect("bind");
     let stop = tokio_util::sync::CancellationToken::new();
     let nri = tokio::spawn(run_with_reconnect(
         plugin,
@@ -342,16 +165,22 @@ async fn run_case(case: &Case, dir: &Path) {
         stop.clone().cancelled_owned(),
     ));
     let mut connection = updater.connection();
-    let runtime = FakeRuntime::accept(&listener).await;
+    let runtime = listening.accept(CONNECT).await.expect("RegisterPlugin");
     let (rt_name, rt_version, nri_version) = case.runtime;
-    runtime.configure(rt_name, rt_version, nri_version).await;
+    runtime
+        .configure(rt_name, rt_version, nri_version)
+        .await
+        .expect("Configure");
 
     // A shared container and a mixed one (claim A, a CPU request), both
     // unpinned: Synchronize pins them.
     let env_a = [format!("DRA_CPUSET_{CLAIM_A}=6-7")];
     let shared = container("s", POD_S, &[], 2, "");
     let mixed = container("m", POD_M, &env_a, 512, "");
-    let synced = runtime.synchronize(vec![shared, mixed]).await;
+    let synced = runtime
+        .synchronize(vec![pod(POD_S), pod(POD_M)], vec![shared, mixed])
+        .await
+        .expect("Synchronize");
     assert_eq!(synced, updates(&[("m", "0-7"), ("s", "0-5")]), "{name}");
     wait_connected(&updater).await;
     assert!(
@@ -387,20 +216,23 @@ async fn run_case(case: &Case, dir: &Path) {
         Way::Unsolicited => vec![shrunk.clone()],
         Way::Deferred => Vec::new(),
     };
-    assert_eq!(runtime.unsolicited(), sent, "{name}: after the prepare");
+    assert_eq!(unsolicited(&runtime), sent, "{name}: after the prepare");
 
     // Claim B's container is created (the shrink rides on its reply unless
     // it went out already), then removed.
     let env_b = [format!("DRA_CPUSET_{CLAIM_B}=4-5")];
     let b = container("b", POD_B, &env_b, 2, "");
-    let (own, others) = runtime.create(b.clone()).await;
-    assert_eq!(own, "4-5", "{name}");
+    let created = create(&runtime, b.clone()).await;
+    assert_eq!(created.cpus.as_deref(), Some("4-5"), "{name}");
     let want = match case.way {
         Way::Unsolicited => Vec::new(),
         Way::Deferred => shrunk.clone(),
     };
-    assert_eq!(others, want, "{name}: reply to b's creation");
-    runtime.remove(b).await;
+    assert_eq!(created.updates, want, "{name}: reply to b's creation");
+    runtime
+        .remove_container(pod(POD_B), b)
+        .await
+        .expect("RemoveContainer");
     assert_eq!(
         metrics.applied_revision.load(Ordering::Relaxed),
         2,
@@ -409,10 +241,10 @@ async fn run_case(case: &Case, dir: &Path) {
 
     // Claim B is unprepared: the pool grows back to 0-5.
     if let Some(id) = case.fail {
-        runtime.log.lock().unwrap().fail.insert(id.to_string());
+        runtime.fail_updates_of(id);
     }
     let before = pool_changes(&metrics);
-    let sent_before = runtime.unsolicited().len();
+    let sent_before = unsolicited(&runtime).len();
     enforcer
         .apply_unprepared(3, CLAIM_B)
         .await
@@ -422,7 +254,7 @@ async fn run_case(case: &Case, dir: &Path) {
     match case.way {
         Way::Unsolicited => {
             assert_eq!(
-                &runtime.unsolicited()[sent_before..],
+                &unsolicited(&runtime)[sent_before..],
                 std::slice::from_ref(&grown),
                 "{name}: the runtime got the grown pool"
             );
@@ -430,7 +262,7 @@ async fn run_case(case: &Case, dir: &Path) {
         Way::Deferred => {
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert_eq!(
-                runtime.unsolicited().len(),
+                unsolicited(&runtime).len(),
                 sent_before,
                 "{name}: no unsolicited update on this runtime"
             );
@@ -456,18 +288,24 @@ async fn run_case(case: &Case, dir: &Path) {
 
     // The next event: a new shared container. Its reply carries exactly
     // what is still due, and afterwards nothing is.
-    let (own, others) = runtime.create(container("n", POD_S, &[], 2, "")).await;
-    assert_eq!(own, "0-5", "{name}: the new shared container");
-    assert_eq!(others, due, "{name}: reply to the next creation");
+    let created = create(&runtime, container("n", POD_S, &[], 2, "")).await;
+    assert_eq!(
+        created.cpus.as_deref(),
+        Some("0-5"),
+        "{name}: the new shared container"
+    );
+    assert_eq!(created.updates, due, "{name}: reply to the next creation");
     assert_eq!(
         metrics.applied_revision.load(Ordering::Relaxed),
         3,
         "{name}: applied after the reply"
     );
-    let (_, again) = runtime.create(container("n2", POD_S, &[], 2, "")).await;
+    let again = create(&runtime, container("n2", POD_S, &[], 2, ""))
+        .await
+        .updates;
     assert!(again.is_empty(), "{name}: nothing repeated: {again:?}");
     assert_eq!(
-        runtime.unsolicited().len(),
+        unsolicited(&runtime).len(),
         match case.way {
             Way::Unsolicited => 2,
             Way::Deferred => 0,

@@ -6,24 +6,12 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../tests/support/h2.rs"]
+mod h2;
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use dra_cpu_proto::transport::authority::AuthorityRewriter;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut out = vec![
-        (len >> 16) as u8,
-        (len >> 8) as u8,
-        len as u8,
-        frame_type,
-        flags,
-    ];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
+use h2::{frame, PREFACE};
 
 /// Literal with incremental indexing and a new name (strings under 127 bytes).
 fn indexed_literal(name: &str, value: &str) -> Vec<u8> {

@@ -6,110 +6,44 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+// The benchmark drives the client through the runtime's Plugin client alone.
+#[allow(dead_code)]
+#[path = "../tests/support/nri_runtime.rs"]
+mod nri_runtime;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
-use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
-use dra_cpu_proto::nri::mux::{
-    encode_frame, FrameDecoder, Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
-};
-use dra_cpu_proto::nri::{
-    ContainerCreation, EventMask, NriClient, NriClientOptions, NriPlugin, PluginError,
-};
-use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::TtrpcContext;
+use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, PodSandbox};
+use dra_cpu_proto::nri::mux::{encode_frame, FrameDecoder};
+use dra_cpu_proto::nri::{ContainerCreation, NriClientOptions};
+use nri_runtime::CreateOnly;
 
-struct AcceptRegistration;
-
-#[async_trait]
-impl api_ttrpc::Runtime for AcceptRegistration {
-    async fn register_plugin(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: api::RegisterPluginRequest,
-    ) -> ttrpc::Result<api::Empty> {
-        Ok(api::Empty::new())
-    }
-}
-
-/// Pins every container and updates ten others, as a busy node would.
-struct Pinner;
-
-#[async_trait]
-impl NriPlugin for Pinner {
-    fn events(&self) -> EventMask {
-        EventMask::of(&[Event::CREATE_CONTAINER])
-    }
-
-    async fn create_container(
-        &self,
-        _pod: PodSandbox,
-        _c: Container,
-    ) -> Result<ContainerCreation, PluginError> {
-        let mut cpu = api::LinuxCPU::new();
-        cpu.cpus = "0-3".into();
-        let mut resources = api::LinuxResources::new();
-        resources.cpu = Some(cpu).into();
-        let mut linux = api::LinuxContainerAdjustment::new();
-        linux.resources = Some(resources.clone()).into();
-        let mut adjust = api::ContainerAdjustment::new();
-        adjust.linux = Some(linux).into();
-        let update = (0..10)
-            .map(|i| {
-                let mut linux = api::LinuxContainerUpdate::new();
-                linux.resources = Some(resources.clone()).into();
-                let mut u = ContainerUpdate::new();
-                u.container_id = format!("{i:064}");
-                u.linux = Some(linux).into();
-                u
-            })
-            .collect();
-        Ok(ContainerCreation {
-            adjust: Some(adjust),
-            update,
-            evict: Vec::new(),
+/// Pins the container and updates ten others, as a busy node would.
+fn pin_and_update_ten() -> ContainerCreation {
+    let mut cpu = api::LinuxCPU::new();
+    cpu.cpus = "0-3".into();
+    let mut resources = api::LinuxResources::new();
+    resources.cpu = Some(cpu).into();
+    let mut linux = api::LinuxContainerAdjustment::new();
+    linux.resources = Some(resources.clone()).into();
+    let mut adjust = api::ContainerAdjustment::new();
+    adjust.linux = Some(linux).into();
+    let update = (0..10)
+        .map(|i| {
+            let mut linux = api::LinuxContainerUpdate::new();
+            linux.resources = Some(resources.clone()).into();
+            let mut u = ContainerUpdate::new();
+            u.container_id = format!("{i:064}");
+            u.linux = Some(linux).into();
+            u
         })
-    }
-}
-
-struct Pair {
-    plugin: PluginClient,
-    _client: NriClient,
-    _server: ttrpc::r#async::Server,
-    _mux: Multiplexer,
-}
-
-async fn pair() -> Pair {
-    let (plugin_end, runtime_end) = tokio::net::UnixStream::pair().expect("socketpair");
-    let (mux, mut conns) =
-        Multiplexer::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN])
-            .expect("multiplexer");
-    let runtime_conn = conns.pop().expect("runtime conn");
-    let plugin_conn = conns.pop().expect("plugin conn");
-    let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(runtime_conn) });
-    let mut server = ttrpc::r#async::Server::new()
-        .add_listener(Listener::new(futures::StreamExt::chain(
-            accepted,
-            futures::stream::pending(),
-        )))
-        .register_service(api_ttrpc::create_runtime(Arc::new(AcceptRegistration)));
-    server.start().await.expect("runtime server");
-    let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(plugin_conn)));
-    let client = NriClient::over(
-        plugin_end,
-        Arc::new(Pinner),
-        &NriClientOptions::new("bench", "10"),
-    )
-    .await
-    .expect("register");
-    Pair {
-        plugin,
-        _client: client,
-        _server: server,
-        _mux: mux,
+        .collect();
+    ContainerCreation {
+        adjust: Some(adjust),
+        update,
+        evict: Vec::new(),
     }
 }
 
@@ -154,13 +88,17 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let pair = rt.block_on(pair());
+    let (runtime, _client) = rt.block_on(nri_runtime::connect(
+        Arc::new(CreateOnly(pin_and_update_ten)),
+        &NriClientOptions::new("bench", "10"),
+    ));
     let req = create_request();
     c.bench_function("nri_create_container_round_trip", |b| {
         b.iter(|| {
             rt.block_on(async {
                 let ctx = ttrpc::context::with_duration(Duration::from_secs(2));
-                pair.plugin
+                runtime
+                    .plugin
                     .create_container(ctx, &req)
                     .await
                     .expect("CreateContainer")

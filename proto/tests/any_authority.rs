@@ -9,18 +9,21 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::path::Path;
 use std::time::Duration;
 
-use dra_cpu_proto::kubelet::{self, registration};
+use dra_cpu_proto::kubelet::registration;
 use dra_cpu_proto::transport::hpack::{encode_literal, Decoder, HeaderField};
 use dra_cpu_proto::transport::{bind_unix, incoming_with_peer_check, PeerPolicy};
+use support::h2::{frame, PREFACE};
+use support::kubelet::dra_plugin_info;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const PROTOCOL_ERROR: u32 = 0x1;
 const TIMEOUT: Duration = Duration::from_secs(10);
 const SOCKET_AUTHORITY: &str = "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdra.cpu-reg.sock";
@@ -33,12 +36,7 @@ impl registration::registration_server::Registration for Registrar {
         &self,
         _: Request<registration::InfoRequest>,
     ) -> Result<Response<registration::PluginInfo>, Status> {
-        Ok(Response::new(registration::PluginInfo {
-            r#type: kubelet::DRA_PLUGIN_TYPE.into(),
-            name: "dra.cpu".into(),
-            endpoint: "/var/lib/kubelet/plugins/dra.cpu/dra.sock".into(),
-            supported_versions: vec![kubelet::DRA_V1_VERSION.into()],
-        }))
+        Ok(Response::new(dra_plugin_info()))
     }
 
     async fn notify_registration_status(
@@ -83,20 +81,6 @@ enum Outcome {
     Reset(u32),
     /// The call completed: its grpc-status and the response bytes.
     Completed { grpc_status: String, data: usize },
-}
-
-fn frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut out = vec![
-        (len >> 16) as u8,
-        (len >> 8) as u8,
-        len as u8,
-        frame_type,
-        flags,
-    ];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 fn literal(name: &str, value: &[u8]) -> HeaderField {

@@ -5,19 +5,22 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::kubelet::{self, dra_v1, dra_v1beta1, registration};
+use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, registration};
 use dra_cpu_proto::transport::{
     bind_unix, connect_unix, connect_unix_lazy, connect_unix_with, incoming_with_peer_check,
     unix_endpoint, PeerPolicy, TransportError, MAX_UNIX_SOCKET_PATH_BYTES, OWNER_ONLY_SOCKET_MODE,
 };
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use support::kubelet::dra_plugin_info;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::transport::server::{Router, UdsConnectInfo};
@@ -79,15 +82,7 @@ impl registration::registration_server::Registration for Registrar {
             .and_then(|info| info.peer_cred)
             .map(|cred| cred.uid());
         *self.last_peer_uid.lock().unwrap() = uid;
-        Ok(Response::new(registration::PluginInfo {
-            r#type: kubelet::DRA_PLUGIN_TYPE.into(),
-            name: "dra.cpu".into(),
-            endpoint: "/var/lib/kubelet/plugins/dra.cpu/dra.sock".into(),
-            supported_versions: vec![
-                kubelet::DRA_V1_VERSION.into(),
-                kubelet::DRA_V1BETA1_VERSION.into(),
-            ],
-        }))
+        Ok(Response::new(dra_plugin_info()))
     }
 
     async fn notify_registration_status(

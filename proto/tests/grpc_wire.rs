@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use dra_cpu_proto::coordination::{self, v1 as coord};
 use dra_cpu_proto::kubelet::{self, dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use prost::Message;
-use prost_types::{field_descriptor_proto::Label, FileDescriptorSet};
-use support::reference::compile_reference;
+use prost_types::FileDescriptorSet;
+use support::kubelet::dra_plugin_info;
+use support::reference::{compile_reference, field_type, rpc_signature};
 
 /// A length-delimited field (wire type 2) encoded by hand.
 fn len_field(number: u32, payload: &[u8]) -> Vec<u8> {
@@ -160,15 +161,7 @@ fn v1beta1_device_decodes_v1_bytes_without_share_id() {
 
 #[test]
 fn plugin_info_wire_bytes() {
-    let info = registration::PluginInfo {
-        r#type: kubelet::DRA_PLUGIN_TYPE.into(),
-        name: "dra.cpu".into(),
-        endpoint: "/var/lib/kubelet/plugins/dra.cpu/dra.sock".into(),
-        supported_versions: vec![
-            kubelet::DRA_V1_VERSION.into(),
-            kubelet::DRA_V1BETA1_VERSION.into(),
-        ],
-    };
+    let info = dra_plugin_info();
     let expected = concat(&[
         len_field(1, b"DRAPlugin"),
         len_field(2, b"dra.cpu"),
@@ -431,16 +424,7 @@ fn schema_of(set: &FileDescriptorSet) -> Schema {
             let lines = service
                 .method
                 .iter()
-                .map(|m| {
-                    format!(
-                        "rpc {}({}{}) returns ({}{})",
-                        m.name(),
-                        if m.client_streaming() { "stream " } else { "" },
-                        m.input_type(),
-                        if m.server_streaming() { "stream " } else { "" },
-                        m.output_type()
-                    )
-                })
+                .map(|m| format!("rpc {}{}", m.name(), rpc_signature(m)))
                 .collect();
             schema.insert(format!(".{package}.{}", service.name()), lines);
         }
@@ -461,20 +445,7 @@ fn flatten_message(scope: &str, message: &prost_types::DescriptorProto, schema: 
     let lines = message
         .field
         .iter()
-        .map(|f| {
-            let label = match f.label() {
-                Label::Repeated => "repeated ",
-                _ if f.proto3_optional() => "optional ",
-                _ => "",
-            };
-            format!(
-                "{label}{:?} {} {} = {}",
-                f.r#type(),
-                f.type_name(),
-                f.name(),
-                f.number()
-            )
-        })
+        .map(|f| format!("{} {} = {}", field_type(f), f.name(), f.number()))
         .collect();
     schema.insert(name.clone(), lines);
     for nested in &message.nested_type {

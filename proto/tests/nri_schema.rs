@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 
 use dra_cpu_proto::nri::api;
 use prost::Message as _;
-use prost_types::{field_descriptor_proto::Label, DescriptorProto, FileDescriptorProto};
-use support::reference::{compile_reference, reference_dir};
+use prost_types::{DescriptorProto, FileDescriptorProto};
+use support::reference::{compile_reference, field_type, reference_dir, rpc_signature};
 
 const PACKAGE: &str = "nri.pkg.api.v1alpha1";
 
@@ -64,13 +64,7 @@ fn schema_of(file: &FileDescriptorProto) -> Schema {
             .iter()
             .map(|m| Rpc {
                 name: m.name().to_string(),
-                signature: format!(
-                    "({}{}) returns ({}{})",
-                    if m.client_streaming() { "stream " } else { "" },
-                    m.input_type(),
-                    if m.server_streaming() { "stream " } else { "" },
-                    m.output_type()
-                ),
+                signature: rpc_signature(m),
             })
             .collect();
         schema.services.insert(service.name().to_string(), rpcs);
@@ -95,11 +89,6 @@ fn flatten_message(scope: &str, message: &DescriptorProto, schema: &mut Schema) 
         .field
         .iter()
         .map(|f| {
-            let label = match f.label() {
-                Label::Repeated => "repeated ",
-                _ if f.proto3_optional() => "optional ",
-                _ => "",
-            };
             // A real oneof (not the synthetic one of a proto3 `optional`).
             let oneof = match f.oneof_index {
                 Some(i) if !f.proto3_optional() => {
@@ -110,7 +99,7 @@ fn flatten_message(scope: &str, message: &DescriptorProto, schema: &mut Schema) 
             Field {
                 name: f.name().to_string(),
                 number: f.number(),
-                shape: format!("{label}{:?} {}{oneof}", f.r#type(), f.type_name()),
+                shape: format!("{}{oneof}", field_type(f)),
             }
         })
         .collect();

@@ -6,69 +6,17 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
-use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
-use dra_cpu_proto::nri::mux::{Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use dra_cpu_proto::nri::{
     ContainerCreation, EventMask, NriClient, NriClientOptions, NriPlugin, PluginError, RuntimeInfo,
 };
-use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::TtrpcContext;
-
-/// What the fake runtime received on its `Runtime` service.
-#[derive(Default)]
-struct RuntimeLog {
-    registrations: Vec<(String, String)>,
-    updates: Vec<Vec<ContainerUpdate>>,
-}
-
-struct FakeRuntimeService(Arc<Mutex<RuntimeLog>>);
-
-#[async_trait]
-impl api_ttrpc::Runtime for FakeRuntimeService {
-    async fn register_plugin(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::RegisterPluginRequest,
-    ) -> ttrpc::Result<api::Empty> {
-        self.0
-            .lock()
-            .unwrap()
-            .registrations
-            .push((req.plugin_name, req.plugin_idx));
-        Ok(api::Empty::new())
-    }
-
-    async fn update_containers(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::UpdateContainersRequest,
-    ) -> ttrpc::Result<api::UpdateContainersResponse> {
-        let mut rsp = api::UpdateContainersResponse::new();
-        // The runtime reports updates of unknown containers as failed.
-        rsp.failed = req
-            .update
-            .iter()
-            .filter(|u| u.container_id.starts_with("unknown"))
-            .cloned()
-            .collect();
-        self.0.lock().unwrap().updates.push(req.update);
-        Ok(rsp)
-    }
-}
-
-/// The runtime end: a Plugin client on connection 1, the Runtime service
-/// on connection 2.
-struct FakeRuntime {
-    plugin: PluginClient,
-    log: Arc<Mutex<RuntimeLog>>,
-    _server: ttrpc::r#async::Server,
-    _mux: Multiplexer,
-}
+use support::nri_runtime::{self, CreateOnly, InProcessRuntime};
 
 const CALL: Duration = Duration::from_secs(10);
 
@@ -79,37 +27,10 @@ fn ctx() -> ttrpc::context::Context {
 async fn connect<P: NriPlugin>(
     plugin: Arc<P>,
     handler_timeout: Duration,
-) -> (FakeRuntime, NriClient) {
-    let (plugin_end, runtime_end) = tokio::net::UnixStream::pair().unwrap();
-    let (mux, mut conns) =
-        Multiplexer::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]).unwrap();
-    let runtime_conn = conns.pop().unwrap();
-    let plugin_conn = conns.pop().unwrap();
-    let log = Arc::new(Mutex::new(RuntimeLog::default()));
-    let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(runtime_conn) });
-    let mut server = ttrpc::r#async::Server::new()
-        .add_listener(Listener::new(futures::StreamExt::chain(
-            accepted,
-            futures::stream::pending(),
-        )))
-        .register_service(api_ttrpc::create_runtime(Arc::new(FakeRuntimeService(
-            log.clone(),
-        ))));
-    server.start().await.unwrap();
-    let plugin_client = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(plugin_conn)));
-
+) -> (InProcessRuntime, NriClient) {
     let mut options = NriClientOptions::new("test", "42");
     options.handler_timeout = handler_timeout;
-    let client = NriClient::over(plugin_end, plugin, &options).await.unwrap();
-    (
-        FakeRuntime {
-            plugin: plugin_client,
-            log,
-            _server: server,
-            _mux: mux,
-        },
-        client,
-    )
+    nri_runtime::connect(plugin, &options).await
 }
 
 fn status_code(err: ttrpc::Error) -> (ttrpc::Code, String) {
@@ -244,24 +165,12 @@ impl NriPlugin for Recorder {
     }
 }
 
-/// Implements nothing but container creation.
-struct CreateOnly;
-
-#[async_trait]
-impl NriPlugin for CreateOnly {
-    fn events(&self) -> EventMask {
-        EventMask::of(&[Event::CREATE_CONTAINER])
-    }
-    async fn create_container(
-        &self,
-        _pod: PodSandbox,
-        _c: Container,
-    ) -> Result<ContainerCreation, PluginError> {
-        Ok(ContainerCreation::default())
-    }
+/// Implements nothing but container creation, and changes nothing there.
+fn create_only() -> Arc<CreateOnly> {
+    Arc::new(CreateOnly(ContainerCreation::default))
 }
 
-async fn configure(runtime: &FakeRuntime, nri_version: &str) -> api::ConfigureResponse {
+async fn configure(runtime: &InProcessRuntime, nri_version: &str) -> api::ConfigureResponse {
     let mut req = api::ConfigureRequest::new();
     req.runtime_name = "fake-runtime".into();
     req.runtime_version = "0.0.1".into();
@@ -300,7 +209,7 @@ async fn registers_and_configures_with_the_declared_event_mask() {
 
 #[tokio::test]
 async fn unimplemented_rpcs_answer_unimplemented_and_state_change_still_succeeds() {
-    let (runtime, _client) = connect(Arc::new(CreateOnly), Duration::from_secs(1)).await;
+    let (runtime, _client) = connect(create_only(), Duration::from_secs(1)).await;
     let mut req = api::RunPodSandboxRequest::new();
     req.pod = Some(PodSandbox::new()).into();
     let (code, message) = status_code(
@@ -502,7 +411,7 @@ async fn handler_errors_panics_and_hangs_become_error_replies() {
 
 #[tokio::test]
 async fn unsolicited_updates_reach_the_runtime() {
-    let (runtime, client) = connect(Arc::new(CreateOnly), Duration::from_secs(1)).await;
+    let (runtime, client) = connect(create_only(), Duration::from_secs(1)).await;
     let update = |id: &str| {
         let mut u = ContainerUpdate::new();
         u.container_id = id.to_string();
@@ -526,7 +435,7 @@ async fn unsolicited_updates_reach_the_runtime() {
 
 #[tokio::test]
 async fn runtime_going_away_ends_the_connection() {
-    let (runtime, mut client) = connect(Arc::new(CreateOnly), Duration::from_secs(1)).await;
+    let (runtime, mut client) = connect(create_only(), Duration::from_secs(1)).await;
     drop(runtime);
     assert!(
         client.closed().await.is_ok(),

@@ -14,7 +14,7 @@ use shared_state::claim_env::{parse_claim_env, validate_claims, ClaimEnvError, C
 use shared_state::cpuset::MAX_CPUS;
 use shared_state::store::{claim_key, decode_record};
 use shared_state::topology::Topology;
-use shared_state::{ClaimAssignment, CpuSet};
+use shared_state::{ClaimAssignment, CpuSet, CpuSetError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -79,40 +79,12 @@ proptest! {
 
     #[test]
     fn cpulist_parsing_never_panics_and_names_the_input(input in cpulist_like()) {
-        match CpuSet::parse_cpulist(&input) {
-            Ok(set) => {
-                prop_assert!(set.iter().all(|cpu| cpu < MAX_CPUS));
-                prop_assert!(set.len() <= MAX_CPUS as usize);
-                // What was accepted prints back to the same set.
-                let again = CpuSet::parse_cpulist(&set.to_cpulist());
-                prop_assert_eq!(again, Ok(set));
-            }
-            Err(e) => {
-                let message = e.to_string();
-                prop_assert!(
-                    message.contains(&format!("{input:?}")),
-                    "{message} does not name {input:?}"
-                );
-            }
-        }
+        parses_back_or_names_the_input(&input, CpuSet::parse_cpulist, CpuSet::to_cpulist)?;
     }
 
     #[test]
     fn hex_mask_parsing_never_panics_and_names_the_input(input in hex_mask_like()) {
-        match CpuSet::parse_hex_mask(&input) {
-            Ok(set) => {
-                prop_assert!(set.iter().all(|cpu| cpu < MAX_CPUS));
-                let again = CpuSet::parse_hex_mask(&set.to_hex_mask());
-                prop_assert_eq!(again, Ok(set));
-            }
-            Err(e) => {
-                let message = e.to_string();
-                prop_assert!(
-                    message.contains(&format!("{input:?}")),
-                    "{message} does not name {input:?}"
-                );
-            }
-        }
+        parses_back_or_names_the_input(&input, CpuSet::parse_hex_mask, CpuSet::to_hex_mask)?;
     }
 
     /// A pod spec can carry any env: the parser refuses with the offending
@@ -211,6 +183,32 @@ proptest! {
 }
 
 /// JSON shaped like a record, with fields wrong in type or value.
+/// One of the kernel's CPU set forms read by `parse`: what it accepts stays
+/// below `MAX_CPUS` and `print`s back to the same set; what it refuses is
+/// named in the error.
+fn parses_back_or_names_the_input(
+    input: &str,
+    parse: fn(&str) -> Result<CpuSet, CpuSetError>,
+    print: fn(&CpuSet) -> String,
+) -> Result<(), TestCaseError> {
+    match parse(input) {
+        Ok(set) => {
+            prop_assert!(set.iter().all(|cpu| cpu < MAX_CPUS));
+            prop_assert!(set.len() <= MAX_CPUS as usize);
+            let again = parse(&print(&set));
+            prop_assert_eq!(again, Ok(set));
+        }
+        Err(e) => {
+            let message = e.to_string();
+            prop_assert!(
+                message.contains(&format!("{input:?}")),
+                "{message} does not name {input:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 fn record_like() -> impl Strategy<Value = String> {
     (
         uid_like(),

@@ -6,7 +6,7 @@
 //! a runtime applies them. For where a real runtime cannot place containers
 //! on the CPUs under test (a sysfs fixture larger than the machine).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -58,6 +58,10 @@ pub enum NriRuntimeError {
 /// A container's cpuset as the runtime holds it; `None` is unpinned.
 pub type Cpus = Option<String>;
 
+/// One container update as the plugin sent it: the container and the
+/// cpuset it sets (`None`: it sets none).
+pub type Update = (String, Cpus);
+
 /// What the runtime knows: the plugin's registration, each container's
 /// cpuset, and every container the plugin refused.
 #[derive(Debug, Default, Clone)]
@@ -67,14 +71,21 @@ pub struct RuntimeState {
     pub cpusets: BTreeMap<String, Cpus>,
     /// CreateContainer refusals: container id → the plugin's error.
     pub refused: BTreeMap<String, String>,
-    /// UpdateContainers requests received.
-    pub unsolicited: usize,
+    /// Every UpdateContainers request received, in order.
+    pub unsolicited: Vec<Vec<Update>>,
+    /// Containers whose updates this runtime reports as failed (and does
+    /// not apply), as a runtime does for a container it cannot update.
+    pub failing: BTreeSet<String>,
 }
 
 impl RuntimeState {
-    /// Apply the plugin's updates in order, as a runtime does.
+    /// Apply the plugin's updates in order, as a runtime does; an update of
+    /// a failing container is not applied.
     fn apply(&mut self, updates: &[ContainerUpdate]) {
         for u in updates {
+            if self.failing.contains(&u.container_id) {
+                continue;
+            }
             if let Some(cpus) = update_cpus(u) {
                 self.cpusets.insert(u.container_id.clone(), Some(cpus));
             }
@@ -95,6 +106,14 @@ pub fn update_cpus(u: &ContainerUpdate) -> Option<String> {
         .and_then(|r| r.cpu.as_ref())
         .map(|c| c.cpus.clone())
         .filter(|c| !c.is_empty())
+}
+
+/// `updates` as (container, cpuset) pairs, in order.
+pub fn listed(updates: &[ContainerUpdate]) -> Vec<Update> {
+    updates
+        .iter()
+        .map(|u| (u.container_id.clone(), update_cpus(u)))
+        .collect()
 }
 
 struct RuntimeService {
@@ -120,9 +139,15 @@ impl api_ttrpc::Runtime for RuntimeService {
         req: api::UpdateContainersRequest,
     ) -> ttrpc::Result<api::UpdateContainersResponse> {
         let mut state = lock(&self.state);
-        state.unsolicited += 1;
+        state.unsolicited.push(listed(&req.update));
         state.apply(&req.update);
-        Ok(api::UpdateContainersResponse::new())
+        let mut rsp = api::UpdateContainersResponse::new();
+        rsp.failed = req
+            .update
+            .into_iter()
+            .filter(|u| state.failing.contains(&u.container_id))
+            .collect();
+        Ok(rsp)
     }
 }
 
@@ -229,12 +254,12 @@ impl NriSession {
     }
 
     /// Synchronize with running `containers` (their cpusets as given) and
-    /// apply the plugin's reply. Returns the number of updates it carried.
+    /// apply the plugin's reply. Returns the updates it carried.
     pub async fn synchronize(
         &self,
         pods: Vec<PodSandbox>,
         containers: Vec<Container>,
-    ) -> Result<usize, NriRuntimeError> {
+    ) -> Result<Vec<Update>, NriRuntimeError> {
         {
             let mut state = lock(&self.state);
             for c in &containers {
@@ -253,18 +278,18 @@ impl NriSession {
                 source,
             })?;
         lock(&self.state).apply(&rsp.update);
-        Ok(rsp.update.len())
+        Ok(listed(&rsp.update))
     }
 
     /// CreateContainer: the container gets the reply's adjustment (or keeps
     /// its own cpuset), the reply's updates apply to the others. A refusal
     /// is recorded, not returned: it is the plugin's answer, not a fault of
-    /// the runtime. Returns the container's cpuset after the reply.
+    /// the runtime (the reply is then empty).
     pub async fn create_container(
         &self,
         pod: PodSandbox,
         container: Container,
-    ) -> Result<Cpus, NriRuntimeError> {
+    ) -> Result<CreateReply, NriRuntimeError> {
         let id = container.id.clone();
         let own = container_cpus(&container);
         let mut req = api::CreateContainerRequest::new();
@@ -284,13 +309,16 @@ impl NriSession {
                 let mut state = lock(&self.state);
                 state.cpusets.insert(id, cpus.clone());
                 state.apply(&rsp.update);
-                Ok(cpus)
+                Ok(CreateReply {
+                    cpus,
+                    updates: listed(&rsp.update),
+                })
             }
             Err(ttrpc::Error::RpcStatus(status)) => {
                 lock(&self.state)
                     .refused
                     .insert(id, status.message().to_string());
-                Ok(None)
+                Ok(CreateReply::default())
             }
             Err(source) => Err(NriRuntimeError::Call {
                 call: "CreateContainer",
@@ -299,10 +327,45 @@ impl NriSession {
         }
     }
 
+    /// RemoveContainer: the container is gone.
+    pub async fn remove_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), NriRuntimeError> {
+        let id = container.id.clone();
+        let mut req = api::RemoveContainerRequest::new();
+        req.pod = Some(pod).into();
+        req.container = Some(container).into();
+        self.plugin
+            .remove_container(ctx(), &req)
+            .await
+            .map_err(|source| NriRuntimeError::Call {
+                call: "RemoveContainer",
+                source,
+            })?;
+        lock(&self.state).cpusets.remove(&id);
+        Ok(())
+    }
+
+    /// From now on, report every update of container `id` as failed.
+    pub fn fail_updates_of(&self, id: &str) {
+        lock(&self.state).failing.insert(id.to_string());
+    }
+
     /// What the runtime knows now.
     pub fn state(&self) -> RuntimeState {
         lock(&self.state).clone()
     }
+}
+
+/// The plugin's reply to CreateContainer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CreateReply {
+    /// The container's cpuset: the reply's adjustment, else its own.
+    pub cpus: Cpus,
+    /// The updates of other containers the reply carried.
+    pub updates: Vec<Update>,
 }
 
 /// A pod sandbox whose id is its UID.
@@ -379,6 +442,22 @@ mod tests {
         state.apply(&[update("b", "")]);
         assert_eq!(state.cpusets.get("a"), Some(&Some("1".to_string())));
         assert_eq!(state.cpusets.get("b"), Some(&Some("4".to_string())));
+    }
+
+    #[test]
+    fn a_failing_containers_updates_are_not_applied() {
+        let mut state = RuntimeState::default();
+        state.failing.insert("a".into());
+        state.apply(&[update("a", "0-3"), update("b", "4")]);
+        assert_eq!(state.cpusets.get("a"), None);
+        assert_eq!(state.cpusets.get("b"), Some(&Some("4".to_string())));
+        assert_eq!(
+            listed(&[update("a", "0-3"), update("b", "")]),
+            vec![
+                ("a".to_string(), Some("0-3".to_string())),
+                ("b".to_string(), None)
+            ]
+        );
     }
 
     #[test]
