@@ -359,33 +359,9 @@ pub fn allocated_claim_on(
     pod_name: &str,
     pod_uid: &str,
 ) -> Result<ResourceClaim, serde_json::Error> {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"devices": {"requests": [{
-            "name": "cpus",
-            "exactly": {
-                "deviceClassName": DRIVER_NAME,
-                "capacity": {"requests": {CPU_CAPACITY: cpus.to_string()}}
-            }
-        }]}},
-        "status": {
-            "allocation": {
-                "devices": {"results": [{
-                    "request": "cpus",
-                    "driver": DRIVER_NAME,
-                    "pool": node,
-                    "device": device,
-                    "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
-                }]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
-                    "key": "metadata.name", "operator": "In", "values": [node]
-                }]}]}
-            },
-            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]
-        }
-    }))
+    let request = json!({"name": "cpus", "exactly": cpu_capacity_request(cpus.to_string())});
+    let result = grouped_result("cpus", node, device, cpus);
+    scheduled_claim(name, node, request, vec![result], pod_name, pod_uid)
 }
 
 /// A ResourceClaim whose request `cpus` lists `firstAvailable` subrequests:
@@ -395,67 +371,73 @@ pub fn first_available_claim(
     name: &str,
     node: &str,
     cpus: u32,
-    pod_name: &str,
-    pod_uid: &str,
+    pod: &PodIdentity,
 ) -> Result<ResourceClaim, serde_json::Error> {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"devices": {"requests": [{
-            "name": "cpus",
-            "firstAvailable": [
-                {
-                    "name": "big",
-                    "deviceClassName": DRIVER_NAME,
-                    "capacity": {"requests": {CPU_CAPACITY: "4096"}}
-                },
-                {
-                    "name": "fit",
-                    "deviceClassName": DRIVER_NAME,
-                    "capacity": {"requests": {CPU_CAPACITY: cpus.to_string()}}
-                }
-            ]
-        }]}},
-        "status": {
-            "allocation": {
-                "devices": {"results": [{
-                    "request": "cpus/fit",
-                    "driver": DRIVER_NAME,
-                    "pool": node,
-                    "device": GROUPED_DEVICE,
-                    "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
-                }]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
-                    "key": "metadata.name", "operator": "In", "values": [node]
-                }]}]}
-            },
-            "reservedFor": [{"resource": "pods", "name": pod_name, "uid": pod_uid}]
-        }
-    }))
+    let subrequest = |name: &str, cpus: String| {
+        let mut subrequest = cpu_capacity_request(cpus);
+        subrequest["name"] = json!(name);
+        subrequest
+    };
+    let request = json!({
+        "name": "cpus",
+        "firstAvailable": [subrequest("big", "4096".into()), subrequest("fit", cpus.to_string())]
+    });
+    let result = grouped_result("cpus/fit", node, GROUPED_DEVICE, cpus);
+    scheduled_claim(name, node, request, vec![result], &pod.name, &pod.uid)
 }
 
 /// The ResourceClaim the scheduler would leave for an individual-mode claim
-/// of one CPU per device in `devices` on `node`, reserved for one pod.
+/// of one CPU per device in `devices` on `node`, reserved for `pod`.
 pub fn allocated_individual_claim(
     name: &str,
     node: &str,
     devices: &[String],
-    pod_name: &str,
-    pod_uid: &str,
+    pod: &PodIdentity,
 ) -> Result<ResourceClaim, serde_json::Error> {
+    let request = json!({
+        "name": "cpus",
+        "exactly": {"deviceClassName": DRIVER_NAME, "count": devices.len()}
+    });
     let results: Vec<Value> = devices
         .iter()
         .map(|device| json!({"request": "cpus", "driver": DRIVER_NAME, "pool": node, "device": device}))
         .collect();
+    scheduled_claim(name, node, request, results, &pod.name, &pod.uid)
+}
+
+/// A request (or subrequest) of `cpus` CPUs of capacity from the driver's
+/// DeviceClass.
+fn cpu_capacity_request(cpus: String) -> Value {
+    json!({"deviceClassName": DRIVER_NAME, "capacity": {"requests": {CPU_CAPACITY: cpus}}})
+}
+
+/// The allocation result of `cpus` CPUs of grouped device `device` for
+/// `request`: the capacity the claim consumes.
+fn grouped_result(request: &str, node: &str, device: &str, cpus: u32) -> Value {
+    json!({
+        "request": request,
+        "driver": DRIVER_NAME,
+        "pool": node,
+        "device": device,
+        "consumedCapacity": {CPU_CAPACITY: cpus.to_string()}
+    })
+}
+
+/// ResourceClaim `name` of one device request, as the scheduler leaves it:
+/// allocated on `node` with `results`, reserved for one pod.
+fn scheduled_claim(
+    name: &str,
+    node: &str,
+    request: Value,
+    results: Vec<Value>,
+    pod_name: &str,
+    pod_uid: &str,
+) -> Result<ResourceClaim, serde_json::Error> {
     serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"devices": {"requests": [{
-            "name": "cpus",
-            "exactly": {"deviceClassName": DRIVER_NAME, "count": devices.len()}
-        }]}},
+        "spec": {"devices": {"requests": [request]}},
         "status": {
             "allocation": {
                 "devices": {"results": results},
@@ -890,20 +872,24 @@ impl Node {
         }
     }
 
+    /// This node's ResourceSlices as the API server holds them.
+    fn published_slices(&self) -> Vec<Value> {
+        self.api
+            .slice_values()
+            .into_iter()
+            .filter(|s| {
+                s.pointer("/spec/nodeName").and_then(Value::as_str)
+                    == Some(self.options.node_name.as_str())
+            })
+            .collect()
+    }
+
     /// Waits until this node's ResourceSlices are published.
     pub async fn wait_slices(&mut self) -> Result<Vec<Value>, NodeError> {
         let started = Instant::now();
         loop {
             self.dra.check_running()?;
-            let slices: Vec<Value> = self
-                .api
-                .slice_values()
-                .into_iter()
-                .filter(|s| {
-                    s.pointer("/spec/nodeName").and_then(Value::as_str)
-                        == Some(self.options.node_name.as_str())
-                })
-                .collect();
+            let slices = self.published_slices();
             if !slices.is_empty() {
                 return Ok(slices);
             }
@@ -1000,13 +986,8 @@ impl Node {
         // consumed capacity where there is one, else the first free
         // individual devices.
         let published: Vec<String> = self
-            .api
-            .slice_values()
+            .published_slices()
             .iter()
-            .filter(|s| {
-                s.pointer("/spec/nodeName").and_then(Value::as_str)
-                    == Some(self.options.node_name.as_str())
-            })
             .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
             .flatten()
             .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_string))
@@ -1021,8 +1002,7 @@ impl Node {
             .collect();
         free.sort();
         free.truncate(usize::try_from(cpus).unwrap_or(usize::MAX));
-        let object =
-            allocated_individual_claim(name, &self.options.node_name, &free, &pod.name, &pod.uid);
+        let object = allocated_individual_claim(name, &self.options.node_name, &free, pod);
         self.store_claim(name, object)
     }
 
@@ -1125,8 +1105,7 @@ impl Node {
         cpus: u32,
         pod: &PodIdentity,
     ) -> Result<Claim, NodeError> {
-        let object =
-            first_available_claim(name, &self.options.node_name, cpus, &pod.name, &pod.uid);
+        let object = first_available_claim(name, &self.options.node_name, cpus, pod);
         self.store_claim(name, object)
     }
 
@@ -1152,6 +1131,33 @@ impl Node {
     ) -> Result<PreparedClaim, NodeError> {
         let claim = self.allocate_claim_on(name, device, cpus, pod)?;
         self.prepare(&claim).await
+    }
+
+    /// Scheduler and kubelet for pod `name`, whose one container `app` names
+    /// a fresh claim `<name>-cpu` of `cpus` CPUs (from grouped device
+    /// `device`, or where [`Node::allocate_claim`] finds them) and requests
+    /// `request_milli`.
+    pub async fn start_claim_pod(
+        &mut self,
+        name: &str,
+        device: Option<&str>,
+        cpus: u32,
+        request_milli: Option<i64>,
+    ) -> Result<(PodIdentity, PreparedClaim, RunningPod), NodeError> {
+        let pod = PodIdentity::new(name);
+        let claim_name = format!("{name}-cpu");
+        let claim = match device {
+            Some(device) => {
+                self.create_claim_on(&claim_name, device, cpus, &pod)
+                    .await?
+            }
+            None => self.create_claim(&claim_name, cpus, &pod).await?,
+        };
+        let spec = ContainerSpec::sleeper("app")
+            .with_cdi_device(&claim.cdi_device)
+            .with_cpu(request_milli, None);
+        let running = self.start_pod(&pod, &[spec]).await?;
+        Ok((pod, claim, running))
     }
 
     /// The claims dra-plugin's store holds, from the first event (the

@@ -13,6 +13,8 @@ use dra_cpu_tests::apiserver::{
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::serde::de::DeserializeOwned;
+use k8s_openapi::serde::Serialize;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -78,9 +80,38 @@ fn api_code(err: kube::Error) -> (u16, String) {
     }
 }
 
-async fn next_event<S, T>(stream: &mut S) -> T
+/// Server-side apply as the driver applies: field manager `dra.cpu`, forced.
+async fn apply_as_driver<K, P>(api: &Api<K>, name: &str, body: P) -> kube::Result<K>
 where
-    S: Stream<Item = Result<T, watcher::Error>> + Unpin,
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+    P: Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("dra.cpu").force(),
+        &Patch::Apply(body),
+    )
+    .await
+}
+
+/// Creates slice `name` on `node` with `devices` devices.
+async fn create_slice(
+    slices: &Api<ResourceSlice>,
+    name: &str,
+    node: &str,
+    devices: usize,
+) -> ResourceSlice {
+    slices
+        .create(&PostParams::default(), &slice(name, node, devices))
+        .await
+        .unwrap_or_else(|e| panic!("creating slice {name}: {e}"))
+}
+
+/// The next event of a watch (the watcher's or a raw watch stream).
+async fn next_event<S, T, E>(stream: &mut S) -> T
+where
+    S: Stream<Item = Result<T, E>> + Unpin,
+    E: std::fmt::Display,
 {
     match tokio::time::timeout(HANG_GUARD, stream.next()).await {
         Ok(Some(Ok(event))) => event,
@@ -96,25 +127,18 @@ async fn slices_create_apply_list_and_delete_with_the_real_client() {
     let client = server.client().await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client);
 
-    let created = slices
-        .create(
-            &PostParams::default(),
-            &slice("node-1-dra.cpu-0", "node-1", 2),
-        )
-        .await
-        .unwrap();
+    let created = create_slice(&slices, "node-1-dra.cpu-0", "node-1", 2).await;
     let uid = created.metadata.uid.clone().expect("uid assigned");
     assert_eq!(created.metadata.generation, Some(1));
     assert!(created.metadata.creation_timestamp.is_some());
 
-    let applied = slices
-        .patch(
-            "node-1-dra.cpu-0",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(slice("node-1-dra.cpu-0", "node-1", 4)),
-        )
-        .await
-        .unwrap();
+    let applied = apply_as_driver(
+        &slices,
+        "node-1-dra.cpu-0",
+        slice("node-1-dra.cpu-0", "node-1", 4),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         applied.metadata.uid.as_deref(),
         Some(uid.as_str()),
@@ -136,14 +160,13 @@ async fn slices_create_apply_list_and_delete_with_the_real_client() {
     );
 
     // Apply also creates.
-    slices
-        .patch(
-            "node-2-dra.cpu-0",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(slice("node-2-dra.cpu-0", "node-2", 1)),
-        )
-        .await
-        .unwrap();
+    apply_as_driver(
+        &slices,
+        "node-2-dra.cpu-0",
+        slice("node-2-dra.cpu-0", "node-2", 1),
+    )
+    .await
+    .unwrap();
     let mut unlabelled = slice("node-1-other", "node-1", 1);
     unlabelled.metadata.labels = None;
     unlabelled.spec.driver = "other.example.com".to_string();
@@ -252,10 +275,7 @@ async fn errors_are_kubernetes_status_objects() {
     assert_eq!((code, reason.as_str()), (404, "NotFound"));
     assert!(slices.get_opt("absent").await.unwrap().is_none());
 
-    let first = slices
-        .create(&PostParams::default(), &slice("s", "node-1", 1))
-        .await
-        .unwrap();
+    let first = create_slice(&slices, "s", "node-1", 1).await;
     let (code, reason) = api_code(
         slices
             .create(&PostParams::default(), &slice("s", "node-1", 1))
@@ -333,10 +353,7 @@ async fn watcher_sees_added_modified_deleted_on_its_node() {
     let server = FakeApiServer::start().unwrap();
     let client = server.client().await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client);
-    slices
-        .create(&PostParams::default(), &slice("pre-existing", "node-1", 1))
-        .await
-        .unwrap();
+    create_slice(&slices, "pre-existing", "node-1", 1).await;
 
     for streaming in [false, true] {
         let mut config = watcher::Config::default().fields("spec.nodeName=node-1");
@@ -360,17 +377,8 @@ async fn watcher_sees_added_modified_deleted_on_its_node() {
         );
 
         let name = format!("watched-{streaming}");
-        slices
-            .create(&PostParams::default(), &slice(&name, "node-1", 1))
-            .await
-            .unwrap();
-        slices
-            .create(
-                &PostParams::default(),
-                &slice(&format!("elsewhere-{streaming}"), "node-2", 1),
-            )
-            .await
-            .unwrap();
+        create_slice(&slices, &name, "node-1", 1).await;
+        create_slice(&slices, &format!("elsewhere-{streaming}"), "node-2", 1).await;
         match next_event(&mut events).await {
             watcher::Event::Apply(s) => assert_eq!(
                 (s.metadata.name.as_deref(), device_count(&s)),
@@ -378,12 +386,7 @@ async fn watcher_sees_added_modified_deleted_on_its_node() {
             ),
             other => panic!("expected the added slice, got {other:?}"),
         }
-        slices
-            .patch(
-                &name,
-                &PatchParams::apply("dra.cpu").force(),
-                &Patch::Apply(slice(&name, "node-1", 3)),
-            )
+        apply_as_driver(&slices, &name, slice(&name, "node-1", 3))
             .await
             .unwrap();
         match next_event(&mut events).await {
@@ -476,14 +479,8 @@ async fn watches_resume_from_a_resource_version_and_get_bookmarks() {
     .unwrap();
     let client = server.client().await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client);
-    let a = slices
-        .create(&PostParams::default(), &slice("a", "node-1", 1))
-        .await
-        .unwrap();
-    slices
-        .create(&PostParams::default(), &slice("b", "node-1", 1))
-        .await
-        .unwrap();
+    let a = create_slice(&slices, "a", "node-1", 1).await;
+    create_slice(&slices, "b", "node-1", 1).await;
     slices.delete("a", &DeleteParams::default()).await.unwrap();
 
     let from = a.metadata.resource_version.clone().unwrap();
@@ -500,11 +497,7 @@ async fn watches_resume_from_a_resource_version_and_get_bookmarks() {
         .boxed();
     let mut seen = Vec::new();
     let bookmark_rv = loop {
-        let event = tokio::time::timeout(HANG_GUARD, stream.next())
-            .await
-            .expect("watch produced nothing")
-            .expect("watch ended")
-            .unwrap();
+        let event = next_event(&mut stream).await;
         match event {
             WatchEvent::Added(s) => {
                 seen.push(format!("ADDED {}", s.metadata.name.unwrap_or_default()))
@@ -663,16 +656,8 @@ async fn received_slices_validate_against_the_1_34_and_1_37_schemas() {
     let server = FakeApiServer::start().unwrap();
     let client = server.client().await.unwrap();
     let slices: Api<ResourceSlice> = Api::all(client);
-    slices
-        .create(&PostParams::default(), &slice("plain", "node-1", 3))
-        .await
-        .unwrap();
-    slices
-        .patch(
-            "applied",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(slice("applied", "node-1", 2)),
-        )
+    create_slice(&slices, "plain", "node-1", 3).await;
+    apply_as_driver(&slices, "applied", slice("applied", "node-1", 2))
         .await
         .unwrap();
     let received = server.received_objects("ResourceSlice");
@@ -738,26 +723,12 @@ async fn a_server_without_the_node_allocatable_gate_drops_the_mapping() {
     mapped["spec"]["devices"][0]["nodeAllocatableResources"] =
         json!({"cpu": {"mapping": {"deviceMultiplier": "1"}}});
     let mapped: ResourceSlice = serde_json::from_value(mapped).unwrap();
-    let stored = slices
-        .patch(
-            "mapped",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(&mapped),
-        )
-        .await
-        .unwrap();
+    let stored = apply_as_driver(&slices, "mapped", &mapped).await.unwrap();
     assert!(stored.spec.devices.as_ref().unwrap()[0]
         .node_allocatable_resources
         .is_none());
     server.set_node_allocatable_resources(true);
-    let stored = slices
-        .patch(
-            "mapped",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(&mapped),
-        )
-        .await
-        .unwrap();
+    let stored = apply_as_driver(&slices, "mapped", &mapped).await.unwrap();
     assert!(stored.spec.devices.as_ref().unwrap()[0]
         .node_allocatable_resources
         .is_some());
@@ -782,13 +753,7 @@ async fn each_release_refuses_an_apply_naming_a_field_its_schema_lacks() {
         let slices: Api<ResourceSlice> = Api::all(client.clone());
         let applied: ResourceSlice =
             serde_json::from_value(grouped_mapped_slice("node-1-dra.cpu-0")).unwrap();
-        let result = slices
-            .patch(
-                "node-1-dra.cpu-0",
-                &PatchParams::apply("dra.cpu").force(),
-                &Patch::Apply(&applied),
-            )
-            .await;
+        let result = apply_as_driver(&slices, "node-1-dra.cpu-0", &applied).await;
         let info = client.apiserver_version().await.unwrap();
         assert_eq!(
             info.minor,
@@ -851,14 +816,7 @@ async fn consumable_capacity_is_dropped_where_its_gate_is_off() {
             .unwrap()
             .remove("nodeAllocatableResources");
         let applied: ResourceSlice = serde_json::from_value(body).unwrap();
-        let stored = slices
-            .patch(
-                "s",
-                &PatchParams::apply("dra.cpu").force(),
-                &Patch::Apply(&applied),
-            )
-            .await
-            .unwrap();
+        let stored = apply_as_driver(&slices, "s", &applied).await.unwrap();
         let device = &stored.spec.devices.as_ref().unwrap()[0];
         assert_eq!(
             device.allow_multiple_allocations.is_some(),
@@ -883,14 +841,7 @@ async fn the_136_mapping_shape_is_kept_on_136_with_its_gate() {
     body["spec"]["devices"][0]["nodeAllocatableResourceMappings"] =
         json!({"cpu": {"capacityKey": "dra.cpu/cpu"}});
     let applied: kube::core::DynamicObject = serde_json::from_value(body).unwrap();
-    let stored = slices
-        .patch(
-            "s",
-            &PatchParams::apply("dra.cpu").force(),
-            &Patch::Apply(&applied),
-        )
-        .await
-        .unwrap();
+    let stored = apply_as_driver(&slices, "s", &applied).await.unwrap();
     assert_eq!(
         stored.data["spec"]["devices"][0]["nodeAllocatableResourceMappings"]["cpu"]["capacityKey"],
         "dra.cpu/cpu"
@@ -970,29 +921,15 @@ fn embedded_slice_schemas_are_kubernetes_validates() {
 async fn an_expired_watch_ends_with_a_410_error_event_in_the_stream() {
     let server = FakeApiServer::start().unwrap();
     let slices: Api<ResourceSlice> = Api::all(server.client().await.unwrap());
-    let first = slices
-        .create(&PostParams::default(), &slice("a", "node-1", 1))
-        .await
-        .unwrap();
+    let first = create_slice(&slices, "a", "node-1", 1).await;
     let rv = first.metadata.resource_version.clone().unwrap();
     let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
     futures::pin_mut!(stream);
-    slices
-        .create(&PostParams::default(), &slice("b", "node-1", 1))
-        .await
-        .unwrap();
-    let event = tokio::time::timeout(HANG_GUARD, stream.next())
-        .await
-        .expect("an event")
-        .expect("b")
-        .unwrap();
+    create_slice(&slices, "b", "node-1", 1).await;
+    let event = next_event(&mut stream).await;
     assert!(matches!(event, WatchEvent::Added(_)), "{event:?}");
     server.expire_watches();
-    let event = tokio::time::timeout(HANG_GUARD, stream.next())
-        .await
-        .expect("an event")
-        .expect("not the end yet")
-        .unwrap();
+    let event = next_event(&mut stream).await;
     let WatchEvent::Error(status) = event else {
         panic!("expected an ERROR event, got {event:?}");
     };
@@ -1012,11 +949,7 @@ async fn an_expired_watch_ends_with_a_410_error_event_in_the_stream() {
     // Resuming from the compacted version fails the same way at once.
     let stream = slices.watch(&WatchParams::default(), &rv).await.unwrap();
     futures::pin_mut!(stream);
-    let event = tokio::time::timeout(HANG_GUARD, stream.next())
-        .await
-        .expect("an event")
-        .expect("one event")
-        .unwrap();
+    let event = next_event(&mut stream).await;
     assert!(matches!(event, WatchEvent::Error(s) if s.code == 410));
     // From the current version it works.
     let current = server.resource_version().to_string();
@@ -1025,14 +958,7 @@ async fn an_expired_watch_ends_with_a_410_error_event_in_the_stream() {
         .await
         .unwrap();
     futures::pin_mut!(stream);
-    slices
-        .create(&PostParams::default(), &slice("c", "node-1", 1))
-        .await
-        .unwrap();
-    let event = tokio::time::timeout(HANG_GUARD, stream.next())
-        .await
-        .expect("an event")
-        .expect("one event")
-        .unwrap();
+    create_slice(&slices, "c", "node-1", 1).await;
+    let event = next_event(&mut stream).await;
     assert!(matches!(event, WatchEvent::Added(s) if s.metadata.name.as_deref() == Some("c")));
 }

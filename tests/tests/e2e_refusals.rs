@@ -44,16 +44,10 @@ async fn snapshot(node: &mut Node, ids: &[&str]) -> Vec<(CpuSet, CpuSet)> {
 }
 
 async fn claim_pod(node: &mut Node, name: &str) -> (PodIdentity, PreparedClaim, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
+    let (pod, claim, running) = node
+        .start_claim_pod(name, None, 1, None)
         .await
-        .must("preparing a claim");
-    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must("starting a claim pod");
+        .must("preparing a claim and starting its pod");
     node.wait_cpus(running.id("app"), &claim.cpus)
         .await
         .must("claim container pinned");

@@ -9,23 +9,30 @@
 mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, PodIdentity, PreparedClaim, RunningPod};
-use e2e_common::{node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::node::{Node, PreparedClaim, RunningPod};
+use e2e_common::{claim_pod, node_with_mixed_mode, shared_pod, Must};
 use shared_state::CpuSet;
 
-async fn start_claim_pod(node: &mut Node, name: &str) -> (PreparedClaim, RunningPod, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
-        .await
-        .must(&format!("preparing the claim of {name}"));
-    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must(&format!("starting {name}"));
-    let id = running.id("app").to_string();
-    (claim, running, id)
+/// A node with shared pod A and claim pod B, B pinned to its claim and A
+/// on the rest: the node, its CPUs, A's container, B's claim, pod and
+/// container, and the shared pool.
+async fn shared_and_claim_pods() -> (
+    Node,
+    CpuSet,
+    String,
+    PreparedClaim,
+    RunningPod,
+    String,
+    CpuSet,
+) {
+    let mut node = node_with_mixed_mode(false).await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (claim, pod_b, b) = claim_pod(&mut node, "pod-b", None).await;
+    let pool = all.difference(&claim.cpus);
+    node.wait_cpus(&b, &claim.cpus).await.must("B pinned");
+    node.wait_cpus(&a, &pool).await.must("A off B's CPU");
+    (node, all, a, claim, pod_b, b, pool)
 }
 
 /// New claims work: the old claim pod goes, the shared container grows
@@ -46,7 +53,7 @@ async fn new_claims_work(
         .await
         .must("the event after unprepare");
     node.wait_cpus(shared, all).await.must("shared grows back");
-    let (claim, _pod, id) = start_claim_pod(node, "pod-new").await;
+    let (claim, _pod, id) = claim_pod(node, "pod-new", None).await;
     node.wait_cpus(&id, &claim.cpus)
         .await
         .must("new claim pinned");
@@ -66,7 +73,7 @@ async fn nri_plugin_killed_between_two_pod_starts_repairs_every_container() {
 
     node.kill_nri_plugin();
     // Kubelet goes on: a claim pod starts while nobody pins it.
-    let (claim, pod_b, b) = start_claim_pod(&mut node, "pod-b").await;
+    let (claim, pod_b, b) = claim_pod(&mut node, "pod-b", None).await;
     let (_pod_c, c) = shared_pod(&mut node, "pod-c", 500).await;
     let unpinned = node.cpus(&b).await.must("B while nri-plugin is down");
     assert_eq!(
@@ -92,13 +99,7 @@ async fn nri_plugin_killed_between_two_pod_starts_repairs_every_container() {
 
 #[tokio::test]
 async fn dra_plugin_killed_with_claims_prepared_restarts_from_its_store() {
-    let mut node = node_with_mixed_mode(false).await;
-    let all = node.allocatable().must("online CPUs");
-    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
-    let (claim, pod_b, b) = start_claim_pod(&mut node, "pod-b").await;
-    let pool = all.difference(&claim.cpus);
-    node.wait_cpus(&b, &claim.cpus).await.must("B pinned");
-    node.wait_cpus(&a, &pool).await.must("A off B's CPU");
+    let (mut node, all, a, claim, pod_b, b, pool) = shared_and_claim_pods().await;
 
     node.kill_dra_plugin();
     // nri-plugin keeps enforcing; a restarted claim container is checked
@@ -135,13 +136,7 @@ async fn dra_plugin_killed_with_claims_prepared_restarts_from_its_store() {
 
 #[tokio::test]
 async fn containerd_restart_keeps_every_cpuset_and_claims_keep_working() {
-    let mut node = node_with_mixed_mode(false).await;
-    let all = node.allocatable().must("online CPUs");
-    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
-    let (claim, pod_b, b) = start_claim_pod(&mut node, "pod-b").await;
-    let pool = all.difference(&claim.cpus);
-    node.wait_cpus(&b, &claim.cpus).await.must("B pinned");
-    node.wait_cpus(&a, &pool).await.must("A off B's CPU");
+    let (mut node, all, a, claim, pod_b, b, pool) = shared_and_claim_pods().await;
 
     node.restart_containerd()
         .await

@@ -20,19 +20,10 @@ use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_cpu_tests::node::{
     metric_value, Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE,
 };
-use e2e_common::{node, Must};
+use e2e_common::{devices, node, Must};
 use serde_json::Value;
 use shared_state::topology::Topology;
 use std::path::Path;
-
-fn devices(slices: &[Value]) -> Vec<Value> {
-    slices
-        .iter()
-        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
-        .flatten()
-        .cloned()
-        .collect()
-}
 
 /// Whether a device's `nodeAllocatableResources.cpu` maps the CPU capacity
 /// one to one (`capacityKey: dra.cpu/cpu`, `capacityMultiplier: "1"`),

@@ -22,7 +22,9 @@ use dra_cpu_tests::node::{
     allocated_claim, binary_candidates, device_class, dra_plugin_args, NodeLayout, NodeOptions,
     CDI_KIND, DRA_PLUGIN_BIN_ENV, DRIVER_NAME, NAMESPACE,
 };
-use dra_cpu_tests::real_clients::{grpcio_get_info_script, kubelet_go_client, python_with_grpcio};
+use dra_cpu_tests::real_clients::{
+    grpcio_get_info_script, kubelet_go_client, python_with_grpcio, RealClientError,
+};
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use serde_json::Value;
 
@@ -159,17 +161,45 @@ impl Plugin {
     }
 }
 
-/// The JSON lines a client printed, and whether it exited successfully.
-fn run_client(mut command: Command) -> (bool, Vec<Value>, String) {
+/// The client found, and a plugin started for it; without the client,
+/// `None`: the test skips (or fails when `CI` is set).
+fn plugin_for(client: Result<PathBuf, RealClientError>) -> Option<(PathBuf, Plugin)> {
+    match client {
+        Ok(client) => Some((client, Plugin::start())),
+        Err(e) => {
+            skip_or_fail_in_ci(e);
+            None
+        }
+    }
+}
+
+/// The JSON lines client `what` printed; its failure fails the test.
+fn run_client(plugin: &Plugin, what: &str, mut command: Command) -> Vec<Value> {
     let output = command.output().expect("running the client");
-    let lines = String::from_utf8_lossy(&output.stdout)
+    let lines: Vec<Value> = String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(|line| {
             serde_json::from_str(line).unwrap_or_else(|e| panic!("client printed {line:?}: {e}"))
         })
         .collect();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    (output.status.success(), lines, stderr)
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{what} client failed: {lines:#?}\n{stderr}\ndra-plugin log:\n{}",
+        plugin.log()
+    );
+    lines
+}
+
+/// GetInfo's answer names this driver's DRA plugin and its socket.
+fn assert_plugin_info(info: &Value, plugin: &Plugin) {
+    assert_eq!(info["type"], "DRAPlugin", "{info}");
+    assert_eq!(info["name"], DRIVER_NAME, "{info}");
+    assert_eq!(
+        info["endpoint"].as_str(),
+        plugin.dra_socket().to_str(),
+        "{info}"
+    );
 }
 
 fn step<'a>(lines: &'a [Value], name: &str) -> &'a Value {
@@ -181,11 +211,9 @@ fn step<'a>(lines: &'a [Value], name: &str) -> &'a Value {
 
 #[test]
 fn kubelet_go_client_registers_prepares_unprepares_and_reads_health() {
-    let client = match kubelet_go_client() {
-        Ok(client) => client,
-        Err(e) => return skip_or_fail_in_ci(e),
+    let Some((client, plugin)) = plugin_for(kubelet_go_client()) else {
+        return;
     };
-    let plugin = Plugin::start();
     let uid = plugin.insert_claim("claim-go");
 
     let mut command = Command::new(client);
@@ -194,21 +222,9 @@ fn kubelet_go_client_registers_prepares_unprepares_and_reads_health() {
         .arg(plugin.registration_socket())
         .args(["-claim-namespace", NAMESPACE, "-claim-name", "claim-go"])
         .args(["-claim-uid", &uid, "-health"]);
-    let (ok, lines, stderr) = run_client(command);
-    assert!(
-        ok,
-        "grpc-go client failed: {lines:#?}\n{stderr}\ndra-plugin log:\n{}",
-        plugin.log()
-    );
+    let lines = run_client(&plugin, "grpc-go", command);
 
-    let info = step(&lines, "GetInfo");
-    assert_eq!(info["type"], "DRAPlugin", "{info}");
-    assert_eq!(info["name"], DRIVER_NAME, "{info}");
-    assert_eq!(
-        info["endpoint"].as_str(),
-        plugin.dra_socket().to_str(),
-        "{info}"
-    );
+    assert_plugin_info(step(&lines, "GetInfo"), &plugin);
     step(&lines, "NotifyRegistrationStatus");
 
     let prepared = step(&lines, "NodePrepareResources");
@@ -229,27 +245,13 @@ fn kubelet_go_client_registers_prepares_unprepares_and_reads_health() {
 
 #[test]
 fn grpcio_client_with_its_default_authority_gets_info() {
-    let python = match python_with_grpcio() {
-        Ok(python) => python,
-        Err(e) => return skip_or_fail_in_ci(e),
+    let Some((python, plugin)) = plugin_for(python_with_grpcio()) else {
+        return;
     };
-    let plugin = Plugin::start();
     let mut command = Command::new(python);
     command
         .arg(grpcio_get_info_script())
         .arg(plugin.registration_socket());
-    let (ok, lines, stderr) = run_client(command);
-    assert!(
-        ok,
-        "grpcio client failed: {lines:#?}\n{stderr}\ndra-plugin log:\n{}",
-        plugin.log()
-    );
-    let info = lines.first().expect("one line of PluginInfo");
-    assert_eq!(info["type"], "DRAPlugin", "{info}");
-    assert_eq!(info["name"], DRIVER_NAME, "{info}");
-    assert_eq!(
-        info["endpoint"].as_str(),
-        plugin.dra_socket().to_str(),
-        "{info}"
-    );
+    let lines = run_client(&plugin, "grpcio", command);
+    assert_plugin_info(lines.first().expect("one line of PluginInfo"), &plugin);
 }

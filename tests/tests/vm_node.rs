@@ -13,11 +13,8 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{
-    log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, CPU_CAPACITY,
-};
-use e2e_common::{node, shared_pod, Must};
+use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, CPU_CAPACITY};
+use e2e_common::{claim_pod_on, devices, node, shared_pod, Must};
 use serde_json::Value;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -95,6 +92,14 @@ impl KernelTopology {
         }
     }
 
+    fn second_numa_node(&self) -> u32 {
+        self.numa
+            .keys()
+            .nth(1)
+            .copied()
+            .must_some("a second NUMA node")
+    }
+
     fn numa_of(&self, cpus: &CpuSet) -> CpuSet {
         self.numa
             .iter()
@@ -126,44 +131,21 @@ fn timed(name: &str, started: Instant) {
     eprintln!("scenario {name}: {:.1} s", started.elapsed().as_secs_f64());
 }
 
-fn devices(slices: &[Value]) -> Vec<Value> {
-    slices
-        .iter()
-        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
-        .flatten()
-        .cloned()
-        .collect()
-}
-
 fn int_attribute(device: &Value, name: &str) -> Option<i64> {
     device.get("attributes")?.get(name)?.get("int")?.as_i64()
 }
 
-fn numa_device(node: u32) -> String {
-    format!("cpudevnuma{node:03}")
+/// A node started with `options`, its allocatable CPUs and the container
+/// id of a shared pod (`requests.cpu: 500m`, no claim) on them.
+async fn node_with_shared_pod(options: NodeOptions) -> (Node, CpuSet, String) {
+    let mut node = node(options).await;
+    let all = node.allocatable().must("allocatable CPUs");
+    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
+    (node, all, shared)
 }
 
-async fn claim_pod(
-    node: &mut Node,
-    name: &str,
-    device: &str,
-    cpus: u32,
-    request_milli: Option<i64>,
-) -> (PreparedClaim, RunningPod, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim_on(&format!("{name}-cpu"), device, cpus, &pod)
-        .await
-        .must(&format!("preparing the claim of {name} on {device}"));
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&claim.cdi_device)
-        .with_cpu(request_milli, None);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must(&format!("starting {name}"));
-    let id = running.id("app").to_string();
-    (claim, running, id)
+fn numa_device(node: u32) -> String {
+    format!("cpudevnuma{node:03}")
 }
 
 #[tokio::test]
@@ -264,18 +246,17 @@ async fn a_published_slices_match_the_kernels_topology() {
 async fn b_full_pcpus_only_claim_gets_both_threads_of_one_core() {
     let kernel = vm_node();
     let started = Instant::now();
-    let mut node = node(NodeOptions {
+    let (mut node, all, shared) = node_with_shared_pod(NodeOptions {
         allocation_policy: Some("full-pcpus-only".into()),
         ..Default::default()
     })
     .await;
-    let all = node.allocatable().must("allocatable CPUs");
-    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
     node.wait_cpus(&shared, &all)
         .await
         .must("shared on every CPU");
 
-    let (claim, _pod, id) = claim_pod(&mut node, "whole-core", &numa_device(0), 2, None).await;
+    let (claim, _pod, id) =
+        claim_pod_on(&mut node, "whole-core", Some(&numa_device(0)), 2, None).await;
     let first = claim.cpus.first().must_some("a claimed CPU");
     assert_eq!(
         Some(&claim.cpus),
@@ -296,23 +277,17 @@ async fn b_full_pcpus_only_claim_gets_both_threads_of_one_core() {
 async fn c_claim_on_the_second_numa_node_with_aligned_memory() {
     let kernel = vm_node();
     let started = Instant::now();
-    let (second, second_cpus) = kernel
-        .numa
-        .iter()
-        .nth(1)
-        .map(|(id, cpus)| (*id, cpus.clone()))
-        .must_some("a second NUMA node");
-    let mut node = node(NodeOptions {
+    let second = kernel.second_numa_node();
+    let second_cpus = kernel.numa[&second].clone();
+    let (mut node, all, shared) = node_with_shared_pod(NodeOptions {
         mixed_allocation_mode: true,
         align_memory: true,
         ..Default::default()
     })
     .await;
-    let all = node.allocatable().must("allocatable CPUs");
-    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
 
     let (exclusive, _pod, exclusive_id) =
-        claim_pod(&mut node, "exclusive", &numa_device(second), 2, None).await;
+        claim_pod_on(&mut node, "exclusive", Some(&numa_device(second)), 2, None).await;
     assert!(
         exclusive.cpus.is_subset(&second_cpus),
         "a claim on {} got {}, not CPUs of NUMA node {second} ({second_cpus})",
@@ -330,7 +305,7 @@ async fn c_claim_on_the_second_numa_node_with_aligned_memory() {
     );
 
     let (mixed, _pod, mixed_id) =
-        claim_pod(&mut node, "mixed", &numa_device(second), 1, Some(250)).await;
+        claim_pod_on(&mut node, "mixed", Some(&numa_device(second)), 1, Some(250)).await;
     assert!(mixed.cpus.is_subset(&second_cpus));
     let pool = all.difference(&exclusive.cpus).difference(&mixed.cpus);
     let now = node
@@ -368,16 +343,14 @@ async fn d_distribute_across_numa_spreads_four_cpus_evenly() {
         largest < 4 && largest * kernel.numa.len() >= 4,
         "a shape where 4 CPUs need every NUMA node: {kernel:?}"
     );
-    let mut node = node(NodeOptions {
+    let (mut node, all, shared) = node_with_shared_pod(NodeOptions {
         allocation_policy: Some("distribute-across-numa".into()),
         group_by: Some("machine".into()),
         reserved_cpus: reserved.to_cpulist(),
         ..Default::default()
     })
     .await;
-    let all = node.allocatable().must("allocatable CPUs");
-    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
-    let (claim, _pod, id) = claim_pod(&mut node, "spread", "cpudevmachine", 4, None).await;
+    let (claim, _pod, id) = claim_pod_on(&mut node, "spread", Some("cpudevmachine"), 4, None).await;
     let per_node: Vec<(u32, usize)> = kernel
         .numa
         .iter()
@@ -408,20 +381,18 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
     let started = Instant::now();
     // The first CPU of each NUMA node is reserved.
     let reserved: CpuSet = kernel.numa.values().filter_map(CpuSet::first).collect();
-    let mut node = node(NodeOptions {
+    let (mut node, all, shared) = node_with_shared_pod(NodeOptions {
         mixed_allocation_mode: true,
         reserved_cpus: reserved.to_cpulist(),
         ..Default::default()
     })
     .await;
-    let all = node.allocatable().must("allocatable CPUs");
     assert!(all.is_disjoint(&reserved));
-    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
     node.wait_cpus(&shared, &all)
         .await
         .must("shared on every CPU but the reserved");
     let (mixed_claim, _mixed_pod, mixed) =
-        claim_pod(&mut node, "mixed", &numa_device(0), 1, Some(250)).await;
+        claim_pod_on(&mut node, "mixed", Some(&numa_device(0)), 1, Some(250)).await;
     let mut held = mixed_claim.cpus.clone();
     let follow = |held: &CpuSet| all.difference(held);
     node.wait_cpus(&shared, &follow(&held))
@@ -434,10 +405,10 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
     let numa_ids: Vec<u32> = kernel.numa.keys().copied().collect();
     let mut claims = Vec::new();
     for (i, numa) in [numa_ids[0], numa_ids[1], numa_ids[1]].iter().enumerate() {
-        let (claim, pod, id) = claim_pod(
+        let (claim, pod, id) = claim_pod_on(
             &mut node,
             &format!("claim-{i}"),
-            &numa_device(*numa),
+            Some(&numa_device(*numa)),
             1,
             None,
         )
@@ -469,10 +440,10 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
         if left.is_empty() {
             continue;
         }
-        let (claim, _pod, id) = claim_pod(
+        let (claim, _pod, id) = claim_pod_on(
             &mut node,
             &format!("taker-{i}"),
-            &numa_device(*numa),
+            Some(&numa_device(*numa)),
             u32::try_from(left.len()).must("count"),
             None,
         )
@@ -535,21 +506,15 @@ async fn e_three_claims_across_both_nodes_with_reserved_cpus() {
 async fn f_kill_9_of_each_process_and_a_containerd_restart() {
     let kernel = vm_node();
     let started = Instant::now();
-    let mut node = node(NodeOptions {
+    let (mut node, all, shared) = node_with_shared_pod(NodeOptions {
         mixed_allocation_mode: true,
         ..Default::default()
     })
     .await;
-    let all = node.allocatable().must("allocatable CPUs");
-    let (_shared, shared) = shared_pod(&mut node, "shared", 500).await;
-    let second = kernel
-        .numa
-        .keys()
-        .nth(1)
-        .copied()
-        .must_some("a second NUMA node");
-    let (a, _pa, a_id) = claim_pod(&mut node, "excl", &numa_device(second), 2, None).await;
-    let (m, _pm, m_id) = claim_pod(&mut node, "mixed", &numa_device(0), 1, Some(250)).await;
+    let second = kernel.second_numa_node();
+    let (a, _pa, a_id) = claim_pod_on(&mut node, "excl", Some(&numa_device(second)), 2, None).await;
+    let (m, _pm, m_id) =
+        claim_pod_on(&mut node, "mixed", Some(&numa_device(0)), 1, Some(250)).await;
     let pool = all.difference(&a.cpus).difference(&m.cpus);
     for step in [
         "start",
@@ -679,12 +644,7 @@ async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
     let kernel = vm_node();
     let started = Instant::now();
     let online = kernel.online.clone();
-    let second = kernel
-        .numa
-        .keys()
-        .nth(1)
-        .copied()
-        .must_some("a second NUMA node");
+    let second = kernel.second_numa_node();
 
     // The control: without --host-cgroups the host process keeps running
     // on a claim's CPUs. It starts once the node is up: under TCG a busy
@@ -692,7 +652,8 @@ async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
     let mut node = node(NodeOptions::default()).await;
     let busy = BusyHostProcess::start(Path::new("/sys/fs/cgroup/system.slice"));
     let original = busy.requested();
-    let (a, _pod_a, a_id) = claim_pod(&mut node, "control", &numa_device(second), 2, None).await;
+    let (a, _pod_a, a_id) =
+        claim_pod_on(&mut node, "control", Some(&numa_device(second)), 2, None).await;
     node.wait_cpus(&a_id, &a.cpus)
         .await
         .must("the claim container pinned");
@@ -725,7 +686,8 @@ async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
     // A claim prepared and its container created at once: when the
     // container has started, the host process has already left its CPUs,
     // read once, without waiting.
-    let (b, pod_b, b_id) = claim_pod(&mut node, "exclusive", &numa_device(0), 2, None).await;
+    let (b, pod_b, b_id) =
+        claim_pod_on(&mut node, "exclusive", Some(&numa_device(0)), 2, None).await;
     let allowed_at_start = busy.allowed();
     let held = a.cpus.union(&b.cpus);
     assert_eq!(

@@ -159,11 +159,10 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
         pod_claim_name: None,
     };
     // The pick must give CPUs, or the timing measures an error path.
-    match resolve_cpus(&claim, &parsed, &grouped, &allocator, &held, Policy::Packed) {
+    let pick = || resolve_cpus(&claim, &parsed, &grouped, &allocator, &held, Policy::Packed);
+    match pick() {
         Ok(cpus) if cpus.len() == 8 && cpus.is_subset(&numa0) => {
-            let measured = time_each(samples, || {
-                resolve_cpus(&claim, &parsed, &grouped, &allocator, &held, Policy::Packed)
-            });
+            let measured = time_each(samples, pick);
             let baseline = time_each(samples, || lowest_ids(&numa0, &held, 8));
             rows.push(timed_row(
                 "6a",
@@ -221,25 +220,19 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
         consumer_pods: vec![uid('p', 1_000_000)],
         pod_claim_name: None,
     };
-    match resolve_cpus(
-        &claim,
-        &parsed,
-        &individual,
-        &allocator,
-        &held,
-        Policy::Packed,
-    ) {
+    let resolve = || {
+        resolve_cpus(
+            &claim,
+            &parsed,
+            &individual,
+            &allocator,
+            &held,
+            Policy::Packed,
+        )
+    };
+    match resolve() {
         Ok(cpus) if cpus.len() == 8 => {
-            let measured = time_each(samples, || {
-                resolve_cpus(
-                    &claim,
-                    &parsed,
-                    &individual,
-                    &allocator,
-                    &held,
-                    Policy::Packed,
-                )
-            });
+            let measured = time_each(samples, resolve);
             let baseline = time_each(samples, || lowest_ids(&numa0, &held, 8));
             rows.push(timed_row(
                 "6b",
@@ -421,6 +414,7 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
     let create_goal = Goal::AtMost(Duration::from_micros(200));
     let what = "CreateContainer in nri-plugin's handler (512 CPUs, 500 containers, 100 claims), reply with 400 shared-pool updates, encoded";
     let sync_what = "nri-plugin Synchronize of 500 containers (handler, in process), 500 updates";
+    let create_not_measured = |why: String| vec![Row::not_measured("3", what, create_goal, why)];
 
     // Synchronize: a fresh plugin each time, containers reported unpinned.
     let mut sync_times = Vec::new();
@@ -428,12 +422,7 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
     for _ in 0..sync_samples {
         let (enforcer, plugin) = plugin_for(&node);
         if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-            return vec![Row::not_measured(
-                "3",
-                what,
-                create_goal,
-                format!("snapshot: {e}"),
-            )];
+            return create_not_measured(format!("snapshot: {e}"));
         }
         let pods = node.pods.clone();
         let containers = node.containers.clone();
@@ -455,23 +444,13 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
 
     let (enforcer, plugin) = plugin_for(&node);
     if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-        return vec![Row::not_measured(
-            "3",
-            what,
-            create_goal,
-            format!("snapshot: {e}"),
-        )];
+        return create_not_measured(format!("snapshot: {e}"));
     }
     if let Err(e) = plugin
         .synchronize(node.pods.clone(), node.containers.clone())
         .await
     {
-        return vec![Row::not_measured(
-            "3",
-            what,
-            create_goal,
-            format!("sync: {e:?}"),
-        )];
+        return create_not_measured(format!("sync: {e:?}"));
     }
     // A claim taken from the shared pool, prepared and then created, again
     // and again; between samples it is unprepared and the pool given back.
@@ -487,12 +466,7 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
         let claim = assignment(n, new_cpus.clone());
         revision += 1;
         if let Err(e) = enforcer.apply_prepared(revision, claim.clone()).await {
-            return vec![Row::not_measured(
-                "3",
-                what,
-                create_goal,
-                format!("prepared: {e}"),
-            )];
+            return create_not_measured(format!("prepared: {e}"));
         }
         let pod = pod(n);
         let created = container(n, claim_env(&claim), 2);
@@ -505,19 +479,14 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
         times.push(started.elapsed());
         match encoded {
             Ok(bytes) => reply_bytes = bytes.len(),
-            Err(e) => return vec![Row::not_measured("3", what, create_goal, e)],
+            Err(e) => return create_not_measured(e),
         }
         if plugin.remove_container(pod, created).await.is_err() {
-            return vec![Row::not_measured("3", what, create_goal, "remove failed")];
+            return create_not_measured("remove failed".into());
         }
         revision += 1;
         if let Err(e) = enforcer.apply_unprepared(revision, &claim.claim_uid).await {
-            return vec![Row::not_measured(
-                "3",
-                what,
-                create_goal,
-                format!("unprepared: {e}"),
-            )];
+            return create_not_measured(format!("unprepared: {e}"));
         }
         let mut view = enforcer.view();
         let pending = view.pending_updates();

@@ -44,7 +44,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
 };
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -566,6 +566,16 @@ fn typed<T: k8s_openapi::serde::de::DeserializeOwned>(
         what: what.to_string(),
         source,
     })
+}
+
+/// The devices of a ResourceSlice, to change in place.
+fn slice_devices_mut(slice: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
+    slice
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
 }
 
 fn kubeconfig_yaml(server: &str) -> String {

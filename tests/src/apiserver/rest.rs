@@ -201,8 +201,7 @@ pub async fn handle(
             record(
                 &shared,
                 &method,
-                &path,
-                &query,
+                &path_and_query,
                 content_type.clone(),
                 Value::String(String::from_utf8_lossy(&raw).into_owned()),
             );
@@ -213,8 +212,7 @@ pub async fn handle(
         record(
             &shared,
             &method,
-            &path,
-            &query,
+            &path_and_query,
             content_type.clone(),
             body.clone(),
         );
@@ -236,19 +234,13 @@ pub async fn handle(
 fn record(
     shared: &Shared,
     method: &Method,
-    path: &str,
-    query: &str,
+    path_and_query: &str,
     content_type: Option<String>,
     body: Value,
 ) {
-    let full_path = if query.is_empty() {
-        path.to_string()
-    } else {
-        format!("{path}?{query}")
-    };
     lock(&shared.received).push(Received {
         method: method.to_string(),
-        path: full_path,
+        path: path_and_query.to_string(),
         content_type,
         body,
     });

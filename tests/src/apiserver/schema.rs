@@ -158,13 +158,8 @@ pub fn without_node_allocatable_resources(objects: &[Value]) -> Vec<Value> {
         .iter()
         .map(|object| {
             let mut object = object.clone();
-            if let Some(devices) = object
-                .pointer_mut("/spec/devices")
-                .and_then(Value::as_array_mut)
-            {
-                for device in devices.iter_mut().filter_map(Value::as_object_mut) {
-                    device.remove("nodeAllocatableResources");
-                }
+            for device in super::slice_devices_mut(&mut object) {
+                device.remove("nodeAllocatableResources");
             }
             object
         })

@@ -128,40 +128,37 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
-    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
+    /// An error about object `name` of `rt`, with the details the server
+    /// gives such errors.
+    fn about_object(
+        rt: &ResourceType,
+        name: &str,
+        code: u16,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
         ApiError {
             details: Some(json!({"name": name, "group": rt.group, "kind": rt.plural})),
-            ..Self::new(
-                404,
-                "NotFound",
-                format!("{} \"{name}\" not found", qualified(rt)),
-            )
+            ..Self::new(code, reason, message)
         }
+    }
+
+    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
+        let message = format!("{} \"{name}\" not found", qualified(rt));
+        Self::about_object(rt, name, 404, "NotFound", message)
     }
 
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
-        ApiError {
-            details: Some(json!({"name": name, "group": rt.group, "kind": rt.plural})),
-            ..Self::new(
-                409,
-                "AlreadyExists",
-                format!("{} \"{name}\" already exists", qualified(rt)),
-            )
-        }
+        let message = format!("{} \"{name}\" already exists", qualified(rt));
+        Self::about_object(rt, name, 409, "AlreadyExists", message)
     }
 
     pub fn conflict(rt: &ResourceType, name: &str, why: &str) -> Self {
-        ApiError {
-            details: Some(json!({"name": name, "group": rt.group, "kind": rt.plural})),
-            ..Self::new(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on {} \"{name}\": {why}",
-                    qualified(rt)
-                ),
-            )
-        }
+        let message = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            qualified(rt)
+        );
+        Self::about_object(rt, name, 409, "Conflict", message)
     }
 
     pub fn invalid(rt: &ResourceType, name: &str, causes: &[Cause]) -> Self {
@@ -348,6 +345,19 @@ fn name_of(object: &Value) -> &str {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("")
+}
+
+/// A body names the object of its URL, or takes that name when it names none.
+fn name_from_url(object: &mut Value, name: &str) -> Result<(), ApiError> {
+    let body_name = name_of(object).to_string();
+    if body_name.is_empty() {
+        metadata_mut(object)?.insert("name".to_string(), json!(name));
+    } else if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    Ok(())
 }
 
 fn metadata_mut(object: &mut Value) -> Result<&mut Map<String, Value>, ApiError> {
@@ -638,7 +648,12 @@ impl Store {
         if let Some((manager, operation)) = manager {
             meta.insert(
                 "managedFields".to_string(),
-                json!([managed_entry(manager, operation, &rt.api_version())]),
+                json!([managed_entry(
+                    manager,
+                    operation,
+                    &rt.api_version(),
+                    Map::new()
+                )]),
             );
         }
         self.objects.insert(k, object.clone());
@@ -661,20 +676,9 @@ impl Store {
     ) -> Result<Value, ApiError> {
         Self::check_type_meta(rt, &mut object)?;
         Self::check_namespace(rt, namespace, &mut object)?;
-        let body_name = name_of(&object).to_string();
-        if body_name.is_empty() {
-            metadata_mut(&mut object)?.insert("name".to_string(), json!(name));
-        } else if body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
+        name_from_url(&mut object, name)?;
         let k = key(rt, namespace, name);
-        let existing = self
-            .objects
-            .get(&k)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(rt, name))?;
+        let existing = self.get(rt, namespace, name)?;
         let current_rv = existing
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -770,19 +774,7 @@ impl Store {
             let meta = metadata_mut(&mut merged)?;
             meta.insert("generation".to_string(), json!(new_generation));
             if let Some((manager, operation)) = manager {
-                let mut entries: Vec<Value> = meta
-                    .get("managedFields")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|e| {
-                        e.get("manager").and_then(Value::as_str) != Some(manager)
-                            || e.get("operation").and_then(Value::as_str) != Some(operation)
-                    })
-                    .collect();
-                entries.push(managed_entry(manager, operation, &rt.api_version()));
-                meta.insert("managedFields".to_string(), Value::Array(entries));
+                set_managed_entry(meta, manager, operation, &rt.api_version(), Map::new());
             }
         }
         if unchanged || dry_run {
@@ -884,14 +876,7 @@ impl Store {
                 Some(_) => {}
             }
         }
-        let body_name = name_of(&applied).to_string();
-        if body_name.is_empty() {
-            metadata_mut(&mut applied)?.insert("name".to_string(), json!(name));
-        } else if body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
+        name_from_url(&mut applied, name)?;
         let existing = match self.get(rt, namespace, name) {
             Err(e) if e.code == 404 => {
                 if subresource == Subresource::Status {
@@ -920,10 +905,9 @@ impl Store {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let mine = entries.iter().find(|e| {
-            e.get("manager").and_then(Value::as_str) == Some(field_manager)
-                && e.get("operation").and_then(Value::as_str) == Some("Apply")
-        });
+        let mine = entries
+            .iter()
+            .find(|e| is_entry_of(e, field_manager, "Apply"));
         let owned = |what: &str| -> Vec<String> {
             mine.and_then(|e| e.pointer(&format!("/fieldsV1/{what}")))
                 .and_then(Value::as_object)
@@ -990,11 +974,7 @@ impl Store {
         dry_run: bool,
     ) -> Result<Value, ApiError> {
         let k = key(rt, namespace, name);
-        let existing = self
-            .objects
-            .get(&k)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(rt, name))?;
+        let existing = self.get(rt, namespace, name)?;
         if let Some(uid) = precondition_uid {
             let current = existing
                 .pointer("/metadata/uid")
@@ -1042,9 +1022,43 @@ fn owned_top_level(entry: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn managed_entry(manager: &str, operation: &str, api_version: &str) -> Value {
+/// A managedFields entry: `manager` owns `fields` (FieldsV1) through `operation`.
+fn managed_entry(
+    manager: &str,
+    operation: &str,
+    api_version: &str,
+    fields: Map<String, Value>,
+) -> Value {
     json!({"manager": manager, "operation": operation, "apiVersion": api_version,
-           "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": {}})
+           "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": Value::Object(fields)})
+}
+
+/// Whether a managedFields entry is `manager`'s through `operation`.
+fn is_entry_of(entry: &Value, manager: &str, operation: &str) -> bool {
+    entry.get("manager").and_then(Value::as_str) == Some(manager)
+        && entry.get("operation").and_then(Value::as_str) == Some(operation)
+}
+
+/// Records in `managedFields` that `manager` owns `fields` through
+/// `operation`, in place of what it owned through that operation before: the
+/// server keeps one entry per manager and operation.
+fn set_managed_entry(
+    meta: &mut Map<String, Value>,
+    manager: &str,
+    operation: &str,
+    api_version: &str,
+    fields: Map<String, Value>,
+) {
+    let mut entries: Vec<Value> = meta
+        .get("managedFields")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| !is_entry_of(e, manager, operation))
+        .collect();
+    entries.push(managed_entry(manager, operation, api_version, fields));
+    meta.insert("managedFields".to_string(), Value::Array(entries));
 }
 
 /// Records in `managedFields` which fields `manager` applied, in the FieldsV1
@@ -1069,10 +1083,10 @@ fn record_status_devices(object: &mut Value, applied: &Value, manager: &str) {
     else {
         return;
     };
-    for entry in entries.iter_mut().filter(|e| {
-        e.get("manager").and_then(Value::as_str) == Some(manager)
-            && e.get("operation").and_then(Value::as_str) == Some("Apply")
-    }) {
+    for entry in entries
+        .iter_mut()
+        .filter(|e| is_entry_of(e, manager, "Apply"))
+    {
         if let Some(fields) = entry.get_mut("fieldsV1").and_then(Value::as_object_mut) {
             fields.insert(
                 "f:status".to_string(),
@@ -1109,23 +1123,7 @@ fn record_apply_ownership(
     if !meta_fields.is_empty() {
         fields.insert("f:metadata".to_string(), Value::Object(meta_fields));
     }
-    let meta = metadata_mut(object)?;
-    let mut entries: Vec<Value> = meta
-        .get("managedFields")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            !(e.get("manager").and_then(Value::as_str) == Some(manager)
-                && e.get("operation").and_then(Value::as_str) == Some("Apply"))
-        })
-        .collect();
-    entries.push(
-        json!({"manager": manager, "operation": "Apply", "apiVersion": api_version,
-        "time": now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": Value::Object(fields)}),
-    );
-    meta.insert("managedFields".to_string(), Value::Array(entries));
+    set_managed_entry(metadata_mut(object)?, manager, "Apply", api_version, fields);
     Ok(())
 }
 
@@ -1168,13 +1166,7 @@ fn normalise_slice(slice: &mut Value) {
             spec.remove("devices");
         }
     }
-    let Some(devices) = slice
-        .pointer_mut("/spec/devices")
-        .and_then(Value::as_array_mut)
-    else {
-        return;
-    };
-    for device in devices.iter_mut().filter_map(Value::as_object_mut) {
+    for device in super::slice_devices_mut(slice) {
         device.retain(|_, v| !v.as_array().is_some_and(Vec::is_empty));
         if let Some(capacity) = device.get_mut("capacity").and_then(Value::as_object_mut) {
             for entry in capacity.values_mut() {
@@ -1207,6 +1199,37 @@ mod tests {
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{"name": "cpudev000"}]}
         })
+    }
+
+    /// Server-side apply of `body` to slice `a` by `manager`.
+    fn apply_slice(
+        s: &mut Store,
+        body: &Value,
+        manager: &str,
+        force: bool,
+    ) -> Result<Value, ApiError> {
+        s.apply(
+            &RESOURCE_SLICES,
+            "",
+            "a",
+            body,
+            Subresource::Main,
+            manager,
+            force,
+            false,
+        )
+    }
+
+    /// A PUT of `body` to `name`, its main resource or its status.
+    fn put(
+        s: &mut Store,
+        rt: &'static ResourceType,
+        namespace: &str,
+        name: &str,
+        body: Value,
+        subresource: Subresource,
+    ) -> Result<Value, ApiError> {
+        s.update(rt, namespace, name, body, subresource, None, false)
     }
 
     #[test]
@@ -1272,43 +1295,37 @@ mod tests {
             .unwrap();
         let mut changed = a.clone();
         changed["spec"]["devices"] = json!([{"name": "cpudev001"}]);
-        let updated = s
-            .update(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                changed.clone(),
-                Subresource::Main,
-                None,
-                false,
-            )
-            .unwrap();
+        let updated = put(
+            &mut s,
+            &RESOURCE_SLICES,
+            "",
+            "a",
+            changed.clone(),
+            Subresource::Main,
+        )
+        .unwrap();
         assert_eq!(updated["metadata"]["generation"], 2);
-        let stale = s
-            .update(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                changed,
-                Subresource::Main,
-                None,
-                false,
-            )
-            .unwrap_err();
+        let stale = put(
+            &mut s,
+            &RESOURCE_SLICES,
+            "",
+            "a",
+            changed,
+            Subresource::Main,
+        )
+        .unwrap_err();
         assert_eq!((stale.code, stale.reason), (409, "Conflict"));
         let mut labelled = updated.clone();
         labelled["metadata"]["labels"] = json!({"x": "y"});
-        let relabelled = s
-            .update(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                labelled,
-                Subresource::Main,
-                None,
-                false,
-            )
-            .unwrap();
+        let relabelled = put(
+            &mut s,
+            &RESOURCE_SLICES,
+            "",
+            "a",
+            labelled,
+            Subresource::Main,
+        )
+        .unwrap();
         assert_eq!(
             relabelled["metadata"]["generation"], 2,
             "metadata changes keep the generation"
@@ -1397,65 +1414,21 @@ mod tests {
     #[test]
     fn apply_creates_then_replaces_and_detects_conflicts() {
         let mut s = Store::new();
-        let created = s
-            .apply(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                &slice("a", "n1"),
-                Subresource::Main,
-                "dra.cpu",
-                true,
-                false,
-            )
-            .unwrap();
+        let created = apply_slice(&mut s, &slice("a", "n1"), "dra.cpu", true).unwrap();
         assert_eq!(
             created["metadata"]["managedFields"][0]["manager"],
             "dra.cpu"
         );
-        let same = s
-            .apply(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                &slice("a", "n1"),
-                Subresource::Main,
-                "dra.cpu",
-                false,
-                false,
-            )
-            .unwrap();
+        let same = apply_slice(&mut s, &slice("a", "n1"), "dra.cpu", false).unwrap();
         assert_eq!(
             same["metadata"]["resourceVersion"], created["metadata"]["resourceVersion"],
             "re-applying the same configuration is a no-op"
         );
         let mut other = slice("a", "n1");
         other["spec"]["devices"] = json!([]);
-        let conflict = s
-            .apply(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                &other,
-                Subresource::Main,
-                "someone-else",
-                false,
-                false,
-            )
-            .unwrap_err();
+        let conflict = apply_slice(&mut s, &other, "someone-else", false).unwrap_err();
         assert_eq!((conflict.code, conflict.reason), (409, "Conflict"));
-        let forced = s
-            .apply(
-                &RESOURCE_SLICES,
-                "",
-                "a",
-                &other,
-                Subresource::Main,
-                "someone-else",
-                true,
-                false,
-            )
-            .unwrap();
+        let forced = apply_slice(&mut s, &other, "someone-else", true).unwrap();
         assert!(
             forced["spec"].get("devices").is_none(),
             "an empty list is omitted, as the server's encoding does"
@@ -1476,17 +1449,15 @@ mod tests {
         let mut with_status = created.clone();
         with_status["status"] = json!({"allocation": {"devices": {"results": [{"request": "cpu", "driver": "dra.cpu", "pool": "n1", "device": "cpudev000"}]}}});
         with_status["spec"] = json!({});
-        let after = s
-            .update(
-                &RESOURCE_CLAIMS,
-                "ns",
-                "c",
-                with_status,
-                Subresource::Status,
-                None,
-                false,
-            )
-            .unwrap();
+        let after = put(
+            &mut s,
+            &RESOURCE_CLAIMS,
+            "ns",
+            "c",
+            with_status,
+            Subresource::Status,
+        )
+        .unwrap();
         assert_eq!(
             after["spec"], created["spec"],
             "a status write keeps the spec"
@@ -1497,17 +1468,7 @@ mod tests {
         );
         let mut main = after.clone();
         main["status"] = json!({});
-        let kept = s
-            .update(
-                &RESOURCE_CLAIMS,
-                "ns",
-                "c",
-                main,
-                Subresource::Main,
-                None,
-                false,
-            )
-            .unwrap();
+        let kept = put(&mut s, &RESOURCE_CLAIMS, "ns", "c", main, Subresource::Main).unwrap();
         assert_eq!(
             kept["status"], after["status"],
             "a main-resource write keeps the status"

@@ -318,13 +318,7 @@ pub fn undeclared_message(paths: &[String]) -> String {
 
 /// Drops the fields whose gates are off from a ResourceSlice.
 pub fn drop_disabled_fields(gates: &FeatureGates, slice: &mut Value) {
-    let Some(devices) = slice
-        .pointer_mut("/spec/devices")
-        .and_then(Value::as_array_mut)
-    else {
-        return;
-    };
-    for device in devices.iter_mut().filter_map(Value::as_object_mut) {
+    for device in super::slice_devices_mut(slice) {
         if !gates.dra_consumable_capacity {
             device.remove("allowMultipleAllocations");
             if let Some(capacity) = device.get_mut("capacity").and_then(Value::as_object_mut) {
@@ -348,13 +342,7 @@ pub fn drop_disabled_list_attributes(gates: &FeatureGates, slice: &mut Value) {
     if gates.dra_list_type_attributes {
         return;
     }
-    let Some(devices) = slice
-        .pointer_mut("/spec/devices")
-        .and_then(Value::as_array_mut)
-    else {
-        return;
-    };
-    for device in devices.iter_mut() {
+    for device in super::slice_devices_mut(slice) {
         let Some(attributes) = device.get_mut("attributes").and_then(Value::as_object_mut) else {
             continue;
         };

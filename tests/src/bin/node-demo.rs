@@ -13,7 +13,7 @@
 use anyhow::Context;
 use dra_cpu_tests::apiserver::FakeApiServerOptions;
 use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod};
 use std::fmt::Write;
 
 /// One container shown in the table.
@@ -110,26 +110,6 @@ impl Demo {
     }
 }
 
-async fn claim_pod(
-    node: &mut Node,
-    name: &str,
-    request_milli: Option<i64>,
-) -> anyhow::Result<(PodIdentity, PreparedClaim, RunningPod)> {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
-        .await
-        .with_context(|| format!("preparing the claim of {name}"))?;
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&claim.cdi_device)
-        .with_cpu(request_milli, None);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .with_context(|| format!("starting {name}"))?;
-    Ok((pod, claim, running))
-}
-
 /// The fake API server's release and gates from `--kubernetes-version
 /// 1.34|1.35|1.36|1.37` and `--feature-gates Name=bool,...`; without them a
 /// 1.37 server with every gate the driver uses on.
@@ -213,7 +193,11 @@ async fn run() -> anyhow::Result<()> {
     )
     .await?;
 
-    let (_, claim, exclusive_pod) = claim_pod(&mut demo.node, "exclusive", None).await?;
+    let (_, claim, exclusive_pod) = demo
+        .node
+        .start_claim_pod("exclusive", None, 1, None)
+        .await
+        .context("preparing the claim of exclusive and starting its pod")?;
     demo.show(&exclusive_pod, "exclusive");
     let pool = all.difference(&claim.cpus);
     demo.table(
@@ -238,7 +222,11 @@ async fn run() -> anyhow::Result<()> {
     )
     .await?;
 
-    let (_, claim, mixed_pod) = claim_pod(&mut demo.node, "mixed", Some(250)).await?;
+    let (_, claim, mixed_pod) = demo
+        .node
+        .start_claim_pod("mixed", None, 1, Some(250))
+        .await
+        .context("preparing the claim of mixed and starting its pod")?;
     demo.show(&mixed_pod, "mixed");
     let pool = all.difference(&claim.cpus);
     demo.table(

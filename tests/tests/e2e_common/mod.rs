@@ -6,6 +6,7 @@
 use dra_cpu_tests::cri::ContainerSpec;
 pub use dra_cpu_tests::must::Must;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
+use serde_json::Value;
 use shared_state::CpuSet;
 
 pub async fn node(options: NodeOptions) -> Node {
@@ -34,6 +35,16 @@ pub async fn shared_pod(node: &mut Node, name: &str, milli: i64) -> (RunningPod,
     (running, id)
 }
 
+/// Every device of the given ResourceSlices.
+pub fn devices(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
+        .filter_map(|s| s.pointer("/spec/devices").and_then(Value::as_array))
+        .flatten()
+        .cloned()
+        .collect()
+}
+
 pub fn set(list: &str) -> CpuSet {
     CpuSet::parse_cpulist(list).must("cpulist")
 }
@@ -54,18 +65,24 @@ pub async fn claim_pod(
     name: &str,
     request_milli: Option<i64>,
 ) -> (PreparedClaim, RunningPod, String) {
-    let pod = PodIdentity::new(name);
-    let claim = node
-        .create_claim(&format!("{name}-cpu"), 1, &pod)
+    claim_pod_on(node, name, None, 1, request_milli).await
+}
+
+/// Like [`claim_pod`], a claim of `cpus` CPUs from grouped device `device`
+/// (`None`: where the scheduler finds them).
+pub async fn claim_pod_on(
+    node: &mut Node,
+    name: &str,
+    device: Option<&str>,
+    cpus: u32,
+    request_milli: Option<i64>,
+) -> (PreparedClaim, RunningPod, String) {
+    let (_pod, claim, running) = node
+        .start_claim_pod(name, device, cpus, request_milli)
         .await
-        .must(&format!("preparing the claim of {name}"));
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&claim.cdi_device)
-        .with_cpu(request_milli, None);
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must(&format!("starting {name}"));
+        .must(&format!(
+            "preparing the claim of {name} and starting its pod"
+        ));
     let id = running.id("app").to_string();
     (claim, running, id)
 }
