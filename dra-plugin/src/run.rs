@@ -421,27 +421,6 @@ async fn join_server(
     }
 }
 
-/// SIGTERM or SIGINT.
-pub async fn termination_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => {
-            // Without signal handlers the process can only be killed; wait
-            // for Ctrl-C through the portable path instead.
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 /// Paths the daemon creates, for tests and for `inspect`.
 pub fn sockets(config: &Config) -> [PathBuf; 3] {
     [
@@ -449,20 +428,6 @@ pub fn sockets(config: &Config) -> [PathBuf; 3] {
         config.dra_socket(),
         config.coordination_socket.clone(),
     ]
-}
-
-/// Logs to stderr as text or JSON; `RUST_LOG` filters (default `info`).
-pub fn init_logging(format: crate::config::LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second initialisation (tests running the daemon twice) keeps the first.
-    let _ = match format {
-        crate::config::LogFormat::Text => builder.try_init(),
-        crate::config::LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 /// Arguments of `dra-plugin run`.
