@@ -361,30 +361,46 @@ mod tests {
         );
     }
 
+    /// A value other than the default for every flag the file test below
+    /// also sets.
+    const EVERY_FLAG: [&str; 20] = [
+        "--driver-name=cpu.example.com",
+        "--node-name=n1",
+        "--kubeconfig=/k",
+        "--kubelet-root-dir=/kl",
+        "--state-dir=/st",
+        "--cdi-dir=/cdi",
+        "--sysfs-root=/host",
+        "--reserved-cpus=0-1",
+        "--cpu-device-mode=individual",
+        "--group-by=socket",
+        "--allocation-policy=full-pcpus-only",
+        "--mixed-allocation-mode=true",
+        "--disable-node-allocatable-mapping=true",
+        "--disable-device-metadata=true",
+        "--device-metadata-dir=/run/md",
+        "--expose-pcie-roots=true",
+        "--coordination-socket=/c.sock",
+        "--coordination-allowed-uids=0,1000",
+        "--metrics-address=127.0.0.1:9000",
+        "--log-format=json",
+    ];
+
     #[test]
     fn every_flag_parses() {
-        let s = flags(&[
-            "--driver-name=cpu.example.com",
-            "--node-name=n1",
-            "--kubeconfig=/k",
-            "--kubelet-root-dir=/kl",
-            "--state-dir=/st",
-            "--cdi-dir=/cdi",
-            "--sysfs-root=/host",
-            "--reserved-cpus=0-1",
-            "--cpu-device-mode=individual",
-            "--group-by=socket",
-            "--allocation-policy=full-pcpus-only",
+        let s = flags(&EVERY_FLAG);
+        // A switch given bare is the switch set to true.
+        let bare = [
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
             "--disable-device-metadata",
-            "--device-metadata-dir=/run/md",
             "--expose-pcie-roots",
-            "--coordination-socket=/c.sock",
-            "--coordination-allowed-uids=0,1000",
-            "--metrics-address=127.0.0.1:9000",
-            "--log-format=json",
-        ]);
+        ];
+        let with_true = bare.map(|switch| format!("{switch}=true"));
+        assert_eq!(
+            flags(&bare),
+            flags(&with_true.each_ref().map(String::as_str))
+        );
         let c = s.resolve(None).expect("resolves");
         assert!(!c.device_metadata);
         assert_eq!(c.device_metadata_dir, PathBuf::from("/run/md"));
@@ -433,28 +449,7 @@ metrics-address: 127.0.0.1:9000
 log-format: json
 ";
         let from_file = parse_file(Path::new("c.yaml"), text).expect("parses");
-        let from_flags = flags(&[
-            "--driver-name=cpu.example.com",
-            "--node-name=n1",
-            "--kubeconfig=/k",
-            "--kubelet-root-dir=/kl",
-            "--state-dir=/st",
-            "--cdi-dir=/cdi",
-            "--sysfs-root=/host",
-            "--reserved-cpus=0-1",
-            "--cpu-device-mode=individual",
-            "--group-by=socket",
-            "--allocation-policy=full-pcpus-only",
-            "--mixed-allocation-mode=true",
-            "--disable-node-allocatable-mapping=true",
-            "--disable-device-metadata=true",
-            "--device-metadata-dir=/run/md",
-            "--expose-pcie-roots=true",
-            "--coordination-socket=/c.sock",
-            "--coordination-allowed-uids=0,1000",
-            "--metrics-address=127.0.0.1:9000",
-            "--log-format=json",
-        ]);
+        let from_flags = flags(&EVERY_FLAG);
         assert_eq!(from_file, from_flags);
     }
 
