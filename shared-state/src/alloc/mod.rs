@@ -532,7 +532,7 @@ mod tests {
 #[cfg(test)]
 mod fixtures {
     use crate::cpuset::CpuSet;
-    use crate::topology::synthetic::{build, Shape, SiblingNumbering};
+    use crate::topology::synthetic::{build, Shape, SiblingNumbering, MACHINE_1024};
     use crate::topology::Topology;
 
     pub(super) fn cs(list: &str) -> CpuSet {
@@ -553,14 +553,7 @@ mod fixtures {
     }
 
     pub(super) fn big() -> Topology {
-        build(&Shape {
-            sockets: 2,
-            numa_per_socket: 2,
-            l3_per_numa: 4,
-            cores_per_l3: 32,
-            threads_per_core: 2,
-            sibling_numbering: SiblingNumbering::Split,
-        })
+        build(&MACHINE_1024)
     }
 
     pub(super) fn all(t: &Topology) -> CpuSet {

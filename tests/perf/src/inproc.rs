@@ -19,7 +19,7 @@ use nri_plugin::resolve::{ClaimResolver, Resolution};
 use nri_plugin::view::NodeView;
 use protobuf::Message;
 use shared_state::alloc::{Allocator, Policy};
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+use shared_state::topology::synthetic::{build, MACHINE_1024, MACHINE_512};
 use shared_state::topology::Topology;
 use shared_state::NodeSnapshot;
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
@@ -30,26 +30,12 @@ use std::time::{Duration, Instant};
 
 /// 2 sockets × 2 NUMA × 4 L3 × 32 cores × 2 threads = 1024 CPUs.
 pub fn machine_1024() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 4,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    build(&MACHINE_1024)
 }
 
 /// 2 sockets × 2 NUMA × 2 L3 × 32 cores × 2 threads = 512 CPUs.
 pub fn machine_512() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 2,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    build(&MACHINE_512)
 }
 
 /// A Kubernetes-shaped UID numbered `n` in family `family` (one hex digit).
