@@ -167,6 +167,17 @@ impl Allocator {
         self.width
     }
 
+    /// Refuses CPUs this allocator's topology does not have online.
+    fn check_online(&self, cpus: &CpuSet) -> Result<(), AllocError> {
+        if cpus.is_subset(&self.online) {
+            Ok(())
+        } else {
+            Err(AllocError::UnknownCpus {
+                cpus: cpus.difference(&self.online),
+            })
+        }
+    }
+
     /// Choose `count` CPUs out of `available`.
     pub fn allocate(
         &self,
@@ -174,11 +185,7 @@ impl Allocator {
         count: usize,
         policy: Policy,
     ) -> Result<CpuSet, AllocError> {
-        if !available.is_subset(&self.online) {
-            return Err(AllocError::UnknownCpus {
-                cpus: available.difference(&self.online),
-            });
-        }
+        self.check_online(available)?;
         if count == 0 {
             return Err(AllocError::ZeroCount);
         }
@@ -207,11 +214,7 @@ impl Allocator {
         count: usize,
         policy: Policy,
     ) -> Result<CpuSet, AllocError> {
-        if !available.is_subset(&self.online) {
-            return Err(AllocError::UnknownCpus {
-                cpus: available.difference(&self.online),
-            });
-        }
+        self.check_online(available)?;
         self.allocate(&available.intersection(group), count, policy)
     }
 }
