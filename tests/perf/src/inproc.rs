@@ -367,7 +367,9 @@ fn nri_node() -> NriNode {
     }
 }
 
-fn plugin_for(node: &NriNode) -> (Arc<Enforcer>, DraCpuPlugin) {
+/// A fresh nri-plugin that has applied dra-plugin's snapshot of `node`, as
+/// after it subscribes; the error says why the snapshot was refused.
+async fn plugin_for(node: &NriNode) -> Result<(Arc<Enforcer>, DraCpuPlugin), String> {
     let view = NodeView::new(node.topology.online(), CpuSet::new(), false, None);
     let enforcer = Arc::new(Enforcer::new(
         view,
@@ -376,7 +378,11 @@ fn plugin_for(node: &NriNode) -> (Arc<Enforcer>, DraCpuPlugin) {
         UnsolicitedUpdates::Never,
     ));
     let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(KnownClaimsOnly));
-    (enforcer, plugin)
+    enforcer
+        .apply_snapshot(snapshot(node))
+        .await
+        .map_err(|e| format!("snapshot: {e}"))?;
+    Ok((enforcer, plugin))
 }
 
 fn snapshot(node: &NriNode) -> NodeSnapshot {
@@ -412,15 +418,10 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
     let mut sync_times = Vec::new();
     let mut sync_updates = 0usize;
     for _ in 0..sync_samples {
-        let (enforcer, plugin) = plugin_for(&node);
-        if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-            return vec![Row::not_measured(
-                "3",
-                what,
-                create_goal,
-                format!("snapshot: {e}"),
-            )];
-        }
+        let (_, plugin) = match plugin_for(&node).await {
+            Ok(plugin) => plugin,
+            Err(why) => return vec![Row::not_measured("3", what, create_goal, why)],
+        };
         let pods = node.pods.clone();
         let containers = node.containers.clone();
         let started = Instant::now();
@@ -439,15 +440,10 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
         }
     }
 
-    let (enforcer, plugin) = plugin_for(&node);
-    if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-        return vec![Row::not_measured(
-            "3",
-            what,
-            create_goal,
-            format!("snapshot: {e}"),
-        )];
-    }
+    let (enforcer, plugin) = match plugin_for(&node).await {
+        Ok(plugin) => plugin,
+        Err(why) => return vec![Row::not_measured("3", what, create_goal, why)],
+    };
     if let Err(e) = plugin
         .synchronize(node.pods.clone(), node.containers.clone())
         .await
