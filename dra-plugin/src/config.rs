@@ -10,10 +10,9 @@
 /// read from flags is exactly the one the slices are built for.
 pub use crate::devices::{CpuDeviceMode, DeviceMode, GroupBy};
 use crate::k8s_names::is_driver_name;
-use clap::{Args, ValueEnum};
-use serde::{Deserialize, Serialize};
 use shared_state::alloc::Policy;
 use shared_state::config_file::{self, ConfigFileError};
+pub use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,97 +32,76 @@ pub const DEFAULT_MIN_SHARED_CPUS: u32 = 1;
 /// Environment variable holding the node name (the Downward API sets it).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-/// Every setting of `dra-plugin run`, as flags or as config-file keys.
-#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Settings {
-    /// DRA driver name (ResourceSlices, claims' allocation results, sockets).
-    #[arg(long)]
-    pub driver_name: Option<String>,
-    /// This node's name; defaults to $NODE_NAME.
-    #[arg(long)]
-    pub node_name: Option<String>,
-    /// kubeconfig file; in-cluster configuration when unset.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubelet root directory (plugins_registry/ and plugins/ live here).
-    #[arg(long)]
-    pub kubelet_root_dir: Option<PathBuf>,
-    /// Directory of the assignment store and the coordination socket.
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
-    /// Directory the container runtime reads CDI specs from.
-    #[arg(long)]
-    pub cdi_dir: Option<PathBuf>,
-    /// Directory containing `sys/devices/system/cpu` (the host's `/`).
-    #[arg(long)]
-    pub sysfs_root: Option<PathBuf>,
-    /// CPUs kept for system daemons (cpulist); never published.
-    #[arg(long)]
-    pub reserved_cpus: Option<CpuSet>,
-    /// auto (grouped where the API server supports consumable capacity,
-    /// else individual), grouped or individual.
-    #[arg(long, value_enum)]
-    pub cpu_device_mode: Option<CpuDeviceMode>,
-    /// Grouped mode: numanode, socket or machine.
-    #[arg(long, value_enum)]
-    pub group_by: Option<GroupBy>,
-    /// packed, full-pcpus-only, distribute-across-numa or
-    /// distribute-across-cores.
-    #[arg(long)]
-    pub allocation_policy: Option<Policy>,
-    /// A claim container that also requests CPU gets the shared pool too.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub mixed_allocation_mode: Option<bool>,
-    /// Do not publish the KEP-5517 node-allocatable mapping on devices.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub disable_node_allocatable_mapping: Option<bool>,
-    /// Do not write KEP-5304 device metadata files (and their CDI mounts)
-    /// for prepared claims.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub disable_device_metadata: Option<bool>,
-    /// Host directory of the device metadata files, bind-mounted from here
-    /// into containers; `<kubelet-root-dir>/plugins/<driver>/dra-device-metadata`
-    /// by default. A tmpfs (the chart uses `/var/run/dra-cpu/device-metadata`)
-    /// keeps their writes out of the store disk's journal; they are rebuilt
-    /// from the store at every start, as the CDI specs are.
-    #[arg(long)]
-    pub device_metadata_dir: Option<PathBuf>,
-    /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
-    /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
-    /// `DRAListTypeAttributes` feature gate).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub expose_pcie_roots: Option<bool>,
-    /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
-    #[arg(long)]
-    pub coordination_socket: Option<PathBuf>,
-    /// Peer uids admitted on the coordination socket (comma-separated); root only by default.
-    #[arg(long, value_delimiter = ',')]
-    pub coordination_allowed_uids: Option<Vec<u32>>,
-    /// host:port of the metrics, /healthz and /readyz HTTP server.
-    #[arg(long)]
-    pub metrics_address: Option<SocketAddr>,
-    /// text or json.
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Start even when kubelet runs the static CPU manager policy, which
-    /// hands out exclusive CPUs of its own.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub allow_kubelet_static_cpu_manager: Option<bool>,
-    /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
-    /// is refused (default 1). Every container without a claim (this
-    /// driver's own among them) runs there; 0 lets claims take every CPU
-    /// and leaves nri-plugin to refuse shared containers.
-    #[arg(long)]
-    pub min_shared_cpus: Option<u32>,
+shared_state::layered_settings! {
+    /// Every setting of `dra-plugin run`, as flags or as config-file keys.
+    pub struct Settings {
+        /// DRA driver name (ResourceSlices, claims' allocation results, sockets).
+        pub driver_name: Option<String>,
+        /// This node's name; defaults to $NODE_NAME.
+        pub node_name: Option<String>,
+        /// kubeconfig file; in-cluster configuration when unset.
+        pub kubeconfig: Option<PathBuf>,
+        /// Kubelet root directory (plugins_registry/ and plugins/ live here).
+        pub kubelet_root_dir: Option<PathBuf>,
+        /// Directory of the assignment store and the coordination socket.
+        pub state_dir: Option<PathBuf>,
+        /// Directory the container runtime reads CDI specs from.
+        pub cdi_dir: Option<PathBuf>,
+        /// Directory containing `sys/devices/system/cpu` (the host's `/`).
+        pub sysfs_root: Option<PathBuf>,
+        /// CPUs kept for system daemons (cpulist); never published.
+        pub reserved_cpus: Option<CpuSet>,
+        /// auto (grouped where the API server supports consumable capacity,
+        /// else individual), grouped or individual.
+        #[arg(value_enum)]
+        pub cpu_device_mode: Option<CpuDeviceMode>,
+        /// Grouped mode: numanode, socket or machine.
+        #[arg(value_enum)]
+        pub group_by: Option<GroupBy>,
+        /// packed, full-pcpus-only, distribute-across-numa or
+        /// distribute-across-cores.
+        pub allocation_policy: Option<Policy>,
+        /// A claim container that also requests CPU gets the shared pool too.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub mixed_allocation_mode: Option<bool>,
+        /// Do not publish the KEP-5517 node-allocatable mapping on devices.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub disable_node_allocatable_mapping: Option<bool>,
+        /// Do not write KEP-5304 device metadata files (and their CDI mounts)
+        /// for prepared claims.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub disable_device_metadata: Option<bool>,
+        /// Host directory of the device metadata files, bind-mounted from here
+        /// into containers; `<kubelet-root-dir>/plugins/<driver>/dra-device-metadata`
+        /// by default. A tmpfs (the chart uses `/var/run/dra-cpu/device-metadata`)
+        /// keeps their writes out of the store disk's journal; they are rebuilt
+        /// from the store at every start, as the CDI specs are.
+        pub device_metadata_dir: Option<PathBuf>,
+        /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
+        /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
+        /// `DRAListTypeAttributes` feature gate).
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub expose_pcie_roots: Option<bool>,
+        /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
+        pub coordination_socket: Option<PathBuf>,
+        /// Peer uids admitted on the coordination socket (comma-separated); root only by default.
+        #[arg(value_delimiter = ',')]
+        pub coordination_allowed_uids: Option<Vec<u32>>,
+        /// host:port of the metrics, /healthz and /readyz HTTP server.
+        pub metrics_address: Option<SocketAddr>,
+        /// text or json.
+        #[arg(value_enum)]
+        pub log_format: Option<LogFormat>,
+        /// Start even when kubelet runs the static CPU manager policy, which
+        /// hands out exclusive CPUs of its own.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub allow_kubelet_static_cpu_manager: Option<bool>,
+        /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
+        /// is refused (default 1). Every container without a claim (this
+        /// driver's own among them) runs there; 0 lets claims take every CPU
+        /// and leaves nri-plugin to refuse shared containers.
+        pub min_shared_cpus: Option<u32>,
+    }
 }
 
 /// Why the settings could not be turned into a [`Config`].
@@ -201,44 +179,6 @@ pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
 }
 
 impl Settings {
-    /// Every field set here, else the one from `fallback`.
-    pub fn or(self, fallback: Settings) -> Settings {
-        Settings {
-            driver_name: self.driver_name.or(fallback.driver_name),
-            node_name: self.node_name.or(fallback.node_name),
-            kubeconfig: self.kubeconfig.or(fallback.kubeconfig),
-            kubelet_root_dir: self.kubelet_root_dir.or(fallback.kubelet_root_dir),
-            state_dir: self.state_dir.or(fallback.state_dir),
-            cdi_dir: self.cdi_dir.or(fallback.cdi_dir),
-            sysfs_root: self.sysfs_root.or(fallback.sysfs_root),
-            reserved_cpus: self.reserved_cpus.or(fallback.reserved_cpus),
-            cpu_device_mode: self.cpu_device_mode.or(fallback.cpu_device_mode),
-            group_by: self.group_by.or(fallback.group_by),
-            allocation_policy: self.allocation_policy.or(fallback.allocation_policy),
-            mixed_allocation_mode: self
-                .mixed_allocation_mode
-                .or(fallback.mixed_allocation_mode),
-            disable_node_allocatable_mapping: self
-                .disable_node_allocatable_mapping
-                .or(fallback.disable_node_allocatable_mapping),
-            disable_device_metadata: self
-                .disable_device_metadata
-                .or(fallback.disable_device_metadata),
-            device_metadata_dir: self.device_metadata_dir.or(fallback.device_metadata_dir),
-            expose_pcie_roots: self.expose_pcie_roots.or(fallback.expose_pcie_roots),
-            coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
-            coordination_allowed_uids: self
-                .coordination_allowed_uids
-                .or(fallback.coordination_allowed_uids),
-            metrics_address: self.metrics_address.or(fallback.metrics_address),
-            log_format: self.log_format.or(fallback.log_format),
-            allow_kubelet_static_cpu_manager: self
-                .allow_kubelet_static_cpu_manager
-                .or(fallback.allow_kubelet_static_cpu_manager),
-            min_shared_cpus: self.min_shared_cpus.or(fallback.min_shared_cpus),
-        }
-    }
-
     /// Apply defaults; `env_node_name` is `$NODE_NAME`, used when neither
     /// flag nor file names the node.
     pub fn resolve(self, env_node_name: Option<String>) -> Result<Config, ConfigError> {
@@ -358,20 +298,12 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
     use proptest::prelude::*;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        settings: Settings,
-    }
+    use shared_state::daemon::parse_flags;
 
     fn flags(args: &[&str]) -> Settings {
-        let mut argv = vec!["dra-plugin"];
-        argv.extend_from_slice(args);
-        match Cli::try_parse_from(argv) {
-            Ok(cli) => cli.settings,
+        match parse_flags(args) {
+            Ok(settings) => settings,
             Err(e) => panic!("{args:?}: {e}"),
         }
     }
@@ -429,30 +361,46 @@ mod tests {
         );
     }
 
+    /// A value other than the default for every flag the file test below
+    /// also sets.
+    const EVERY_FLAG: [&str; 20] = [
+        "--driver-name=cpu.example.com",
+        "--node-name=n1",
+        "--kubeconfig=/k",
+        "--kubelet-root-dir=/kl",
+        "--state-dir=/st",
+        "--cdi-dir=/cdi",
+        "--sysfs-root=/host",
+        "--reserved-cpus=0-1",
+        "--cpu-device-mode=individual",
+        "--group-by=socket",
+        "--allocation-policy=full-pcpus-only",
+        "--mixed-allocation-mode=true",
+        "--disable-node-allocatable-mapping=true",
+        "--disable-device-metadata=true",
+        "--device-metadata-dir=/run/md",
+        "--expose-pcie-roots=true",
+        "--coordination-socket=/c.sock",
+        "--coordination-allowed-uids=0,1000",
+        "--metrics-address=127.0.0.1:9000",
+        "--log-format=json",
+    ];
+
     #[test]
     fn every_flag_parses() {
-        let s = flags(&[
-            "--driver-name=cpu.example.com",
-            "--node-name=n1",
-            "--kubeconfig=/k",
-            "--kubelet-root-dir=/kl",
-            "--state-dir=/st",
-            "--cdi-dir=/cdi",
-            "--sysfs-root=/host",
-            "--reserved-cpus=0-1",
-            "--cpu-device-mode=individual",
-            "--group-by=socket",
-            "--allocation-policy=full-pcpus-only",
+        let s = flags(&EVERY_FLAG);
+        // A switch given bare is the switch set to true.
+        let bare = [
             "--mixed-allocation-mode",
             "--disable-node-allocatable-mapping",
             "--disable-device-metadata",
-            "--device-metadata-dir=/run/md",
             "--expose-pcie-roots",
-            "--coordination-socket=/c.sock",
-            "--coordination-allowed-uids=0,1000",
-            "--metrics-address=127.0.0.1:9000",
-            "--log-format=json",
-        ]);
+        ];
+        let with_true = bare.map(|switch| format!("{switch}=true"));
+        assert_eq!(
+            flags(&bare),
+            flags(&with_true.each_ref().map(String::as_str))
+        );
         let c = s.resolve(None).expect("resolves");
         assert!(!c.device_metadata);
         assert_eq!(c.device_metadata_dir, PathBuf::from("/run/md"));
@@ -501,28 +449,7 @@ metrics-address: 127.0.0.1:9000
 log-format: json
 ";
         let from_file = parse_file(Path::new("c.yaml"), text).expect("parses");
-        let from_flags = flags(&[
-            "--driver-name=cpu.example.com",
-            "--node-name=n1",
-            "--kubeconfig=/k",
-            "--kubelet-root-dir=/kl",
-            "--state-dir=/st",
-            "--cdi-dir=/cdi",
-            "--sysfs-root=/host",
-            "--reserved-cpus=0-1",
-            "--cpu-device-mode=individual",
-            "--group-by=socket",
-            "--allocation-policy=full-pcpus-only",
-            "--mixed-allocation-mode=true",
-            "--disable-node-allocatable-mapping=true",
-            "--disable-device-metadata=true",
-            "--device-metadata-dir=/run/md",
-            "--expose-pcie-roots=true",
-            "--coordination-socket=/c.sock",
-            "--coordination-allowed-uids=0,1000",
-            "--metrics-address=127.0.0.1:9000",
-            "--log-format=json",
-        ]);
+        let from_flags = flags(&EVERY_FLAG);
         assert_eq!(from_file, from_flags);
     }
 

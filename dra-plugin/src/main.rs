@@ -6,17 +6,12 @@
 use dra_plugin::cli::{inspect_state, slices, topology as inspect};
 use dra_plugin::run;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
-use tokio_util::sync::CancellationToken;
 
+// Name, version and about text are the package's own (Cargo.toml).
 #[derive(Debug, Parser)]
-#[command(
-    name = "dra-plugin",
-    version,
-    about = "Kubernetes DRA driver for exclusive CPUs"
-)]
+#[command(version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,17 +58,7 @@ fn main() -> ExitCode {
 /// until SIGTERM or SIGINT cancels its shutdown token.
 fn serve(args: run::RunArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
-    run::init_logging(config.log_format);
-    let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
-    runtime.block_on(async {
-        let shutdown = CancellationToken::new();
-        let on_signal = shutdown.clone();
-        tokio::spawn(async move {
-            run::termination_signal().await;
-            on_signal.cancel();
-        });
-        run::run(config, shutdown).await
-    })
+    shared_state::daemon::serve(config.log_format, |shutdown| run::run(config, shutdown))
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -13,7 +13,7 @@ use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{published_attributes, DeviceMetadata};
-use crate::devices::{DeviceCatalog, DeviceOptions};
+use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
 use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::kubelet::registration::{Registrar, RegistrationState};
@@ -27,6 +27,7 @@ use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, re
 use dra_cpu_proto::transport::{
     bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
+use k8s_openapi::api::resource::v1::Device;
 use shared_state::store::{AssignmentStore, SledStore};
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
@@ -170,17 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // this node may publish.
         let mut published = Vec::new();
         for &mode in config.device_mode.modes() {
-            let (devices, _) = devices_with_pcie_roots(
-                &topology,
-                &DeviceOptions {
-                    mode,
-                    group_by: config.group_by,
-                    reserved: config.reserved_cpus.clone(),
-                    node_allocatable_mapping: config.node_allocatable_mapping,
-                },
-                pcie_roots.as_ref(),
-            )
-            .with_context(|| format!("building the node's {mode} devices"))?;
+            let (devices, _) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
             published.extend(devices);
         }
         // Files an earlier start left in the default place are mounted by
@@ -353,17 +344,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // ResourceSlices, in the background: the API server may be away.
     let devices_in = |mode| {
-        let (devices, left_out) = devices_with_pcie_roots(
-            &topology,
-            &DeviceOptions {
-                mode,
-                group_by: config.group_by,
-                reserved: config.reserved_cpus.clone(),
-                node_allocatable_mapping: config.node_allocatable_mapping,
-            },
-            pcie_roots.as_ref(),
-        )
-        .with_context(|| format!("building the node's {mode} devices"))?;
+        let (devices, left_out) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
         for LeftOutRoots { device, roots } in left_out {
             tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
         }
@@ -421,25 +402,25 @@ async fn join_server(
     }
 }
 
-/// SIGTERM or SIGINT.
-pub async fn termination_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => {
-            // Without signal handlers the process can only be killed; wait
-            // for Ctrl-C through the portable path instead.
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+/// The devices this node publishes in `mode`, and the PCIe roots that found
+/// no room on them.
+fn node_devices(
+    config: &Config,
+    topology: &Topology,
+    pcie_roots: Option<&PcieRoots>,
+    mode: DeviceMode,
+) -> anyhow::Result<(Vec<Device>, Vec<LeftOutRoots>)> {
+    devices_with_pcie_roots(
+        topology,
+        &DeviceOptions {
+            mode,
+            group_by: config.group_by,
+            reserved: config.reserved_cpus.clone(),
+            node_allocatable_mapping: config.node_allocatable_mapping,
+        },
+        pcie_roots,
+    )
+    .with_context(|| format!("building the node's {mode} devices"))
 }
 
 /// Paths the daemon creates, for tests and for `inspect`.
@@ -449,20 +430,6 @@ pub fn sockets(config: &Config) -> [PathBuf; 3] {
         config.dra_socket(),
         config.coordination_socket.clone(),
     ]
-}
-
-/// Logs to stderr as text or JSON; `RUST_LOG` filters (default `info`).
-pub fn init_logging(format: crate::config::LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second initialisation (tests running the daemon twice) keeps the first.
-    let _ = match format {
-        crate::config::LogFormat::Text => builder.try_init(),
-        crate::config::LogFormat::Json => builder.json().try_init(),
-    };
 }
 
 /// Arguments of `dra-plugin run`.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, Criterion};
 use nri_plugin::nri::creation_reply;
 use nri_plugin::view::{ContainerInfo, NodeView, NumaMap};
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+use shared_state::topology::synthetic::{build, MACHINE_512};
 use shared_state::{ClaimAssignment, CpuSet};
 
 // The allocator the nri-plugin binary ships with.
@@ -59,14 +59,7 @@ fn info(id: &str, pod: &str, claim: Option<&ClaimAssignment>, shares: u64) -> Co
 
 /// The node with its 100 running containers, every update sent.
 fn node() -> Mutex<NodeView> {
-    let topology = build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 2,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    });
+    let topology = build(&MACHINE_512);
     assert_eq!(topology.cpus.len(), 512);
     let mut view = NodeView::new(
         topology.online(),

@@ -6,9 +6,10 @@
 //! without the leading dashes (`plugin-index: "10"`); an unknown key is an
 //! error, so a typo cannot silently leave a default in force.
 
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use serde::Deserialize;
 use shared_state::config_file::{self, ConfigFileError};
+pub use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -47,64 +48,46 @@ impl UnsolicitedUpdates {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
-}
-
-/// Every setting of nri-plugin, as flags or as config-file keys.
-#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct Settings {
-    /// The runtime's NRI socket.
-    #[arg(long)]
-    pub nri_socket: Option<PathBuf>,
-    /// Name this plugin registers under (no '-' or whitespace).
-    #[arg(long)]
-    pub plugin_name: Option<String>,
-    /// Two-digit NRI invocation index.
-    #[arg(long)]
-    pub plugin_index: Option<String>,
-    /// dra-plugin's coordination socket.
-    #[arg(long)]
-    pub coordination_socket: Option<PathBuf>,
-    /// Directory of the CDI specs dra-plugin writes (checked while dra-plugin is down).
-    #[arg(long)]
-    pub cdi_dir: Option<PathBuf>,
-    /// Directory containing `sys/devices/system/cpu` (the host's `/`).
-    #[arg(long)]
-    pub sysfs_root: Option<PathBuf>,
-    /// CPUs kept for system daemons (cpulist), used until dra-plugin's snapshot arrives.
-    #[arg(long)]
-    pub reserved_cpus: Option<CpuSet>,
-    /// A claim container that also requests CPU gets the shared pool too.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub mixed_allocation_mode: Option<bool>,
-    /// auto, always or never.
-    #[arg(long, value_enum)]
-    pub unsolicited_updates: Option<UnsolicitedUpdates>,
-    /// Restrict a claim container's memory to the NUMA nodes of its CPUs.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-    pub align_memory: Option<bool>,
-    /// host:port of the metrics and /healthz HTTP server.
-    #[arg(long)]
-    pub metrics_address: Option<SocketAddr>,
-    /// text or json.
-    #[arg(long, value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// cgroup v2 paths under the cgroup root (e.g. system.slice) whose
-    /// cpuset.cpus follows the shared pool plus the reserved CPUs.
-    #[arg(long, value_delimiter = ',')]
-    pub host_cgroups: Option<Vec<String>>,
-    /// Where the cgroup v2 hierarchy is mounted.
-    #[arg(long)]
-    pub cgroup_root: Option<PathBuf>,
-    /// nri-plugin's own state (the host cgroups it manages).
-    #[arg(long)]
-    pub state_dir: Option<PathBuf>,
+shared_state::layered_settings! {
+    /// Every setting of nri-plugin, as flags or as config-file keys.
+    pub struct Settings {
+        /// The runtime's NRI socket.
+        pub nri_socket: Option<PathBuf>,
+        /// Name this plugin registers under (no '-' or whitespace).
+        pub plugin_name: Option<String>,
+        /// Two-digit NRI invocation index.
+        pub plugin_index: Option<String>,
+        /// dra-plugin's coordination socket.
+        pub coordination_socket: Option<PathBuf>,
+        /// Directory of the CDI specs dra-plugin writes (checked while dra-plugin is down).
+        pub cdi_dir: Option<PathBuf>,
+        /// Directory containing `sys/devices/system/cpu` (the host's `/`).
+        pub sysfs_root: Option<PathBuf>,
+        /// CPUs kept for system daemons (cpulist), used until dra-plugin's snapshot arrives.
+        pub reserved_cpus: Option<CpuSet>,
+        /// A claim container that also requests CPU gets the shared pool too.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub mixed_allocation_mode: Option<bool>,
+        /// auto, always or never.
+        #[arg(value_enum)]
+        pub unsolicited_updates: Option<UnsolicitedUpdates>,
+        /// Restrict a claim container's memory to the NUMA nodes of its CPUs.
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub align_memory: Option<bool>,
+        /// host:port of the metrics and /healthz HTTP server.
+        pub metrics_address: Option<SocketAddr>,
+        /// text or json.
+        #[arg(value_enum)]
+        pub log_format: Option<LogFormat>,
+        /// cgroup v2 paths under the cgroup root (e.g. system.slice) whose
+        /// cpuset.cpus follows the shared pool plus the reserved CPUs.
+        #[arg(value_delimiter = ',')]
+        pub host_cgroups: Option<Vec<String>>,
+        /// Where the cgroup v2 hierarchy is mounted.
+        pub cgroup_root: Option<PathBuf>,
+        /// nri-plugin's own state (the host cgroups it manages).
+        pub state_dir: Option<PathBuf>,
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,29 +131,6 @@ pub fn load_file(path: &Path) -> Result<Settings, ConfigError> {
 }
 
 impl Settings {
-    /// Every field set here, else the one from `fallback`.
-    pub fn or(self, fallback: Settings) -> Settings {
-        Settings {
-            nri_socket: self.nri_socket.or(fallback.nri_socket),
-            plugin_name: self.plugin_name.or(fallback.plugin_name),
-            plugin_index: self.plugin_index.or(fallback.plugin_index),
-            coordination_socket: self.coordination_socket.or(fallback.coordination_socket),
-            cdi_dir: self.cdi_dir.or(fallback.cdi_dir),
-            sysfs_root: self.sysfs_root.or(fallback.sysfs_root),
-            reserved_cpus: self.reserved_cpus.or(fallback.reserved_cpus),
-            mixed_allocation_mode: self
-                .mixed_allocation_mode
-                .or(fallback.mixed_allocation_mode),
-            unsolicited_updates: self.unsolicited_updates.or(fallback.unsolicited_updates),
-            align_memory: self.align_memory.or(fallback.align_memory),
-            metrics_address: self.metrics_address.or(fallback.metrics_address),
-            log_format: self.log_format.or(fallback.log_format),
-            host_cgroups: self.host_cgroups.or(fallback.host_cgroups),
-            cgroup_root: self.cgroup_root.or(fallback.cgroup_root),
-            state_dir: self.state_dir.or(fallback.state_dir),
-        }
-    }
-
     /// Apply defaults and check what the runtime would refuse later.
     pub fn resolve(self) -> Result<Config, ConfigError> {
         let plugin_index = self
@@ -225,18 +185,10 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        settings: Settings,
-    }
+    use shared_state::daemon::parse_flags;
 
     fn flags(args: &[&str]) -> Settings {
-        Cli::try_parse_from(std::iter::once("nri-plugin").chain(args.iter().copied()))
-            .expect("flags")
-            .settings
+        parse_flags(args).expect("flags")
     }
 
     #[test]
@@ -311,8 +263,8 @@ mod tests {
             let err = s.resolve().expect_err("bad");
             assert!(err.to_string().contains(needle), "{err}");
         }
-        assert!(Cli::try_parse_from(["x", "--unsolicited-updates", "sometimes"]).is_err());
-        assert!(Cli::try_parse_from(["x", "--reserved-cpus", "3-1"]).is_err());
+        assert!(parse_flags::<Settings>(&["--unsolicited-updates", "sometimes"]).is_err());
+        assert!(parse_flags::<Settings>(&["--reserved-cpus", "3-1"]).is_err());
     }
 
     #[test]

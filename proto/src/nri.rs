@@ -7,45 +7,43 @@
 //! - [`plugin`]: the [`NriPlugin`] trait and the ttrpc service around it.
 //! - [`client`]: connect, register, update, reconnect.
 
-/// Generated rust-protobuf messages of `nri.pkg.api.v1alpha1`.
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    // Generated code unwraps its own embedded descriptor, not peer input.
-    clippy::unwrap_used,
-    clippy::expect_used,
-    missing_docs,
-    unused,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    unreachable_pub,
-    rustdoc::all,
-    deprecated
-)]
-pub mod api {
-    include!(concat!(env!("OUT_DIR"), "/nri/api.rs"));
+/// A module of code generated into `OUT_DIR`, under the generator's lints
+/// rather than ours.
+macro_rules! generated_module {
+    ($(#[$doc:meta])* $name:ident, $file:literal) => {
+        $(#[$doc])*
+        #[allow(
+            clippy::all,
+            clippy::pedantic,
+            // Generated code unwraps its own embedded descriptor, not peer input.
+            clippy::unwrap_used,
+            clippy::expect_used,
+            missing_docs,
+            unused,
+            non_camel_case_types,
+            non_snake_case,
+            non_upper_case_globals,
+            unreachable_pub,
+            rustdoc::all,
+            deprecated
+        )]
+        pub mod $name {
+            include!(concat!(env!("OUT_DIR"), $file));
+        }
+    };
 }
 
-/// Generated async ttrpc client and server glue for `Runtime` and `Plugin`.
-#[allow(
-    clippy::all,
-    clippy::pedantic,
-    // Generated code unwraps its own embedded descriptor, not peer input.
-    clippy::unwrap_used,
-    clippy::expect_used,
-    missing_docs,
-    unused,
-    non_camel_case_types,
-    non_snake_case,
-    non_upper_case_globals,
-    unreachable_pub,
-    rustdoc::all,
-    deprecated
-)]
-pub mod api_ttrpc {
-    include!(concat!(env!("OUT_DIR"), "/nri/api_ttrpc.rs"));
-}
+generated_module!(
+    /// Generated rust-protobuf messages of `nri.pkg.api.v1alpha1`.
+    api,
+    "/nri/api.rs"
+);
+
+generated_module!(
+    /// Generated async ttrpc client and server glue for `Runtime` and `Plugin`.
+    api_ttrpc,
+    "/nri/api_ttrpc.rs"
+);
 
 pub mod client;
 pub mod events;

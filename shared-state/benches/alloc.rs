@@ -12,20 +12,13 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use shared_state::alloc::{Allocator, Policy};
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+use shared_state::topology::synthetic::{build, MACHINE_1024};
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::hint::black_box;
 
 fn machine() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 4,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    build(&MACHINE_1024)
 }
 
 fn numa_nodes(topology: &Topology) -> Vec<CpuSet> {

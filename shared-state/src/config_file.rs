@@ -70,6 +70,51 @@ pub fn load<T: DeserializeOwned + Default>(path: &Path) -> Result<T, ConfigFileE
     parse(path, &read(path)?)
 }
 
+/// Declares a daemon's settings type, read from flags and from the config
+/// file alike: every field is an optional `--long` flag and the file key of
+/// the same name without the dashes (kebab-case; an unknown key is refused),
+/// so that a flag given wins over the file, the file over the default.
+///
+/// A field is written `pub name: Option<Type>,`; `#[arg(long)]` is added, so
+/// no flag can be left without its key; its doc comment is its help, and
+/// further `#[arg(..)]` attributes pass through. `or` layers two settings:
+/// every field set in the first, else the second's.
+///
+/// The expansion derives `clap::Args` and `serde::Deserialize`: the caller
+/// depends on `clap` and `serde`.
+#[macro_export]
+macro_rules! layered_settings {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[$field_meta:meta])*
+                pub $field:ident: $ty:ty,
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Default, PartialEq, ::clap::Args, ::serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+        pub struct $name {
+            $(
+                $(#[$field_meta])*
+                #[arg(long)]
+                pub $field: $ty,
+            )*
+        }
+
+        impl $name {
+            /// Every field set here, else the one from `fallback`.
+            pub fn or(self, fallback: $name) -> $name {
+                $name {
+                    $($field: self.$field.or(fallback.$field),)*
+                }
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,8 @@ pub mod cdi_spec;
 pub mod claim_env;
 pub mod config_file;
 pub mod cpuset;
+#[cfg(feature = "daemon")]
+pub mod daemon;
 pub mod exposition;
 pub mod pool;
 pub mod snapshot;

@@ -271,22 +271,27 @@ macro_rules! dra_plugin_service {
         $(#[$meta])*
         pub struct $service(pub DraService);
 
+        impl $service {
+            /// The claims of a prepare or unprepare request.
+            fn claim_refs(claims: Vec<$api::Claim>) -> Vec<ClaimRef> {
+                claims
+                    .into_iter()
+                    .map(|claim| ClaimRef {
+                        namespace: claim.namespace,
+                        name: claim.name,
+                        uid: claim.uid,
+                    })
+                    .collect()
+            }
+        }
+
         #[tonic::async_trait]
         impl $api::dra_plugin_server::DraPlugin for $service {
             async fn node_prepare_resources(
                 &self,
                 request: Request<$api::NodePrepareResourcesRequest>,
             ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        name: c.name,
-                        uid: c.uid,
-                    })
-                    .collect();
+                let claims = Self::claim_refs(request.into_inner().claims);
                 let mut response = HashMap::new();
                 for (uid, outcome) in self.0.prepare_all(claims).await {
                     let entry = match outcome {
@@ -321,16 +326,7 @@ macro_rules! dra_plugin_service {
                 &self,
                 request: Request<$api::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        name: c.name,
-                        uid: c.uid,
-                    })
-                    .collect();
+                let claims = Self::claim_refs(request.into_inner().claims);
                 let claims = self
                     .0
                     .unprepare_all(claims)

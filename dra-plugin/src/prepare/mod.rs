@@ -415,7 +415,10 @@ pub(crate) mod tests {
         })
     }
 
-    fn parsed(devices: &[(&str, Option<u32>)]) -> ParsedClaim {
+    /// An allocated device and the CPUs the claim consumes from it.
+    type DeviceUse<'a> = (&'a str, Option<u32>);
+
+    fn parsed(devices: &[DeviceUse]) -> ParsedClaim {
         ParsedClaim {
             devices: devices
                 .iter()
@@ -429,6 +432,25 @@ pub(crate) mod tests {
             consumer_pods: vec![POD.into()],
             pod_claim_name: None,
         }
+    }
+
+    /// Claim A's CPUs for `devices` (all of request "cpus"), while other
+    /// claims hold `held`.
+    fn resolve_a(
+        devices: &[DeviceUse],
+        catalog: &DeviceCatalog,
+        allocator: &Allocator,
+        held: &BTreeMap<String, CpuSet>,
+        policy: Policy,
+    ) -> Result<CpuSet, PrepareError> {
+        resolve_cpus(
+            &claim_ref(UID_A),
+            &parsed(devices),
+            catalog,
+            allocator,
+            held,
+            policy,
+        )
     }
 
     #[test]
@@ -447,6 +469,7 @@ pub(crate) mod tests {
             DeviceMode::Individual,
             GroupBy::Numanode,
         );
+        let none_held = BTreeMap::new();
         let numa0 = topo.cpus_in_numa(0);
         let held_b: BTreeMap<String, CpuSet> = [(UID_B.to_string(), numa0.clone())].into();
         let cpu_of = |n: usize| {
@@ -458,12 +481,11 @@ pub(crate) mod tests {
         let held_dev0: BTreeMap<String, CpuSet> = [(UID_B.to_string(), cpu_of(0))].into();
 
         // Grouped: 2 CPUs in NUMA 0, whole core.
-        let got = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", Some(2))]),
+        let got = resolve_a(
+            &[("cpudevnuma000", Some(2))],
             &grouped,
             &allocator,
-            &BTreeMap::new(),
+            &none_held,
             Policy::Packed,
         );
         let got = got.expect("grouped resolves");
@@ -471,26 +493,10 @@ pub(crate) mod tests {
         assert!(got.is_subset(&numa0));
         assert_eq!(topo.core_of(got.first().unwrap_or(0)), Some(&got));
 
-        // Grouped: the whole group held by another claim.
-        let err = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", Some(1))]),
-            &grouped,
-            &allocator,
-            &held_b,
-            Policy::Packed,
-        );
-        let msg = err.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            msg.contains("1 CPUs requested but only 0 CPUs of the group"),
-            "{msg}"
-        );
-
         // Grouped: the same claim's own record does not count as held.
         let own: BTreeMap<String, CpuSet> = [(UID_A.to_string(), numa0.clone())].into();
-        assert!(resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", Some(8))]),
+        assert!(resolve_a(
+            &[("cpudevnuma000", Some(8))],
             &grouped,
             &allocator,
             &own,
@@ -499,95 +505,78 @@ pub(crate) mod tests {
         .is_ok());
 
         // Grouped: two devices of the same group never overlap.
-        let two = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", Some(4)), ("cpudevnuma000", Some(4))]),
+        let two = resolve_a(
+            &[("cpudevnuma000", Some(4)), ("cpudevnuma000", Some(4))],
             &grouped,
             &allocator,
-            &BTreeMap::new(),
+            &none_held,
             Policy::Packed,
         )
         .expect("two halves");
         assert_eq!(two, numa0);
 
-        // Grouped: missing capacity.
-        let msg = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", None)]),
-            &grouped,
-            &allocator,
-            &BTreeMap::new(),
-            Policy::Packed,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        assert!(msg.contains("has no consumedCapacity dra.cpu/cpu"), "{msg}");
-
-        // Unknown device.
-        let msg = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma007", Some(1))]),
-            &grouped,
-            &allocator,
-            &BTreeMap::new(),
-            Policy::Packed,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        assert!(
-            msg.contains("device cpudevnuma007 (request cpus) is not a device of this node"),
-            "{msg}"
-        );
-
-        // full-pcpus-only with an odd count.
-        let msg = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", Some(3))]),
-            &grouped,
-            &allocator,
-            &BTreeMap::new(),
-            Policy::FullPcpusOnly,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        assert!(
-            msg.contains("not a multiple of the 2 hardware threads"),
-            "{msg}"
-        );
-
         // Individual: named devices.
-        let got = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudev000", None), ("cpudev001", None)]),
+        let got = resolve_a(
+            &[("cpudev000", None), ("cpudev001", None)],
             &individual,
             &allocator,
-            &BTreeMap::new(),
+            &none_held,
             Policy::Packed,
         )
         .expect("individual");
         assert_eq!(got, cpu_of(0).union(&cpu_of(1)));
 
-        // Individual: a CPU held by another claim names the holder.
-        let msg = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudev000", None)]),
-            &individual,
-            &allocator,
-            &held_dev0,
-            Policy::Packed,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        assert!(
-            msg.contains(&format!(
-                "of device cpudev000 are already held by claim {UID_B}"
-            )),
-            "{msg}"
-        );
+        // Refusals: (what, devices, catalog, held, policy, in the message).
+        let held_by_b = format!("of device cpudev000 are already held by claim {UID_B}");
+        let refusals: [(&str, &[DeviceUse], _, _, _, &str); 5] = [
+            (
+                "grouped: the whole group held by another claim",
+                &[("cpudevnuma000", Some(1))],
+                &grouped,
+                &held_b,
+                Policy::Packed,
+                "1 CPUs requested but only 0 CPUs of the group",
+            ),
+            (
+                "grouped: missing capacity",
+                &[("cpudevnuma000", None)],
+                &grouped,
+                &none_held,
+                Policy::Packed,
+                "has no consumedCapacity dra.cpu/cpu",
+            ),
+            (
+                "unknown device",
+                &[("cpudevnuma007", Some(1))],
+                &grouped,
+                &none_held,
+                Policy::Packed,
+                "device cpudevnuma007 (request cpus) is not a device of this node",
+            ),
+            (
+                "full-pcpus-only with an odd count",
+                &[("cpudevnuma000", Some(3))],
+                &grouped,
+                &none_held,
+                Policy::FullPcpusOnly,
+                "not a multiple of the 2 hardware threads",
+            ),
+            (
+                "individual: a CPU held by another claim names the holder",
+                &[("cpudev000", None)],
+                &individual,
+                &held_dev0,
+                Policy::Packed,
+                &held_by_b,
+            ),
+        ];
+        for (what, devices, catalog, held, policy, fragment) in refusals {
+            let msg = resolve_a(devices, catalog, &allocator, held, policy)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(msg.contains(fragment), "{what}: {msg}");
+        }
     }
 
     #[test]
@@ -621,9 +610,8 @@ pub(crate) mod tests {
         assert_eq!(both.mode_of("cpudev000"), Some(DeviceMode::Individual));
         assert_eq!(both.mode_of("cpudevnuma000"), Some(DeviceMode::Grouped));
         // An individual device needs no consumed capacity; a grouped one does.
-        let got = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudev000", None)]),
+        let got = resolve_a(
+            &[("cpudev000", None)],
             &both,
             &allocator,
             &BTreeMap::new(),
@@ -631,9 +619,8 @@ pub(crate) mod tests {
         )
         .expect("individual device resolves");
         assert_eq!(Some(&got), individual.cpus_of("cpudev000"));
-        let err = resolve_cpus(
-            &claim_ref(UID_A),
-            &parsed(&[("cpudevnuma000", None)]),
+        let err = resolve_a(
+            &[("cpudevnuma000", None)],
             &both,
             &allocator,
             &BTreeMap::new(),
@@ -658,7 +645,7 @@ pub(crate) mod tests {
             let device = format!("cpudevnuma{group:03}");
             let group_cpus = catalog.cpus_of(&device).cloned().unwrap_or_default();
             let free = group_cpus.difference(&held_cpus).len();
-            match resolve_cpus(&claim_ref(UID_A), &parsed(&[(&device, Some(count))]), &catalog, &allocator, &held, Policy::Packed) {
+            match resolve_a(&[(&device, Some(count))], &catalog, &allocator, &held, Policy::Packed) {
                 Ok(got) => {
                     prop_assert_eq!(got.len(), count as usize);
                     prop_assert!(got.is_subset(&group_cpus));

@@ -636,29 +636,12 @@ fn grouped_refusal() -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::devices::{DeviceMode, DeviceOptions, GroupBy};
+    use crate::devices::{DeviceMode, GroupBy};
     use crate::slices::devices_for;
-    use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
-    use shared_state::CpuSet;
+    use crate::slices::tests::{machine_300, options};
 
+    /// The devices of a 300-CPU node in `mode`.
     pub(crate) fn devices(mode: DeviceMode) -> Vec<Device> {
-        let topology = build(&Shape {
-            sockets: 2,
-            numa_per_socket: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 75,
-            threads_per_core: 2,
-            sibling_numbering: SiblingNumbering::Split,
-        });
-        devices_for(
-            &topology,
-            &DeviceOptions {
-                mode,
-                group_by: GroupBy::Numanode,
-                reserved: CpuSet::new(),
-                node_allocatable_mapping: true,
-            },
-        )
-        .unwrap()
+        devices_for(&machine_300(), &options(mode, GroupBy::Numanode, "")).unwrap()
     }
 }

@@ -289,6 +289,19 @@ pub(crate) mod tests {
         })
     }
 
+    /// 2 sockets × 75 cores × 2 threads: 300 CPUs, more individual devices
+    /// than two slices hold.
+    pub(crate) fn machine_300() -> Topology {
+        build(&Shape {
+            sockets: 2,
+            numa_per_socket: 1,
+            l3_per_numa: 1,
+            cores_per_l3: 75,
+            threads_per_core: 2,
+            sibling_numbering: SiblingNumbering::Split,
+        })
+    }
+
     pub(crate) fn options(mode: DeviceMode, group_by: GroupBy, reserved: &str) -> DeviceOptions {
         DeviceOptions {
             mode,
@@ -436,14 +449,7 @@ pub(crate) mod tests {
 
     #[test]
     fn slices_split_at_128_devices() {
-        let big = build(&Shape {
-            sockets: 2,
-            numa_per_socket: 1,
-            l3_per_numa: 1,
-            cores_per_l3: 75,
-            threads_per_core: 2,
-            sibling_numbering: SiblingNumbering::Split,
-        });
+        let big = machine_300();
         let devices = devices_for(
             &big,
             &options(DeviceMode::Individual, GroupBy::Numanode, ""),

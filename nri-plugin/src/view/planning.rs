@@ -88,13 +88,13 @@ impl NodeView {
         // container's claim, a mixed container's claim and the shared pool
         // (its memory must not be confined to the claim's node while it
         // also runs on the others).
-        let mems = match (admission.kind, &self.numa) {
+        let mems = match (admission.placement.kind, &self.numa) {
             (ContainerKind::Shared, _) | (_, None) => None,
-            (_, Some(numa)) => numa.nodes_of(&admission.cpuset),
+            (_, Some(numa)) => numa.nodes_of(&admission.placement.cpuset),
         };
         CreateOutcome::Decided(CreateDecision {
-            kind: admission.kind,
-            cpuset: admission.cpuset,
+            kind: admission.placement.kind,
+            cpuset: admission.placement.cpuset,
             mems,
             updates: admission.updates,
             claims: refs.into_iter().map(|r| r.claim_uid).collect(),

@@ -18,7 +18,7 @@
 //! tests in `mod.rs`).
 
 use super::*;
-use crate::topology::{CoreType, CpuInfo};
+use crate::topology::CpuInfo;
 
 /// A kubelet test topology: for CPU `id`, `(core_id, socket, numa, uncore)`.
 /// A core is its `(socket, core_id)` pair, as kubelet's `CoreKey`.
@@ -26,20 +26,13 @@ fn topology_of(cpus: u32, of: impl Fn(u32) -> (u32, u32, u32, u32)) -> Topology 
     let rows: Vec<(u32, (u32, u32, u32, u32))> = (0..cpus).map(|id| (id, of(id))).collect();
     let cpus = rows
         .iter()
-        .map(|&(id, (core, socket, numa, uncore))| CpuInfo {
-            id,
-            socket,
-            die: 0,
-            cluster: 0,
-            core,
-            numa,
-            l3: Some(uncore),
-            core_type: CoreType::Standard,
-            siblings: rows
+        .map(|&(id, (core, socket, numa, uncore))| {
+            let siblings = rows
                 .iter()
                 .filter(|(_, (c, s, _, _))| *c == core && *s == socket)
                 .map(|(i, _)| *i)
-                .collect(),
+                .collect();
+            CpuInfo::plain(id, socket, numa, core, Some(uncore), siblings)
         })
         .collect();
     Topology {

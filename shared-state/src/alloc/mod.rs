@@ -167,6 +167,17 @@ impl Allocator {
         self.width
     }
 
+    /// Refuses CPUs this allocator's topology does not have online.
+    fn check_online(&self, cpus: &CpuSet) -> Result<(), AllocError> {
+        if cpus.is_subset(&self.online) {
+            Ok(())
+        } else {
+            Err(AllocError::UnknownCpus {
+                cpus: cpus.difference(&self.online),
+            })
+        }
+    }
+
     /// Choose `count` CPUs out of `available`.
     pub fn allocate(
         &self,
@@ -174,11 +185,7 @@ impl Allocator {
         count: usize,
         policy: Policy,
     ) -> Result<CpuSet, AllocError> {
-        if !available.is_subset(&self.online) {
-            return Err(AllocError::UnknownCpus {
-                cpus: available.difference(&self.online),
-            });
-        }
+        self.check_online(available)?;
         if count == 0 {
             return Err(AllocError::ZeroCount);
         }
@@ -207,11 +214,7 @@ impl Allocator {
         count: usize,
         policy: Policy,
     ) -> Result<CpuSet, AllocError> {
-        if !available.is_subset(&self.online) {
-            return Err(AllocError::UnknownCpus {
-                cpus: available.difference(&self.online),
-            });
-        }
+        self.check_online(available)?;
         self.allocate(&available.intersection(group), count, policy)
     }
 }
@@ -532,7 +535,7 @@ mod tests {
 #[cfg(test)]
 mod fixtures {
     use crate::cpuset::CpuSet;
-    use crate::topology::synthetic::{build, Shape, SiblingNumbering};
+    use crate::topology::synthetic::{build, Shape, SiblingNumbering, MACHINE_1024};
     use crate::topology::Topology;
 
     pub(super) fn cs(list: &str) -> CpuSet {
@@ -553,14 +556,7 @@ mod fixtures {
     }
 
     pub(super) fn big() -> Topology {
-        build(&Shape {
-            sockets: 2,
-            numa_per_socket: 2,
-            l3_per_numa: 4,
-            cores_per_l3: 32,
-            threads_per_core: 2,
-            sibling_numbering: SiblingNumbering::Split,
-        })
+        build(&MACHINE_1024)
     }
 
     pub(super) fn all(t: &Topology) -> CpuSet {

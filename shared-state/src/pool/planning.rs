@@ -148,7 +148,7 @@ mod tests {
         assert_eq!(shrink, updates(&[("c1", "1-6")]));
         // Not sent: the next event's reply carries it.
         let a = s.admit("c2", "p", "other", &[], None).expect("shared");
-        assert_eq!(a.cpuset, set("1-6"));
+        assert_eq!(a.placement.cpuset, set("1-6"));
         assert_eq!(a.updates, updates(&[("c1", "1-6")]));
         // Unprepared before anything was sent: c1 already has the right set.
         let up = s.remove_claim("aa");
@@ -255,7 +255,7 @@ mod tests {
                         let id = format!("k{container}");
                         match s.admit(&id, pods[pod], &format!("n{container}"), &refs_dedup, shares) {
                             Ok(a) => {
-                                prop_assert_eq!(Some(&a.cpuset), s.container(&id).map(|c| &c.cpuset));
+                                prop_assert_eq!(Some(&a.placement.cpuset), s.container(&id).map(|c| &c.cpuset));
                                 prop_assert!(a.updates.iter().all(|(u, _)| u != &id));
                                 a.updates
                             }
@@ -391,7 +391,7 @@ mod tests {
                 let p = placed.place(&id, pods[pod], &name, &refs, shares);
                 match (a, p) {
                     (Ok(a), Ok(p)) => {
-                        prop_assert_eq!((&a.cpuset, a.kind, &a.superseded), (&p.cpuset, p.kind, &p.superseded));
+                        prop_assert_eq!(&a.placement, &p);
                         // What a runtime reports for the container.
                         let now: Update = (id.clone(), reported.into_iter().collect());
                         admitted.mark_applied(std::slice::from_ref(&now));

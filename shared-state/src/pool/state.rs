@@ -27,27 +27,25 @@ pub struct ContainerEntry {
     pub cpuset: CpuSet,
 }
 
-/// The result of admitting a container.
+/// The result of admitting a container: where it goes, and what that
+/// changes for the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
-    /// The cpuset to give the container being created.
-    pub cpuset: CpuSet,
-    pub kind: ContainerKind,
+    /// The container being created.
+    pub placement: Placement,
     /// Other containers whose cpuset must change, sorted by container id.
     pub updates: Vec<Update>,
-    /// Earlier instances of the same container (same pod and name) whose
-    /// claims passed to this one, e.g. after a container restart.
-    pub superseded: Vec<String>,
 }
 
-/// A container placed without planning the other containers' updates (see
+/// A container placed, without the other containers' updates (see
 /// [`PoolState::place`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
     /// The cpuset to give the container being placed.
     pub cpuset: CpuSet,
     pub kind: ContainerKind,
-    /// Earlier instances of the same container whose claims passed to it.
+    /// Earlier instances of the same container (same pod and name) whose
+    /// claims passed to this one, e.g. after a container restart.
     pub superseded: Vec<String>,
 }
 
@@ -134,12 +132,10 @@ impl PoolState {
         refs: &[EnvClaim],
         cpu_shares: Option<u64>,
     ) -> Result<Admission, PoolError> {
-        let placed = self.place(container_id, pod_uid, name, refs, cpu_shares)?;
+        let placement = self.place(container_id, pod_uid, name, refs, cpu_shares)?;
         Ok(Admission {
-            cpuset: placed.cpuset,
-            kind: placed.kind,
+            placement,
             updates: self.plan_updates(),
-            superseded: placed.superseded,
         })
     }
 
@@ -384,7 +380,7 @@ mod tests {
             .admit("c-shared", "pod-1", "app", &[], None)
             .expect("shared");
         assert_eq!(
-            (a.kind, a.cpuset.clone()),
+            (a.placement.kind, a.placement.cpuset.clone()),
             (ContainerKind::Shared, set("1-7"))
         );
         assert!(a.updates.is_empty());
@@ -398,7 +394,7 @@ mod tests {
             .admit("c-mixed", "pod-2", "app", &[cref("aa", "2-3")], Some(512))
             .expect("mixed");
         assert_eq!(
-            (a.kind, a.cpuset.clone()),
+            (a.placement.kind, a.placement.cpuset.clone()),
             (ContainerKind::Mixed, set("1-7"))
         );
         assert!(
@@ -420,7 +416,7 @@ mod tests {
             .admit("c-excl", "pod-3", "app", &[cref("bb", "5")], Some(2))
             .expect("exclusive");
         assert_eq!(
-            (a.kind, a.cpuset.clone()),
+            (a.placement.kind, a.placement.cpuset.clone()),
             (ContainerKind::Exclusive, set("5"))
         );
         assert!(a.updates.is_empty());
@@ -462,7 +458,7 @@ mod tests {
         let a = s
             .admit("c3", "p2", "app", &[cref("aa", "0-3")], None)
             .expect("excl");
-        assert_eq!(a.cpuset, set("0-3"));
+        assert_eq!(a.placement.cpuset, set("0-3"));
         // Freed again: c1 kept 0-3 and the orphaned c3 joins the pool it is
         // already on, so nothing needs sending.
         assert!(s.remove_claim("aa").is_empty());
@@ -546,8 +542,8 @@ mod tests {
         let a = s
             .admit("second", "pod", "app", &[cref("aa", "4-5")], None)
             .expect("restart");
-        assert_eq!(a.cpuset, set("4-5"));
-        assert_eq!(a.superseded, vec!["first".to_string()]);
+        assert_eq!(a.placement.cpuset, set("4-5"));
+        assert_eq!(a.placement.superseded, vec!["first".to_string()]);
         assert_eq!(s.claim_owner("aa"), Some("second"));
         assert!(s.remove_container("first").is_none());
         assert!(s.remove_container("second").is_some());

@@ -94,8 +94,18 @@ fn apply_locked(state: &mut State, ops: &[StoreOp]) -> Result<u64, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::record;
+    use super::super::tests::{check_numbered_batch, record, refused_batch};
     use super::*;
+
+    /// The claim UIDs stored, in order.
+    fn uids(store: &MemoryStore) -> Vec<String> {
+        store
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.claim_uid)
+            .collect()
+    }
 
     #[test]
     fn round_trip_and_revisions() {
@@ -104,13 +114,7 @@ mod tests {
         assert_eq!(store.put(&record("b", "2")).ok(), Some(1));
         assert_eq!(store.put(&record("a", "1")).ok(), Some(2));
         assert_eq!(store.get("a").ok().flatten(), Some(record("a", "1")));
-        let uids: Vec<String> = store
-            .list()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|r| r.claim_uid)
-            .collect();
-        assert_eq!(uids, ["a", "b"]);
+        assert_eq!(uids(&store), ["a", "b"]);
         assert_eq!(store.remove("a").ok(), Some(Some(3)));
         assert_eq!(store.remove("a").ok(), Some(None));
         assert_eq!(store.revision().ok(), Some(3));
@@ -119,30 +123,10 @@ mod tests {
     #[test]
     fn numbered_batch_gives_one_revision_per_change() {
         let store = MemoryStore::new();
-        assert_eq!(store.put(&record("old", "7")).ok(), Some(1));
-        let ops = [
-            StoreOp::Put(record("a", "0")),
-            StoreOp::Remove("absent".into()),
-            StoreOp::Remove("old".into()),
-            StoreOp::Put(record("b", "1")),
-        ];
-        assert_eq!(
-            store.apply_numbered(&ops).ok(),
-            Some(vec![Some(2), None, Some(3), Some(4)])
-        );
+        check_numbered_batch(&store);
         assert_eq!(store.revision().ok(), Some(4));
-        let uids: Vec<String> = store
-            .list()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|r| r.claim_uid)
-            .collect();
-        assert_eq!(uids, ["a", "b"]);
-        let refused = [
-            StoreOp::Put(record("z", "1")),
-            StoreOp::Remove(String::new()),
-        ];
-        assert!(store.apply_numbered(&refused).is_err());
+        assert_eq!(uids(&store), ["a", "b"]);
+        assert!(store.apply_numbered(&refused_batch()).is_err());
         assert_eq!(store.revision().ok(), Some(4));
         assert_eq!(store.get("z").ok(), Some(None));
     }

@@ -334,6 +334,32 @@ mod tests {
         }
     }
 
+    /// With "old" stored at revision 1, one numbered batch (put a, remove
+    /// an absent claim, remove old, put b) gives each change its own
+    /// revision and the no-op none. Leaves a and b at revision 4.
+    pub(crate) fn check_numbered_batch(store: &dyn AssignmentStore) {
+        assert_eq!(store.put(&record("old", "7")).ok(), Some(1));
+        let ops = [
+            StoreOp::Put(record("a", "0")),
+            StoreOp::Remove("absent".into()),
+            StoreOp::Remove("old".into()),
+            StoreOp::Put(record("b", "1")),
+        ];
+        assert_eq!(
+            store.apply_numbered(&ops).ok(),
+            Some(vec![Some(2), None, Some(3), Some(4)])
+        );
+    }
+
+    /// A batch the store must refuse whole: a put, then an op with an empty
+    /// claim UID.
+    pub(crate) fn refused_batch() -> [StoreOp; 2] {
+        [
+            StoreOp::Put(record("z", "1")),
+            StoreOp::Remove(String::new()),
+        ]
+    }
+
     #[test]
     fn apply_to_map_table() {
         struct Case {

@@ -56,6 +56,32 @@ pub struct CpuInfo {
     pub siblings: CpuSet,
 }
 
+#[cfg(test)]
+impl CpuInfo {
+    /// A hardware thread of a plain machine: one die, no clusters, standard
+    /// cores.
+    pub(crate) fn plain(
+        id: u32,
+        socket: u32,
+        numa: u32,
+        core: u32,
+        l3: Option<u32>,
+        siblings: CpuSet,
+    ) -> CpuInfo {
+        CpuInfo {
+            id,
+            socket,
+            die: 0,
+            cluster: 0,
+            core,
+            numa,
+            l3,
+            core_type: CoreType::Standard,
+            siblings,
+        }
+    }
+}
+
 /// The online CPUs of a node, sorted by id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
@@ -243,17 +269,7 @@ mod tests {
         l3: Option<u32>,
         siblings: &str,
     ) -> CpuInfo {
-        CpuInfo {
-            id,
-            socket,
-            die: 0,
-            cluster: 0,
-            core,
-            numa,
-            l3,
-            core_type: CoreType::Standard,
-            siblings: set(siblings),
-        }
+        CpuInfo::plain(id, socket, numa, core, l3, set(siblings))
     }
 
     /// Two sockets, one core each with two threads (N, N+2); both sockets

@@ -31,6 +31,25 @@ pub struct Shape {
     pub sibling_numbering: SiblingNumbering,
 }
 
+/// The large machine of the benchmarks and the performance table:
+/// 2 sockets × 2 NUMA × 4 L3 × 32 cores × 2 threads = 1024 CPUs, split
+/// sibling numbering.
+pub const MACHINE_1024: Shape = Shape {
+    sockets: 2,
+    numa_per_socket: 2,
+    l3_per_numa: 4,
+    cores_per_l3: 32,
+    threads_per_core: 2,
+    sibling_numbering: SiblingNumbering::Split,
+};
+
+/// [`MACHINE_1024`] with half the L3 groups: 2 sockets × 2 NUMA × 2 L3 ×
+/// 32 cores × 2 threads = 512 CPUs.
+pub const MACHINE_512: Shape = Shape {
+    l3_per_numa: 2,
+    ..MACHINE_1024
+};
+
 impl Shape {
     /// Number of physical cores of the whole machine.
     pub fn cores_total(&self) -> u32 {
@@ -144,14 +163,7 @@ mod tests {
 
     #[test]
     fn big_machine_has_1024_cpus() {
-        let topo = build(&Shape {
-            sockets: 2,
-            numa_per_socket: 2,
-            l3_per_numa: 4,
-            cores_per_l3: 32,
-            threads_per_core: 2,
-            sibling_numbering: SiblingNumbering::Split,
-        });
+        let topo = build(&MACHINE_1024);
         assert_eq!(topo.cpus.len(), 1024);
         assert_eq!(topo.cpus[1023].siblings.to_cpulist(), "511,1023");
         assert_eq!(topo.cpus[1023].numa, 3);

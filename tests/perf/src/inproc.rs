@@ -19,7 +19,7 @@ use nri_plugin::resolve::{ClaimResolver, Resolution};
 use nri_plugin::view::NodeView;
 use protobuf::Message;
 use shared_state::alloc::{Allocator, Policy};
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+use shared_state::topology::synthetic::{build, MACHINE_1024, MACHINE_512};
 use shared_state::topology::Topology;
 use shared_state::NodeSnapshot;
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
@@ -30,26 +30,12 @@ use std::time::{Duration, Instant};
 
 /// 2 sockets × 2 NUMA × 4 L3 × 32 cores × 2 threads = 1024 CPUs.
 pub fn machine_1024() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 4,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    build(&MACHINE_1024)
 }
 
 /// 2 sockets × 2 NUMA × 2 L3 × 32 cores × 2 threads = 512 CPUs.
 pub fn machine_512() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 2,
-        l3_per_numa: 2,
-        cores_per_l3: 32,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    build(&MACHINE_512)
 }
 
 /// A Kubernetes-shaped UID numbered `n` in family `family` (one hex digit).
@@ -230,6 +216,7 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
             Policy::Packed,
         )
     };
+    // Checked once, then timed.
     match resolve() {
         Ok(cpus) if cpus.len() == 8 => {
             let measured = time_each(samples, resolve);
@@ -374,7 +361,9 @@ fn nri_node() -> NriNode {
     }
 }
 
-fn plugin_for(node: &NriNode) -> (Arc<Enforcer>, DraCpuPlugin) {
+/// A fresh nri-plugin that has applied dra-plugin's snapshot of `node`, as
+/// after it subscribes; the error says why the snapshot was refused.
+async fn plugin_for(node: &NriNode) -> Result<(Arc<Enforcer>, DraCpuPlugin), String> {
     let view = NodeView::new(node.topology.online(), CpuSet::new(), false, None);
     let enforcer = Arc::new(Enforcer::new(
         view,
@@ -383,7 +372,11 @@ fn plugin_for(node: &NriNode) -> (Arc<Enforcer>, DraCpuPlugin) {
         UnsolicitedUpdates::Never,
     ));
     let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(KnownClaimsOnly));
-    (enforcer, plugin)
+    enforcer
+        .apply_snapshot(snapshot(node))
+        .await
+        .map_err(|e| format!("snapshot: {e}"))?;
+    Ok((enforcer, plugin))
 }
 
 fn snapshot(node: &NriNode) -> NodeSnapshot {
@@ -420,10 +413,10 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
     let mut sync_times = Vec::new();
     let mut sync_updates = 0usize;
     for _ in 0..sync_samples {
-        let (enforcer, plugin) = plugin_for(&node);
-        if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-            return create_not_measured(format!("snapshot: {e}"));
-        }
+        let (_, plugin) = match plugin_for(&node).await {
+            Ok(plugin) => plugin,
+            Err(why) => return create_not_measured(why),
+        };
         let pods = node.pods.clone();
         let containers = node.containers.clone();
         let started = Instant::now();
@@ -442,10 +435,10 @@ pub async fn nri_rows(create_samples: usize, sync_samples: usize) -> Vec<Row> {
         }
     }
 
-    let (enforcer, plugin) = plugin_for(&node);
-    if let Err(e) = enforcer.apply_snapshot(snapshot(&node)).await {
-        return create_not_measured(format!("snapshot: {e}"));
-    }
+    let (enforcer, plugin) = match plugin_for(&node).await {
+        Ok(plugin) => plugin,
+        Err(why) => return create_not_measured(why),
+    };
     if let Err(e) = plugin
         .synchronize(node.pods.clone(), node.containers.clone())
         .await

@@ -36,7 +36,7 @@ use super::{
     OWNER_PID_FILE, REVISION_KEY, SCHEMA_KEY, SCHEMA_VERSION,
 };
 use crate::assignment::ClaimAssignment;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::FileExt;
@@ -263,6 +263,22 @@ impl SledStore {
         shielded(&self.dir, operation, f)
     }
 
+    /// The revision as a transaction sees it; 0 for a store never written.
+    fn revision_in(
+        &self,
+        tx: &TransactionalTree,
+    ) -> Result<u64, ConflictableTransactionError<StoreError>> {
+        match tx.get(REVISION_KEY)? {
+            None => Ok(0),
+            Some(raw) => parse_counter(&raw).ok_or_else(|| {
+                ConflictableTransactionError::Abort(self.corrupt(format!(
+                    "key {REVISION_KEY} holds {:?}, not a revision",
+                    String::from_utf8_lossy(&raw)
+                )))
+            }),
+        }
+    }
+
     /// Commit the encoded ops and the revision bump in one transaction.
     /// Returns the revision after it and whether anything changed.
     fn commit(&self, encoded: &[EncodedOp]) -> Result<(u64, bool), StoreError> {
@@ -277,15 +293,7 @@ impl SledStore {
                     None => changed |= tx.remove(key.as_bytes())?.is_some(),
                 }
             }
-            let current = match tx.get(REVISION_KEY)? {
-                None => 0,
-                Some(raw) => parse_counter(&raw).ok_or_else(|| {
-                    ConflictableTransactionError::Abort(self.corrupt(format!(
-                        "key {REVISION_KEY} holds {:?}, not a revision",
-                        String::from_utf8_lossy(&raw)
-                    )))
-                })?,
-            };
+            let current = self.revision_in(tx)?;
             if !changed {
                 return Ok((current, false));
             }
@@ -333,15 +341,7 @@ impl SledStore {
                     None => tx.remove(key.as_bytes())?.is_some(),
                 });
             }
-            let current = match tx.get(REVISION_KEY)? {
-                None => 0,
-                Some(raw) => parse_counter(&raw).ok_or_else(|| {
-                    ConflictableTransactionError::Abort(self.corrupt(format!(
-                        "key {REVISION_KEY} holds {:?}, not a revision",
-                        String::from_utf8_lossy(&raw)
-                    )))
-                })?,
-            };
+            let current = self.revision_in(tx)?;
             let numbered = number_ops(current, &changed, &self.dir)
                 .map_err(ConflictableTransactionError::Abort)?;
             if let Some(last) = numbered.iter().flatten().last() {
@@ -486,7 +486,7 @@ fn shielded<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::record;
+    use super::super::tests::{check_numbered_batch, record, refused_batch};
     use super::*;
 
     #[test]
@@ -507,23 +507,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("store");
         let store = SledStore::open(&dir).unwrap();
-        assert_eq!(store.put(&record("old", "7")).unwrap(), 1);
-        let ops = [
-            StoreOp::Put(record("a", "0")),
-            StoreOp::Remove("absent".into()),
-            StoreOp::Remove("old".into()),
-            StoreOp::Put(record("b", "1")),
-        ];
-        assert_eq!(
-            store.apply_numbered(&ops).unwrap(),
-            vec![Some(2), None, Some(3), Some(4)]
-        );
-        let refused = [
-            StoreOp::Put(record("z", "1")),
-            StoreOp::Remove(String::new()),
-        ];
+        check_numbered_batch(&store);
         assert!(matches!(
-            store.apply_numbered(&refused),
+            store.apply_numbered(&refused_batch()),
             Err(StoreError::EmptyClaimUid)
         ));
         drop(store);
