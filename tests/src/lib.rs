@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod cgroup;
+pub mod chart;
 pub mod claims;
 pub mod containerd;
 pub mod cri;
