@@ -21,4 +21,5 @@ pub mod prom_text;
 pub mod real_clients;
 pub mod repin;
 pub mod seed;
+pub mod served_series;
 pub mod skip;
