@@ -55,9 +55,12 @@
 
 mod common;
 
-use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
+use common::{
+    pod_uid, prepare_one, snapshot, storm_claims, unprepare_one, Known, Node, DRIVER, WAIT,
+};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
+use dra_cpu_tests::seed::XorShift;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::cli::inspect_state::StateReport;
 use dra_plugin::config::DeviceMode;
@@ -83,23 +86,6 @@ const BLOCK: usize = 4096;
 /// Longest the storm waits for the host's SIGKILL before cutting itself.
 const HOST_KILL_WAIT: Duration = Duration::from_secs(120);
 
-/// Small and seedable: the point is replayable schedules.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// The seed of one boot's schedule: the run's seed and the boot number.
 fn boot_seed(seed: u64, boot: usize) -> u64 {
     // splitmix64's finalizer: neighbouring seeds give unrelated schedules.
@@ -107,15 +93,6 @@ fn boot_seed(seed: u64, boot: usize) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     (z ^ (z >> 31)) | 1
-}
-
-/// What the kubelet stand-in knows of a claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Known {
-    Prepared(CpuSet),
-    Unprepared,
-    PrepareInFlight,
-    UnprepareInFlight,
 }
 
 /// The log replayed: each claim's state and the run's figures so far.
@@ -334,25 +311,16 @@ fn plugin_binary() -> PathBuf {
 }
 
 fn run_args(node: &Node) -> Vec<String> {
-    let c = &node.config;
-    let path = |p: &Path| p.to_string_lossy().into_owned();
-    vec![
-        "run".into(),
-        format!("--node-name={}", c.node_name),
-        format!(
-            "--kubeconfig={}",
-            path(c.kubeconfig.as_deref().expect("kubeconfig"))
-        ),
-        format!("--kubelet-root-dir={}", path(&c.kubelet_root_dir)),
-        format!("--state-dir={}", path(&c.state_dir)),
-        format!("--cdi-dir={}", path(&c.cdi_dir)),
-        format!("--sysfs-root={}", path(&c.sysfs_root)),
+    let mut args = vec!["run".to_string()];
+    args.extend(node.run_flags());
+    args.extend([
         "--cpu-device-mode=grouped".into(),
         "--group-by=numanode".into(),
         "--metrics-address=127.0.0.1:0".into(),
         // As nri-plugin runs in the re-pin check.
         "--mixed-allocation-mode".into(),
-    ]
+    ]);
+    args
 }
 
 fn daemon_log(node: &Node) -> String {
@@ -499,7 +467,7 @@ async fn storm_worker(
     worker: usize,
     seed: u64,
 ) {
-    let mut rng = XorShift(seed | 1);
+    let mut rng = XorShift::new(seed);
     let mine: Vec<usize> = (worker..claims.len()).step_by(WORKERS).collect();
     loop {
         let i = mine[rng.below(mine.len() as u64) as usize];
@@ -573,7 +541,7 @@ async fn power_cut_boot() {
     eprintln!(
         "power-cut boot {boot} of {cuts} cuts, seed {seed}, {uptime} s after the kernel started"
     );
-    let mut rng = XorShift(boot_seed(seed, boot));
+    let mut rng = XorShift::new(boot_seed(seed, boot));
 
     if boot == 0 {
         // A fresh run on a disk another run may have used.
@@ -583,17 +551,7 @@ async fn power_cut_boot() {
         s.state_dir = Some(PathBuf::from(STATE_DIR));
     }));
     node.api.seed_uids(seed);
-    let claims: Vec<Claim> = (0..CLAIMS)
-        .map(|i| {
-            let device = format!("cpudevnuma{:03}", i % 4);
-            node.claim(
-                &format!("c{i}"),
-                &[(&device, Some("2"))],
-                &pod_uid(i as u32),
-            )
-        })
-        .collect();
-    let claims = Arc::new(claims);
+    let claims = Arc::new(storm_claims(&node, CLAIMS));
     let mut known = history.known.clone();
 
     let started = Instant::now();
@@ -756,7 +714,7 @@ async fn power_cut_boot() {
                 prepared,
                 log.clone(),
                 w,
-                rng.next(),
+                rng.next_u64(),
             ))
         })
         .collect();
