@@ -65,17 +65,6 @@ struct Daemon {
     kubelet: Arc<KubeletDra>,
 }
 
-fn run_args(node: &Node) -> Vec<String> {
-    let mut args = vec!["run".to_string()];
-    args.extend(node.run_flags());
-    args.extend([
-        "--cpu-device-mode=grouped".into(),
-        "--group-by=numanode".into(),
-        "--metrics-address=127.0.0.1:0".into(),
-    ]);
-    args
-}
-
 /// Start the process and register it; `crash_at` arms a named crash point.
 async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
     // A SIGKILLed daemon leaves its registration socket; kubelet would fail
@@ -88,7 +77,7 @@ async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
         .expect("log file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
     command
-        .args(run_args(node))
+        .args(node.grouped_run_args(&[]))
         .env("RUST_LOG", "warn")
         .env_remove(CRASH_AT_ENV)
         .stdin(Stdio::null())

@@ -310,19 +310,6 @@ fn plugin_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_dra-plugin")))
 }
 
-fn run_args(node: &Node) -> Vec<String> {
-    let mut args = vec!["run".to_string()];
-    args.extend(node.run_flags());
-    args.extend([
-        "--cpu-device-mode=grouped".into(),
-        "--group-by=numanode".into(),
-        "--metrics-address=127.0.0.1:0".into(),
-        // As nri-plugin runs in the re-pin check.
-        "--mixed-allocation-mode".into(),
-    ]);
-    args
-}
-
 fn daemon_log(node: &Node) -> String {
     std::fs::read_to_string(node.dir.path().join("dra-plugin.log")).unwrap_or_default()
 }
@@ -335,7 +322,8 @@ async fn spawn(node: &Node) -> Result<Daemon, String> {
         .open(node.dir.path().join("dra-plugin.log"))
         .map_err(|e| format!("log file: {e}"))?;
     let mut child = Command::new(plugin_binary())
-        .args(run_args(node))
+        // Mixed allocation mode, as nri-plugin runs in the re-pin check.
+        .args(node.grouped_run_args(&["--mixed-allocation-mode"]))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{pod_uid, prepare_ok, Node, DRIVER, WAIT};
+use common::{pod_uid, prepare_ok, Node, DRIVER, FIXTURE_NUMA_DEVICES, WAIT};
 use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
 use dra_cpu_tests::served_series::{check_served, Series};
 use dra_plugin::config::DeviceMode;
@@ -111,15 +111,7 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
         .into_iter()
         .map(|d| d.name)
         .collect();
-    assert_eq!(
-        names,
-        [
-            "cpudevnuma000",
-            "cpudevnuma001",
-            "cpudevnuma002",
-            "cpudevnuma003"
-        ]
-    );
+    assert_eq!(names, FIXTURE_NUMA_DEVICES);
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
@@ -636,15 +628,7 @@ async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
     // grouped by NUMA node, as the file says (the test node was made
     // individual, so the file's mode is the one in force).
     let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "cpudevnuma000",
-            "cpudevnuma001",
-            "cpudevnuma002",
-            "cpudevnuma003"
-        ]
-    );
+    assert_eq!(names, FIXTURE_NUMA_DEVICES);
     // 128 CPUs less the 4 reserved ones are published.
     let published: i64 = devices
         .iter()

@@ -26,6 +26,13 @@ pub const NODE: &str = "node-a";
 pub const DRIVER: &str = "dra.cpu";
 /// Two sockets, four NUMA nodes of 32 CPUs, siblings N and N+64.
 pub const FIXTURE: &str = "intel-2s-snc2-ht-128";
+/// The grouped devices of [`FIXTURE`], one per NUMA node, in order.
+pub const FIXTURE_NUMA_DEVICES: [&str; 4] = [
+    "cpudevnuma000",
+    "cpudevnuma001",
+    "cpudevnuma002",
+    "cpudevnuma003",
+];
 /// Generous bound for things that happen in milliseconds; only a hung
 /// daemon gets near it.
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -150,6 +157,24 @@ impl Node {
             format!("--cdi-dir={}", c.cdi_dir.display()),
             format!("--sysfs-root={}", c.sysfs_root.display()),
         ]
+    }
+
+    /// The arguments of `dra-plugin run` on this node with grouped devices
+    /// by NUMA node and metrics on a free port, then `extra`.
+    pub fn grouped_run_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = vec!["run".to_string()];
+        args.extend(self.run_flags());
+        args.extend(
+            [
+                "--cpu-device-mode=grouped",
+                "--group-by=numanode",
+                "--metrics-address=127.0.0.1:0",
+            ]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string()),
+        );
+        args
     }
 
     pub fn registry_dir(&self) -> PathBuf {
