@@ -18,8 +18,8 @@
 mod common;
 
 use common::{
-    pod_uid, prepare_answer, prepare_ok, prepare_one, snapshot, storm_claims, unprepare_one, Known,
-    Node, DRIVER, WAIT,
+    pod_uid, prepare_answer, prepare_ok, prepare_one, snapshot, storm_claims, unprepare_all,
+    unprepare_one, Known, Node, DRIVER, WAIT,
 };
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::seed::{seed_from_env, XorShift};
@@ -448,13 +448,7 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
     }
 
     // Everything can be released, and the node ends empty.
-    for claim in claims.iter() {
-        unprepare_one(&daemon.kubelet, claim)
-            .await
-            .expect("final unprepare");
-    }
-    let report = snapshot(&node).await;
-    assert!(report.claims.is_empty(), "{:?}", report.claims);
+    unprepare_all(&daemon.kubelet, &node, &claims).await;
     assert_eq!(
         CdiDir::new(&node.config.cdi_dir).list().expect("list"),
         Default::default()

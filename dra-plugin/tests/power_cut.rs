@@ -56,7 +56,8 @@
 mod common;
 
 use common::{
-    pod_uid, prepare_one, snapshot, storm_claims, unprepare_one, Known, Node, DRIVER, WAIT,
+    pod_uid, prepare_one, snapshot, storm_claims, unprepare_all, unprepare_one, Known, Node,
+    DRIVER, WAIT,
 };
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
@@ -663,13 +664,7 @@ async fn power_cut_boot() {
     }
 
     if boot >= cuts {
-        for claim in claims.iter() {
-            unprepare_one(&daemon.kubelet, claim)
-                .await
-                .expect("final unprepare");
-        }
-        let report = snapshot(&node).await;
-        assert!(report.claims.is_empty(), "{:?}", report.claims);
+        unprepare_all(&daemon.kubelet, &node, &claims).await;
         assert!(cdi_of(&node).is_empty(), "CDI specs left after the end");
         let _ = daemon.child.start_kill();
         let _ = daemon.child.wait().await;

@@ -422,6 +422,18 @@ pub async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
     Some(())
 }
 
+/// Unprepare every claim of `claims`, each answered; then the daemon holds
+/// no claim.
+pub async fn unprepare_all(kubelet: &KubeletDra, node: &Node, claims: &[Claim]) {
+    for claim in claims {
+        unprepare_one(kubelet, claim)
+            .await
+            .expect("final unprepare");
+    }
+    let report = snapshot(node).await;
+    assert!(report.claims.is_empty(), "{:?}", report.claims);
+}
+
 /// The ResourceClaim the scheduler leaves for `reference`: `cpus` CPUs of
 /// grouped device `device` in pool `pool` for request `cpus`, reserved for
 /// one pod, with `annotations` on the object.
