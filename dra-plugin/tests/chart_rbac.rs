@@ -14,21 +14,16 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dra_cpu_tests::apiserver::{FakeApiServer, RequestLine};
+mod common;
+
+use common::{eventually, prepare_ok, Node, DRIVER, NODE};
+use dra_cpu_tests::apiserver::RequestLine;
 use dra_cpu_tests::claims::AllocatedClaim;
-use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
-use dra_plugin::config::{DeviceMode, GroupBy, Settings};
+use dra_cpu_tests::kubelet_dra::DraVersion;
+use dra_plugin::config::DeviceMode;
 use dra_plugin::slices::{build_slices, slice_name};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-const NODE: &str = "node-a";
-const DRIVER: &str = "dra.cpu";
-const FIXTURE: &str = "intel-2s-snc2-ht-128";
-/// Guards against a hung daemon only; never a measure of speed.
-const HANG_GUARD: Duration = Duration::from_secs(60);
 
 /// What RBAC authorizes for one resource request.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -159,28 +154,17 @@ fn strings(value: &serde_json::Value, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dra-cpu")
-}
-
 /// The rules of the ClusterRole the chart renders with its default values.
 fn rendered_rules() -> Vec<Rule> {
-    let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
-    let output = std::process::Command::new(&helm)
-        .args(["template", "rbac-check"])
-        .arg(chart_dir())
-        .args(["--show-only", "templates/clusterrole.yaml"])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("running {helm:?}: {e} (install helm with scripts/install-deps.sh or set HELM)")
-        });
-    assert!(
-        output.status.success(),
-        "helm template failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let text = dra_cpu_tests::chart::template(
+        "rbac-check",
+        &[
+            "--show-only".as_ref(),
+            "templates/clusterrole.yaml".as_ref(),
+        ],
     );
     let role: serde_json::Value =
-        serde_saphyr::from_slice(&output.stdout).expect("rendered ClusterRole is YAML");
+        serde_saphyr::from_str(&text).expect("rendered ClusterRole is YAML");
     assert_eq!(
         role.get("kind").and_then(|k| k.as_str()),
         Some("ClusterRole")
@@ -205,29 +189,6 @@ fn rendered_rules() -> Vec<Rule> {
         .collect()
 }
 
-fn unpack_fixture(into: &Path) {
-    let dir = match std::env::var_os("DRA_CPU_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
-    };
-    let archive = dir.join(format!("{FIXTURE}.tar.gz"));
-    let file = std::fs::File::open(&archive)
-        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(into)
-        .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
-}
-
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let waited = tokio::time::timeout(HANG_GUARD, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "never happened: {what}");
-}
-
 /// A claim allocated one share of NUMA node 0's CPUs, reserved for a pod.
 fn allocated_claim(name: &str) -> ResourceClaim {
     AllocatedClaim::new("team-a", name, NODE, "cpudevnuma000", 2)
@@ -239,14 +200,8 @@ fn allocated_claim(name: &str) -> ResourceClaim {
 #[tokio::test]
 async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
     let rules = rendered_rules();
-    let dir = tempfile::Builder::new()
-        .prefix("dcpu")
-        .tempdir_in("/tmp")
-        .expect("temp dir");
-    let sysfs = dir.path().join("sysfs");
-    unpack_fixture(&sysfs);
-    let api = FakeApiServer::start().expect("fake API server");
-    api.insert_node(NODE).expect("node");
+    let node = Node::new(DeviceMode::Grouped);
+    let api = &node.api;
 
     // A slice of ours the pool no longer has, so the daemon deletes one.
     let stale = slice_name(NODE, DRIVER, 7);
@@ -262,39 +217,15 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
     let claim = api.insert_claim(allocated_claim("cpus")).expect("claim");
     let before = api.requests().len();
 
-    let config = Settings {
-        node_name: Some(NODE.into()),
-        kubeconfig: Some(api.kubeconfig_path().to_path_buf()),
-        kubelet_root_dir: Some(dir.path().join("kubelet")),
-        state_dir: Some(dir.path().join("state")),
-        cdi_dir: Some(dir.path().join("cdi")),
-        sysfs_root: Some(sysfs),
-        cpu_device_mode: Some(DeviceMode::Grouped.into()),
-        group_by: Some(GroupBy::Numanode),
-        metrics_address: Some("127.0.0.1:0".parse().expect("addr")),
-        ..Settings::default()
-    }
-    .resolve(None)
-    .expect("config");
-    let registry = config.kubelet_root_dir.join("plugins_registry");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let daemon = tokio::spawn(dra_plugin::run::run(config, shutdown.clone()));
-
-    let kubelet = KubeletDra::register(&registry, DRIVER, DraVersion::V1, HANG_GUARD)
-        .await
-        .expect("registration");
+    let running = node.start(DraVersion::V1).await;
     let claim_ref = dra_cpu_tests::kubelet_dra::Claim {
         namespace: "team-a".into(),
         name: "cpus".into(),
         uid: claim.metadata.uid.clone().expect("uid"),
     };
-    let prepared = kubelet
-        .prepare(std::slice::from_ref(&claim_ref))
-        .await
-        .expect("prepare");
-    let outcome = &prepared[&claim_ref.uid];
-    assert_eq!(outcome.error, "", "prepare failed: {outcome:?}");
-    kubelet
+    prepare_ok(&running.kubelet, &claim_ref).await;
+    running
+        .kubelet
         .unprepare(std::slice::from_ref(&claim_ref))
         .await
         .expect("unprepare");
@@ -322,11 +253,7 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
             .any(|r| r.method == "GET" && r.path.contains("watch=true"))
     })
     .await;
-    shutdown.cancel();
-    match tokio::time::timeout(HANG_GUARD, daemon).await {
-        Ok(Ok(result)) => result.expect("daemon ran cleanly"),
-        other => panic!("daemon did not stop: {other:?}"),
-    }
+    running.stop().await.expect("daemon ran cleanly");
 
     let requests = api.requests()[before..].to_vec();
     let mut used = BTreeSet::new();

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{pod_uid, Node, WAIT};
+use common::{pod_uid, prepare_ok, Node, WAIT};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::connect_unix;
 use dra_cpu_tests::kubelet_dra::DraVersion;
@@ -33,12 +33,7 @@ async fn subscribers_get_a_snapshot_then_deltas_in_order() {
     let node = Node::new(DeviceMode::Grouped);
     let running = node.start(DraVersion::V1).await;
     let first = node.claim("first", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&first))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&first.uid].error, "");
+    prepare_ok(&running.kubelet, &first).await;
 
     let socket = &node.config.coordination_socket;
     let mode = std::fs::metadata(socket)
@@ -81,12 +76,7 @@ async fn subscribers_get_a_snapshot_then_deltas_in_order() {
     }
 
     let second = node.claim("second", &[("cpudevnuma001", Some("4"))], &pod_uid(2));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&second))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&second.uid].error, "");
+    prepare_ok(&running.kubelet, &second).await;
     let errors = running
         .kubelet
         .unprepare(std::slice::from_ref(&first))

@@ -17,9 +17,12 @@
 
 mod common;
 
-use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
+use common::{
+    pod_uid, prepare_answer, prepare_ok, prepare_one, snapshot, storm_claims, unprepare_all,
+    unprepare_one, Known, Node, DRIVER, WAIT,
+};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
-use dra_cpu_tests::seed::seed_from_env;
+use dra_cpu_tests::seed::{seed_from_env, XorShift};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::cli::inspect_state::StateReport;
 use dra_plugin::config::DeviceMode;
@@ -40,38 +43,6 @@ const CLAIMS: usize = 32;
 const WORKERS: usize = 4;
 /// Aborts at each named point.
 const NAMED_ROUNDS: usize = 5;
-
-/// Small, seedable and dependency-free: the point is reproducible schedules,
-/// not statistical quality.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-/// What the test knows of a claim from acknowledged calls.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Known {
-    /// Last acknowledged call was a prepare, which got these CPUs.
-    Prepared(CpuSet),
-    /// Last acknowledged call was an unprepare (or the claim is untouched).
-    Unprepared,
-    /// A prepare was sent and not answered: either outcome is allowed, and
-    /// repeating it must succeed.
-    PrepareInFlight,
-    /// Likewise for an unprepare.
-    UnprepareInFlight,
-}
 
 #[derive(Default, Debug)]
 struct Figures {
@@ -94,26 +65,6 @@ struct Daemon {
     kubelet: Arc<KubeletDra>,
 }
 
-fn run_args(node: &Node) -> Vec<String> {
-    let c = &node.config;
-    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    vec![
-        "run".into(),
-        format!("--node-name={}", c.node_name),
-        format!(
-            "--kubeconfig={}",
-            path(c.kubeconfig.as_deref().expect("kubeconfig"))
-        ),
-        format!("--kubelet-root-dir={}", path(&c.kubelet_root_dir)),
-        format!("--state-dir={}", path(&c.state_dir)),
-        format!("--cdi-dir={}", path(&c.cdi_dir)),
-        format!("--sysfs-root={}", path(&c.sysfs_root)),
-        "--cpu-device-mode=grouped".into(),
-        "--group-by=numanode".into(),
-        "--metrics-address=127.0.0.1:0".into(),
-    ]
-}
-
 /// Start the process and register it; `crash_at` arms a named crash point.
 async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
     // A SIGKILLed daemon leaves its registration socket; kubelet would fail
@@ -126,7 +77,7 @@ async fn spawn(node: &Node, crash_at: Option<&str>) -> Daemon {
         .expect("log file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
     command
-        .args(run_args(node))
+        .args(node.grouped_run_args(&[]))
         .env("RUST_LOG", "warn")
         .env_remove(CRASH_AT_ENV)
         .stdin(Stdio::null())
@@ -241,6 +192,31 @@ fn check_state(node: &Node, claims: &[Claim], known: &[Known], report: &StateRep
 
 /// Repeat every interrupted call, as kubelet does, and check it converges:
 /// a claim the store kept keeps its CPUs.
+/// After a restart: check the state against what the test knows, converge
+/// it by repeating the calls left in flight, and check it again. Returns
+/// the converged state.
+async fn recover(
+    daemon: &Daemon,
+    node: &Node,
+    claims: &[Claim],
+    known: &mut [Known],
+    report: &StateReport,
+    figures: &mut Figures,
+    when: &str,
+) -> StateReport {
+    check_state(node, claims, known, report, when);
+    converge(daemon, node, claims, known, report, figures).await;
+    let converged = snapshot(node).await;
+    check_state(
+        node,
+        claims,
+        known,
+        &converged,
+        &format!("{when}, converged"),
+    );
+    converged
+}
+
 async fn converge(
     daemon: &Daemon,
     node: &Node,
@@ -297,7 +273,7 @@ async fn storm_worker(
     worker: usize,
     seed: u64,
 ) -> (usize, usize) {
-    let mut rng = XorShift(seed | 1);
+    let mut rng = XorShift::new(seed);
     let mine: Vec<usize> = (worker..claims.len()).step_by(WORKERS).collect();
     let (mut prepares, mut unprepares) = (0, 0);
     loop {
@@ -341,19 +317,9 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
         .unwrap_or(200);
     let seed: u64 = seed_from_env("DRA_CPU_CRASH_SEED");
     eprintln!("crash storm seed {seed} (DRA_CPU_CRASH_SEED replays it)");
-    let mut rng = XorShift(seed | 1);
+    let mut rng = XorShift::new(seed);
     let node = Arc::new(Node::new(DeviceMode::Grouped));
-    let claims: Vec<Claim> = (0..CLAIMS)
-        .map(|i| {
-            let device = format!("cpudevnuma{:03}", i % 4);
-            node.claim(
-                &format!("c{i}"),
-                &[(&device, Some("2"))],
-                &pod_uid(i as u32),
-            )
-        })
-        .collect();
-    let claims = Arc::new(claims);
+    let claims = Arc::new(storm_claims(&node, CLAIMS));
     let known = Arc::new(Mutex::new(vec![Known::Unprepared; CLAIMS]));
     let mut figures = Figures::default();
     let started = Instant::now();
@@ -369,7 +335,7 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
                     claims.clone(),
                     known.clone(),
                     w,
-                    rng.next(),
+                    rng.next_u64(),
                 ))
             })
             .collect();
@@ -393,15 +359,16 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
         let when = format!("after kill {round}");
         let report = snapshot(&node).await;
         let mut now = known.lock().expect("lock").clone();
-        check_state(&node, &claims, &now, &report, &when);
-        converge(&daemon, &node, &claims, &mut now, &report, &mut figures).await;
-        check_state(
+        recover(
+            &daemon,
             &node,
             &claims,
-            &now,
-            &snapshot(&node).await,
-            &format!("{when}, converged"),
-        );
+            &mut now,
+            &report,
+            &mut figures,
+            &when,
+        )
+        .await;
         let prepared = now
             .iter()
             .filter(|k| matches!(k, Known::Prepared(_)))
@@ -466,27 +433,22 @@ async fn survives_kills_during_a_prepare_storm_and_aborts_at_named_points() {
                 "{when}: the committed claim {} is gone",
                 claims[i].name
             );
-            check_state(&node, &claims, &now, &report, &when);
-            converge(&daemon, &node, &claims, &mut now, &report, &mut figures).await;
-            check_state(
+            recover(
+                &daemon,
                 &node,
                 &claims,
-                &now,
-                &snapshot(&node).await,
-                &format!("{when}, converged"),
-            );
+                &mut now,
+                &report,
+                &mut figures,
+                &when,
+            )
+            .await;
             *known.lock().expect("lock") = now;
         }
     }
 
     // Everything can be released, and the node ends empty.
-    for claim in claims.iter() {
-        unprepare_one(&daemon.kubelet, claim)
-            .await
-            .expect("final unprepare");
-    }
-    let report = snapshot(&node).await;
-    assert!(report.claims.is_empty(), "{:?}", report.claims);
+    unprepare_all(&daemon.kubelet, &node, &claims).await;
     assert_eq!(
         CdiDir::new(&node.config.cdi_dir).list().expect("list"),
         Default::default()
@@ -561,16 +523,16 @@ async fn unprepare_aborts_at_named_points_recover_and_free_the_cpus() {
                 Known::Prepared(neighbour_cpus.clone()),
                 Known::UnprepareInFlight,
             ];
-            check_state(&node, &claims, &known, &report, &when);
-            converge(&daemon, &node, &claims, &mut known, &report, &mut figures).await;
-            let report = snapshot(&node).await;
-            check_state(
+            let report = recover(
+                &daemon,
                 &node,
                 &claims,
-                &known,
+                &mut known,
                 &report,
-                &format!("{when}, converged"),
-            );
+                &mut figures,
+                &when,
+            )
+            .await;
             assert!(
                 !report.claims.iter().any(|c| c.uid == victim.uid),
                 "{when}: the claim is still stored after the repeated unprepare"
@@ -647,6 +609,21 @@ impl Drop for SmallFs {
     }
 }
 
+/// Claim uid → CPUs, as the running daemon's store holds them.
+async fn stored_cpus(node: &Node) -> BTreeMap<String, CpuSet> {
+    snapshot(node)
+        .await
+        .claims
+        .iter()
+        .map(|c| {
+            (
+                c.uid.clone(),
+                CpuSet::parse_cpulist(&c.cpus).expect("cpulist"),
+            )
+        })
+        .collect()
+}
+
 /// A full disk under the CDI directory, then under the store: the prepare
 /// that cannot be made durable is refused with the cause, nothing of it is
 /// left, claims prepared before stay, and the retry after space returns
@@ -665,23 +642,13 @@ async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
     });
     let running = node.start(DraVersion::V1).await;
     let before = node.claim("before", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&before))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&before.uid].error, "");
+    prepare_ok(&running.kubelet, &before).await;
     let before_cpus = node.cdi_cpus(&before.uid).expect("spec");
 
     // CDI directory full.
     let filler = cdi_fs.fill();
     let cdi_full = node.claim("cdi-full", &[("cpudevnuma001", Some("2"))], &pod_uid(2));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&cdi_full))
-        .await
-        .expect("answer");
-    let error = &answers[&cdi_full.uid].error;
+    let error = prepare_answer(&running.kubelet, &cdi_full).await.error;
     assert!(
         error.contains("cdi-full") && error.contains("No space left"),
         "{error:?}"
@@ -693,13 +660,9 @@ async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
     );
     assert_eq!(node.cdi_cpus(&cdi_full.uid), None);
     std::fs::remove_file(&filler).expect("freeing the CDI disk");
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&cdi_full))
-        .await
-        .expect("retry");
     assert_eq!(
-        answers[&cdi_full.uid].error, "",
+        prepare_answer(&running.kubelet, &cdi_full).await.error,
+        "",
         "the retry after space returns"
     );
 
@@ -714,12 +677,7 @@ async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
             &[("cpudevnuma002", Some("2"))],
             &pod_uid(10 + i),
         );
-        let answers = running
-            .kubelet
-            .prepare(std::slice::from_ref(&claim))
-            .await
-            .expect("answer");
-        let error = answers[&claim.uid].error.clone();
+        let error = prepare_answer(&running.kubelet, &claim).await.error;
         if !error.is_empty() {
             assert!(error.contains(&claim.name), "{error:?}");
             assert_eq!(node.cdi_cpus(&claim.uid), None, "spec of a refused claim");
@@ -738,12 +696,7 @@ async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
     // store may go on refusing, but only ever with the cause named.
     let mut refused_until_restart = 0;
     for claim in &refused {
-        let answers = running
-            .kubelet
-            .prepare(std::slice::from_ref(claim))
-            .await
-            .expect("retry");
-        let error = &answers[&claim.uid].error;
+        let error = prepare_answer(&running.kubelet, claim).await.error;
         if !error.is_empty() {
             refused_until_restart += 1;
             assert!(
@@ -757,43 +710,19 @@ async fn full_disks_refuse_prepares_clearly_and_lose_nothing() {
         "full store: {refused_until_restart} of {} retries refused until a restart",
         refused.len()
     );
-    let acknowledged: BTreeMap<String, CpuSet> = snapshot(&node)
-        .await
-        .claims
-        .iter()
-        .map(|c| {
-            (
-                c.uid.clone(),
-                CpuSet::parse_cpulist(&c.cpus).expect("cpulist"),
-            )
-        })
-        .collect();
+    let acknowledged = stored_cpus(&node).await;
     running.stop().await.expect("clean stop");
 
     // Every acknowledged claim is there after a restart, with its CPUs.
     let running = node.start(DraVersion::V1).await;
-    let after: BTreeMap<String, CpuSet> = snapshot(&node)
-        .await
-        .claims
-        .iter()
-        .map(|c| {
-            (
-                c.uid.clone(),
-                CpuSet::parse_cpulist(&c.cpus).expect("cpulist"),
-            )
-        })
-        .collect();
+    let after = stored_cpus(&node).await;
     assert_eq!(after, acknowledged);
     assert_eq!(after.get(&before.uid), Some(&before_cpus));
     // And the kubelet's retries converge.
     for claim in &refused {
-        let answers = running
-            .kubelet
-            .prepare(std::slice::from_ref(claim))
-            .await
-            .expect("retry");
         assert_eq!(
-            answers[&claim.uid].error, "",
+            prepare_answer(&running.kubelet, claim).await.error,
+            "",
             "retry of {} after the restart",
             claim.name
         );

@@ -19,7 +19,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::Value;
 use shared_state::alloc::Policy;
 use shared_state::store::{AssignmentStore, MemoryStore};
-use shared_state::topology::{synthetic, Topology};
+use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,15 +27,9 @@ use std::sync::Arc;
 const NODE: &str = "node-a";
 const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 
+/// 2 sockets of one NUMA node, 4 cores of 2 threads each: 16 CPUs.
 fn topology() -> Topology {
-    synthetic::build(&synthetic::Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 4,
-        threads_per_core: 2,
-        sibling_numbering: synthetic::SiblingNumbering::Split,
-    })
+    common::smt2_topology(2, 1, 4)
 }
 
 /// Where one test keeps its files.

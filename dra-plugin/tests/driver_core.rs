@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::checked_store::{disk_error, CheckedStore, CommitCheck};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
 use dra_cpu_proto::http::Endpoints;
@@ -18,50 +19,41 @@ use dra_plugin::prepare::ClaimRef;
 use dra_plugin::run::Health;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use shared_state::store::{AssignmentStore, LenientListing, MemoryStore, StoreError, StoreOp};
-use shared_state::ClaimAssignment;
+use shared_state::store::{AssignmentStore, MemoryStore, StoreError, StoreOp};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 const NODE: &str = "node-a";
 
-/// A real in-memory store whose commits fail while `failing` is set, as a
-/// full disk or an I/O error would make sled's fail.
+/// Commits fail while `failing` is set, as a full disk or an I/O error
+/// would make sled's fail.
 #[derive(Default)]
-struct FaultyStore {
-    inner: MemoryStore,
+struct Failing {
     failing: AtomicBool,
 }
 
-impl AssignmentStore for FaultyStore {
-    fn get(&self, uid: &str) -> Result<Option<ClaimAssignment>, StoreError> {
-        self.inner.get(uid)
-    }
-    fn list_lenient(&self) -> Result<LenientListing, StoreError> {
-        self.inner.list_lenient()
-    }
-    fn revision(&self) -> Result<u64, StoreError> {
-        self.inner.revision()
-    }
-    fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
+impl Failing {
+    fn check(&self) -> Result<(), StoreError> {
         if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::DataFile {
-                path: "/var/lib/dra-cpu/store/db".into(),
-                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
-            });
+            return Err(disk_error(libc::ENOSPC));
         }
-        self.inner.apply(ops)
+        Ok(())
     }
-    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError> {
-        if self.failing.load(Ordering::SeqCst) {
-            return Err(StoreError::DataFile {
-                path: "/var/lib/dra-cpu/store/db".into(),
-                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
-            });
-        }
-        self.inner.apply_numbered(ops)
+}
+
+impl CommitCheck for Failing {
+    fn apply(&self, _ops: &[StoreOp]) -> Result<(), StoreError> {
+        self.check()
     }
+    fn apply_numbered(&self, _ops: &[StoreOp]) -> Result<(), StoreError> {
+        self.check()
+    }
+}
+
+/// A real in-memory store whose commits fail while `failing` is set.
+fn faulty_store() -> Arc<CheckedStore<Failing>> {
+    CheckedStore::new(Arc::new(MemoryStore::new()), Failing::default())
 }
 
 fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
@@ -73,24 +65,14 @@ fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
     )
 }
 
-fn uid(n: usize) -> String {
-    format!("{n:08x}-0000-4000-8000-000000000000")
-}
-
 fn claim(n: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
-    let reference = ClaimRef {
-        namespace: "default".into(),
-        name: format!("c{n}"),
-        uid: uid(n),
-    };
-    let object = common::allocated_claim_object(&reference, NODE, "cpudevnuma000", cpus, None);
-    (reference, object)
+    common::numbered_claim(n, NODE, "cpudevnuma000", cpus)
 }
 
 #[test]
 fn a_store_failure_is_a_claim_error_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(FaultyStore::default());
+    let store = faulty_store();
     let cdi = CdiDir::new(dir.path());
     let driver = driver(store.clone(), cdi.clone());
     let (reference, object) = claim(1, 2);
@@ -118,7 +100,7 @@ fn a_store_failure_is_a_claim_error_and_leaves_nothing_behind() {
 #[test]
 fn a_store_write_failure_makes_the_process_unhealthy_until_a_write_succeeds() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(FaultyStore::default());
+    let store = faulty_store();
     let driver = driver(store.clone(), CdiDir::new(dir.path()));
     let endpoints = DraEndpoints {
         metrics: driver.metrics().clone(),

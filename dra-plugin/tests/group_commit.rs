@@ -8,14 +8,12 @@
 
 mod common;
 
-use dra_cpu_tests::claims::AllocatedClaim;
+use common::checked_store::{disk_error, CheckedStore, CommitCheck};
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::driver::{Driver, StateEvent};
+use dra_plugin::driver::{Driver, Prepared, StateEvent};
 use dra_plugin::prepare::{ClaimRef, PrepareError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use shared_state::store::{
-    AssignmentStore, LenientListing, MemoryStore, SledStore, StoreError, StoreOp,
-};
+use shared_state::store::{AssignmentStore, MemoryStore, SledStore, StoreError, StoreOp};
 use shared_state::{ClaimAssignment, CpuSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -24,11 +22,10 @@ const NODE: &str = "node-a";
 /// CPUs per NUMA group of the test topology.
 const GROUP: u32 = 16;
 
-/// A real store that records the size of every numbered batch, can hold the
-/// first such commit until the test releases it, and fails every numbered
-/// commit from the `fail_from`-th on (counting from 0).
-struct GatedStore {
-    inner: Arc<dyn AssignmentStore>,
+/// Records the size of every numbered batch, can hold the first such commit
+/// until the test releases it, and fails every numbered commit from the
+/// `fail_from`-th on (counting from 0).
+struct Gated {
     hold_first: AtomicBool,
     fail_from: AtomicUsize,
     gate: Mutex<Gate>,
@@ -42,17 +39,22 @@ struct Gate {
     released: bool,
 }
 
-impl GatedStore {
-    fn new(inner: Arc<dyn AssignmentStore>, hold_first: bool) -> Arc<GatedStore> {
-        Arc::new(GatedStore {
-            inner,
+/// A real store behind [`Gated`].
+type GatedStore = CheckedStore<Gated>;
+
+fn gated_store(inner: Arc<dyn AssignmentStore>, hold_first: bool) -> Arc<GatedStore> {
+    CheckedStore::new(
+        inner,
+        Gated {
             hold_first: AtomicBool::new(hold_first),
             fail_from: AtomicUsize::new(usize::MAX),
             gate: Mutex::new(Gate::default()),
             changed: Condvar::new(),
-        })
-    }
+        },
+    )
+}
 
+impl Gated {
     /// Wait until the first commit is inside the store, held.
     fn wait_held(&self) {
         let mut gate = self.gate.lock().unwrap();
@@ -71,20 +73,8 @@ impl GatedStore {
     }
 }
 
-impl AssignmentStore for GatedStore {
-    fn get(&self, uid: &str) -> Result<Option<ClaimAssignment>, StoreError> {
-        self.inner.get(uid)
-    }
-    fn list_lenient(&self) -> Result<LenientListing, StoreError> {
-        self.inner.list_lenient()
-    }
-    fn revision(&self) -> Result<u64, StoreError> {
-        self.inner.revision()
-    }
-    fn apply(&self, ops: &[StoreOp]) -> Result<u64, StoreError> {
-        self.inner.apply(ops)
-    }
-    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<Vec<Option<u64>>, StoreError> {
+impl CommitCheck for Gated {
+    fn apply_numbered(&self, ops: &[StoreOp]) -> Result<(), StoreError> {
         let index = {
             let mut gate = self.gate.lock().unwrap();
             gate.batches.push(ops.len());
@@ -98,12 +88,9 @@ impl AssignmentStore for GatedStore {
             gate.batches.len() - 1
         };
         if index >= self.fail_from.load(Ordering::SeqCst) {
-            return Err(StoreError::DataFile {
-                path: "/var/lib/dra-cpu/store/db".into(),
-                source: std::io::Error::from_raw_os_error(libc::EIO),
-            });
+            return Err(disk_error(libc::EIO));
         }
-        self.inner.apply_numbered(ops)
+        Ok(())
     }
 }
 
@@ -113,28 +100,9 @@ fn driver(store: Arc<dyn AssignmentStore>, cdi: CdiDir) -> Arc<Driver> {
     common::in_process_driver(store, cdi, NODE, 0)
 }
 
-fn uid(n: usize) -> String {
-    format!("{n:08x}-0000-4000-8000-000000000000")
-}
-
 /// Claim `n` for `cpus` CPUs of NUMA group `group`.
 fn claim(n: usize, group: usize, cpus: u32) -> (ClaimRef, ResourceClaim) {
-    let reference = ClaimRef {
-        namespace: "default".into(),
-        name: format!("c{n}"),
-        uid: uid(n),
-    };
-    let object = AllocatedClaim::new(
-        &reference.namespace,
-        &reference.name,
-        NODE,
-        &format!("cpudevnuma{group:03}"),
-        cpus,
-    )
-    .uid(&reference.uid)
-    .build();
-
-    (reference, object)
+    common::numbered_claim(n, NODE, &format!("cpudevnuma{group:03}"), cpus)
 }
 
 /// Run `first` alone into a held commit, then `rest` concurrently so that
@@ -161,6 +129,24 @@ fn burst<T: Send>(
     })
 }
 
+/// [`burst`] of prepares: `first`, then every claim of `rest` queued
+/// behind it.
+fn burst_prepares(
+    driver: &Arc<Driver>,
+    store: &GatedStore,
+    first: &(ClaimRef, ResourceClaim),
+    rest: &[(ClaimRef, ResourceClaim)],
+) -> Vec<Result<Prepared, PrepareError>> {
+    burst(
+        driver,
+        store,
+        || driver.prepare(&first.0, &first.1),
+        rest.iter()
+            .map(|(r, o)| Box::new(move || driver.prepare(r, o)) as Box<dyn FnOnce() -> _ + Send>)
+            .collect(),
+    )
+}
+
 fn drain(receiver: &mut tokio::sync::broadcast::Receiver<StateEvent>) -> Vec<StateEvent> {
     let mut events = Vec::new();
     while let Ok(event) = receiver.try_recv() {
@@ -180,21 +166,13 @@ fn revision_of(event: &StateEvent) -> u64 {
 #[test]
 fn prepares_queued_behind_a_commit_share_the_next_one_and_each_get_a_revision() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = GatedStore::new(Arc::new(MemoryStore::new()), true);
+    let store = gated_store(Arc::new(MemoryStore::new()), true);
     let cdi = CdiDir::new(dir.path().join("cdi"));
     let driver = driver(store.clone(), cdi.clone());
     let (_, mut events) = driver.subscribe();
     let claims: Vec<_> = (0..32).map(|n| claim(n, n % 2, 1)).collect();
     let (first, rest) = claims.split_first().expect("claims");
-    let d = &driver;
-    let answers = burst(
-        &driver,
-        &store,
-        move || d.prepare(&first.0, &first.1),
-        rest.iter()
-            .map(|(r, o)| Box::new(move || d.prepare(r, o)) as Box<dyn FnOnce() -> _ + Send>)
-            .collect(),
-    );
+    let answers = burst_prepares(&driver, &store, first, rest);
     assert_eq!(store.batches(), vec![1, 31], "one commit for the 31 queued");
     let mut union = CpuSet::new();
     for (answer, (reference, _)) in answers.iter().zip(&claims) {
@@ -222,25 +200,16 @@ fn prepares_queued_behind_a_commit_share_the_next_one_and_each_get_a_revision() 
 #[test]
 fn a_failed_batch_fails_each_change_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = GatedStore::new(Arc::new(MemoryStore::new()), true);
+    let store = gated_store(Arc::new(MemoryStore::new()), true);
     let cdi = CdiDir::new(dir.path().join("cdi"));
     // The disk fails from the second commit on.
     store.fail_from.store(1, Ordering::SeqCst);
     let driver = driver(store.clone(), cdi.clone());
     let (_, mut events) = driver.subscribe();
-    let (leader, leader_object) = claim(100, 0, 1);
+    let leader = claim(100, 0, 1);
     // Together these want every other CPU of group 0.
     let queued: Vec<_> = (0..(GROUP as usize - 1)).map(|n| claim(n, 0, 1)).collect();
-    let d = &driver;
-    let answers = burst(
-        &driver,
-        &store,
-        move || d.prepare(&leader, &leader_object),
-        queued
-            .iter()
-            .map(|(r, o)| Box::new(move || d.prepare(r, o)) as Box<dyn FnOnce() -> _ + Send>)
-            .collect(),
-    );
+    let answers = burst_prepares(&driver, &store, &leader, &queued);
     assert_eq!(store.batches(), vec![1, GROUP as usize - 1]);
     let (first, failed) = answers.split_first().expect("answers");
     assert!(first.is_ok(), "{first:?}");
@@ -271,7 +240,7 @@ fn a_failed_batch_fails_each_change_and_leaves_nothing_behind() {
 #[test]
 fn a_batch_of_prepares_and_unprepares_gives_each_event_the_next_revision() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = GatedStore::new(Arc::new(MemoryStore::new()), false);
+    let store = gated_store(Arc::new(MemoryStore::new()), false);
     let cdi = CdiDir::new(dir.path().join("cdi"));
     let driver = driver(store.clone(), cdi.clone());
     let old: Vec<_> = (0..8).map(|n| claim(n, 1, 2)).collect();
@@ -326,21 +295,12 @@ fn acknowledged_concurrent_prepares_survive_a_reopen() {
     let store_dir = dir.path().join("store");
     let cdi = CdiDir::new(dir.path().join("cdi"));
     let sled: Arc<dyn AssignmentStore> = Arc::new(SledStore::open(&store_dir).expect("open"));
-    let store = GatedStore::new(sled, true);
+    let store = gated_store(sled, true);
     let claims: Vec<_> = (0..24).map(|n| claim(n, n % 2, 1)).collect();
     let acknowledged: Vec<ClaimAssignment> = {
         let driver = driver(store.clone(), cdi.clone());
         let (first, rest) = claims.split_first().expect("claims");
-        let d = &driver;
-        let answers = burst(
-            &driver,
-            &store,
-            move || d.prepare(&first.0, &first.1),
-            rest.iter()
-                .map(|(r, o)| Box::new(move || d.prepare(r, o)) as Box<dyn FnOnce() -> _ + Send>)
-                .collect(),
-        );
-        answers
+        burst_prepares(&driver, &store, first, rest)
             .into_iter()
             .map(|a| a.expect("prepared").assignment)
             .collect()
@@ -369,7 +329,7 @@ fn acknowledged_concurrent_prepares_survive_a_reopen() {
 #[test]
 fn only_claims_that_are_not_prepared_need_their_api_object() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = GatedStore::new(Arc::new(MemoryStore::new()), true);
+    let store = gated_store(Arc::new(MemoryStore::new()), true);
     let cdi = CdiDir::new(dir.path().join("cdi"));
     let driver = driver(store.clone(), cdi);
     let (reference, object) = claim(0, 0, 2);

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{pod_uid, Node, NODE, WAIT};
+use common::{pod_uid, prepare_ok, Node, FIXTURE_NUMA_DEVICES, NODE, WAIT};
 use dra_cpu_proto::kubelet::health_v1;
 use dra_cpu_proto::transport::connect_unix;
 use dra_cpu_tests::kubelet_dra::{DeviceHealthState, DraVersion, HealthApi, KubeletRelease};
@@ -88,25 +88,12 @@ async fn health_watch_reports_every_device_healthy_and_ends_at_shutdown() {
     let running = node.start(DraVersion::V1).await;
     let since = unix_now();
     let (devices, mut stream) = first_answer(&node).await;
-    assert_eq!(
-        names(&devices),
-        [
-            "cpudevnuma000",
-            "cpudevnuma001",
-            "cpudevnuma002",
-            "cpudevnuma003"
-        ]
-    );
+    assert_eq!(names(&devices), FIXTURE_NUMA_DEVICES);
     assert_all_healthy(&devices, since, "idle node");
 
     // A device with a prepared claim is still listed, still healthy.
     let claim = node.claim("web", &[("cpudevnuma002", Some("4"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&claim.uid].error, "");
+    prepare_ok(&running.kubelet, &claim).await;
     let since = unix_now();
     let (again, mut second) = first_answer(&node).await;
     assert_eq!(names(&again), names(&devices));

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{pod_uid, Node, RawResult, DRIVER, NODE, WAIT};
+use common::{pod_uid, prepare_ok, Node, RawResult, DRIVER, NODE, WAIT};
 use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_plugin::config::DeviceMode;
 use proptest::strategy::{Strategy, ValueTree};
@@ -323,11 +323,6 @@ async fn claims_outside_this_node_are_refused() {
     }
     // Still serving.
     let ok = node.claim("fine", &[("cpudev004", None)], &pod_uid(3));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&ok))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&ok.uid].error, "");
+    prepare_ok(&running.kubelet, &ok).await;
     running.stop().await.expect("clean stop");
 }

@@ -4,26 +4,15 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("DRA_CPU_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
-    }
-}
-
-/// Unpack `name.tar.gz` into a fresh temporary directory (kept alive by the
-/// returned guard) and return the sysfs root inside it.
+/// The fixture `name` unpacked (kept while the returned guard lives) and the
+/// sysfs root inside it.
 fn unpack(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let archive = fixtures_dir().join(format!("{name}.tar.gz"));
-    let file = std::fs::File::open(&archive)
-        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
-    let dir = tempfile::tempdir().expect("temp dir");
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(dir.path())
-        .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
+    let dir = common::unpacked(name);
     let root = dir.path().to_path_buf();
     (dir, root)
 }

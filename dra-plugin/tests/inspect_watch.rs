@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cpus_of, pod_uid, Node, WAIT};
+use common::{cpus_of, pod_uid, prepare_ok, Node, WAIT};
 use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_plugin::config::DeviceMode;
 use std::io::{BufRead, BufReader};
@@ -122,12 +122,7 @@ async fn watch_redraws_on_prepare_and_unprepare_and_exits_on_ctrl_c() {
     }
 
     let claim = node.claim("web", &[("cpudevnuma001", Some("4"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&claim.uid].error, "");
+    prepare_ok(&running.kubelet, &claim).await;
     let cpus = cpus_of(&node, &claim);
 
     let after_prepare = frames.next("after the prepare");

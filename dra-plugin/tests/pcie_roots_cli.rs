@@ -8,11 +8,14 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{printed_slices, slices_output};
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 
@@ -22,31 +25,18 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn run(root: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
-        .arg("slices")
-        .arg("--sysfs-root")
-        .arg(root)
-        .args(["--node-name", "node-1"])
-        .args(extra)
-        .env_remove("HOST_ROOT")
-        .env_remove("NODE_NAME")
-        .output()
-        .expect("running dra-plugin")
-}
-
-fn slices(root: &Path, extra: &[&str]) -> Vec<Value> {
-    let out = run(root, extra);
-    assert!(
-        out.status.success(),
-        "slices {extra:?}: exit {:?}, stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    match serde_json::from_slice(&out.stdout).expect("JSON output") {
-        Value::Array(items) => items,
-        other => panic!("expected a JSON list, got {other}"),
-    }
+/// A writable copy of the fixture `name`'s `sys` tree in a temporary
+/// directory (removed when the guard is dropped).
+fn copy_of_fixture(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(fixture(name).join("sys"))
+        .arg(dir.path())
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    dir
 }
 
 /// Device name → its pcieRoot list (`None` without the attribute); the
@@ -133,14 +123,14 @@ fn two_sockets_with_a_gpu_on_node_0_and_a_nic_on_node_1() {
     for (args, want) in grouped {
         let mut args = args.to_vec();
         args.push("--expose-pcie-roots");
-        let objects = slices(&root, &args);
+        let objects = printed_slices(&root, &args);
         let got = roots_by_device(&objects);
         let want: BTreeMap<String, Option<Vec<String>>> =
             want.into_iter().map(|(n, r)| (n.to_string(), r)).collect();
         assert_eq!(got, want, "{args:?}");
         printed.extend(objects);
     }
-    let individual = slices(
+    let individual = printed_slices(
         &root,
         &["--cpu-device-mode", "individual", "--expose-pcie-roots"],
     );
@@ -179,7 +169,7 @@ fn two_sockets_with_a_gpu_on_node_0_and_a_nic_on_node_1() {
     }
     printed.extend(individual);
     // Without the flag: no pcieRoot anywhere.
-    let plain = slices(&root, &["--cpu-device-mode", "individual"]);
+    let plain = printed_slices(&root, &["--cpu-device-mode", "individual"]);
     assert!(roots_by_device(&plain).values().all(Option::is_none));
     // List-typed attributes exist from 1.36 on (1.36 has the mapping under
     // another name, so its check goes without it).
@@ -201,7 +191,7 @@ fn two_sockets_with_a_gpu_on_node_0_and_a_nic_on_node_1() {
 #[test]
 fn a_root_without_numa_node_is_local_to_every_cpu() {
     let root = fixture("2n-root-without-node");
-    let numa = slices(&root, &["--expose-pcie-roots"]);
+    let numa = printed_slices(&root, &["--expose-pcie-roots"]);
     let got = roots_by_device(&numa);
     // pci0000:00 says numa_node -1 (affinity: every CPU); pci0000:80 has no
     // affinity file and its functions name node 1.
@@ -213,7 +203,7 @@ fn a_root_without_numa_node_is_local_to_every_cpu() {
         ),
     ]);
     assert_eq!(got, want);
-    let individual = slices(
+    let individual = printed_slices(
         &root,
         &["--cpu-device-mode", "individual", "--expose-pcie-roots"],
     );
@@ -243,17 +233,10 @@ fn a_root_without_numa_node_is_local_to_every_cpu() {
 
 #[test]
 fn a_machine_without_pci_devices_prints_no_attribute_and_says_why() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(fixture("2n-root-without-node").join("sys"))
-        .arg(dir.path())
-        .status()
-        .expect("cp");
-    assert!(status.success());
+    let dir = copy_of_fixture("2n-root-without-node");
     std::fs::remove_dir_all(dir.path().join("sys/devices/pci0000:00")).expect("rm");
     std::fs::remove_dir_all(dir.path().join("sys/devices/pci0000:80")).expect("rm");
-    let out = run(dir.path(), &["--expose-pcie-roots"]);
+    let out = slices_output(dir.path(), &["--expose-pcie-roots"]);
     assert!(out.status.success());
     let printed: Vec<Value> = serde_json::from_slice(&out.stdout).expect("json");
     assert!(roots_by_device(&printed).values().all(Option::is_none));
@@ -263,21 +246,14 @@ fn a_machine_without_pci_devices_prints_no_attribute_and_says_why() {
 
 #[test]
 fn garbage_in_the_pci_tree_fails_naming_the_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(fixture("2n-root-without-node").join("sys"))
-        .arg(dir.path())
-        .status()
-        .expect("cp");
-    assert!(status.success());
+    let dir = copy_of_fixture("2n-root-without-node");
     let bad = dir
         .path()
         .join("sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0/numa_node");
     std::fs::write(&bad, "one\n").expect("write");
     // The flag off: the PCI tree is not read at all.
-    assert!(run(dir.path(), &[]).status.success());
-    let out = run(dir.path(), &["--expose-pcie-roots"]);
+    assert!(slices_output(dir.path(), &[]).status.success());
+    let out = slices_output(dir.path(), &["--expose-pcie-roots"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -18,21 +18,13 @@ use dra_plugin::publisher::{PublishStatus, Publisher};
 use dra_plugin::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use shared_state::topology::pcie::{Locality, PcieRoot, PcieRoots};
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::CpuSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// 100 CPUs on two NUMA nodes, one root on each node and one local to all.
 fn devices() -> Vec<Device> {
-    let topology = build(&Shape {
-        sockets: 1,
-        numa_per_socket: 2,
-        l3_per_numa: 1,
-        cores_per_l3: 25,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    });
+    let topology = common::smt2_topology(1, 2, 25);
     let roots = PcieRoots::new(vec![
         PcieRoot {
             name: "pci0000:00".into(),

@@ -55,9 +55,13 @@
 
 mod common;
 
-use common::{pod_uid, prepare_one, snapshot, unprepare_one, Node, DRIVER, WAIT};
+use common::{
+    pod_uid, prepare_one, snapshot, storm_claims, unprepare_all, unprepare_one, Known, Node,
+    DRIVER, WAIT,
+};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
+use dra_cpu_tests::seed::XorShift;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::cli::inspect_state::StateReport;
 use dra_plugin::config::DeviceMode;
@@ -83,23 +87,6 @@ const BLOCK: usize = 4096;
 /// Longest the storm waits for the host's SIGKILL before cutting itself.
 const HOST_KILL_WAIT: Duration = Duration::from_secs(120);
 
-/// Small and seedable: the point is replayable schedules.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 /// The seed of one boot's schedule: the run's seed and the boot number.
 fn boot_seed(seed: u64, boot: usize) -> u64 {
     // splitmix64's finalizer: neighbouring seeds give unrelated schedules.
@@ -107,15 +94,6 @@ fn boot_seed(seed: u64, boot: usize) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     (z ^ (z >> 31)) | 1
-}
-
-/// What the kubelet stand-in knows of a claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Known {
-    Prepared(CpuSet),
-    Unprepared,
-    PrepareInFlight,
-    UnprepareInFlight,
 }
 
 /// The log replayed: each claim's state and the run's figures so far.
@@ -333,28 +311,6 @@ fn plugin_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_dra-plugin")))
 }
 
-fn run_args(node: &Node) -> Vec<String> {
-    let c = &node.config;
-    let path = |p: &Path| p.to_string_lossy().into_owned();
-    vec![
-        "run".into(),
-        format!("--node-name={}", c.node_name),
-        format!(
-            "--kubeconfig={}",
-            path(c.kubeconfig.as_deref().expect("kubeconfig"))
-        ),
-        format!("--kubelet-root-dir={}", path(&c.kubelet_root_dir)),
-        format!("--state-dir={}", path(&c.state_dir)),
-        format!("--cdi-dir={}", path(&c.cdi_dir)),
-        format!("--sysfs-root={}", path(&c.sysfs_root)),
-        "--cpu-device-mode=grouped".into(),
-        "--group-by=numanode".into(),
-        "--metrics-address=127.0.0.1:0".into(),
-        // As nri-plugin runs in the re-pin check.
-        "--mixed-allocation-mode".into(),
-    ]
-}
-
 fn daemon_log(node: &Node) -> String {
     std::fs::read_to_string(node.dir.path().join("dra-plugin.log")).unwrap_or_default()
 }
@@ -367,7 +323,8 @@ async fn spawn(node: &Node) -> Result<Daemon, String> {
         .open(node.dir.path().join("dra-plugin.log"))
         .map_err(|e| format!("log file: {e}"))?;
     let mut child = Command::new(plugin_binary())
-        .args(run_args(node))
+        // Mixed allocation mode, as nri-plugin runs in the re-pin check.
+        .args(node.grouped_run_args(&["--mixed-allocation-mode"]))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -499,7 +456,7 @@ async fn storm_worker(
     worker: usize,
     seed: u64,
 ) {
-    let mut rng = XorShift(seed | 1);
+    let mut rng = XorShift::new(seed);
     let mine: Vec<usize> = (worker..claims.len()).step_by(WORKERS).collect();
     loop {
         let i = mine[rng.below(mine.len() as u64) as usize];
@@ -573,7 +530,7 @@ async fn power_cut_boot() {
     eprintln!(
         "power-cut boot {boot} of {cuts} cuts, seed {seed}, {uptime} s after the kernel started"
     );
-    let mut rng = XorShift(boot_seed(seed, boot));
+    let mut rng = XorShift::new(boot_seed(seed, boot));
 
     if boot == 0 {
         // A fresh run on a disk another run may have used.
@@ -583,17 +540,7 @@ async fn power_cut_boot() {
         s.state_dir = Some(PathBuf::from(STATE_DIR));
     }));
     node.api.seed_uids(seed);
-    let claims: Vec<Claim> = (0..CLAIMS)
-        .map(|i| {
-            let device = format!("cpudevnuma{:03}", i % 4);
-            node.claim(
-                &format!("c{i}"),
-                &[(&device, Some("2"))],
-                &pod_uid(i as u32),
-            )
-        })
-        .collect();
-    let claims = Arc::new(claims);
+    let claims = Arc::new(storm_claims(&node, CLAIMS));
     let mut known = history.known.clone();
 
     let started = Instant::now();
@@ -717,13 +664,7 @@ async fn power_cut_boot() {
     }
 
     if boot >= cuts {
-        for claim in claims.iter() {
-            unprepare_one(&daemon.kubelet, claim)
-                .await
-                .expect("final unprepare");
-        }
-        let report = snapshot(&node).await;
-        assert!(report.claims.is_empty(), "{:?}", report.claims);
+        unprepare_all(&daemon.kubelet, &node, &claims).await;
         assert!(cdi_of(&node).is_empty(), "CDI specs left after the end");
         let _ = daemon.child.start_kill();
         let _ = daemon.child.wait().await;
@@ -756,7 +697,7 @@ async fn power_cut_boot() {
                 prepared,
                 log.clone(),
                 w,
-                rng.next(),
+                rng.next_u64(),
             ))
         })
         .collect();

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cpus_of, pod_uid, Node, DRIVER, NODE};
+use common::{cpus_of, pod_uid, prepare_answer, prepare_ok, unprepare_one, Node, DRIVER, NODE};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
 use dra_plugin::config::DeviceMode;
 use shared_state::CpuSet;
@@ -24,15 +24,29 @@ fn ok_devices(
     outcome.devices.clone()
 }
 
-fn error_of(
-    answers: &std::collections::BTreeMap<String, dra_cpu_tests::kubelet_dra::PrepareOutcome>,
-    claim: &Claim,
-) -> String {
-    let outcome = answers
-        .get(&claim.uid)
-        .unwrap_or_else(|| panic!("no answer for {}", claim.uid));
+/// Kubelet's NodePrepareResources for one claim, which must be refused:
+/// the error, with no device.
+async fn prepare_refused(kubelet: &KubeletDra, claim: &Claim) -> String {
+    let outcome = prepare_answer(kubelet, claim).await;
     assert!(outcome.devices.is_empty(), "{outcome:?}");
-    outcome.error.clone()
+    outcome.error
+}
+
+/// `dra-plugin inspect --state-dir` of the node, with `extra` arguments:
+/// its JSON report.
+fn inspect(node: &Node, extra: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .args(["inspect", "--state-dir"])
+        .arg(&node.config.state_dir)
+        .args(extra)
+        .output()
+        .expect("inspect");
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    serde_json::from_slice(&inspect.stdout).expect("json")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,12 +69,7 @@ async fn registers_and_prepares_over_v1_and_v1beta1() {
         node.config.dra_socket().to_string_lossy()
     );
     let a = node.claim("a", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&a))
-        .await
-        .expect("v1 prepare");
-    assert_eq!(ok_devices(&answers, &a).len(), 1);
+    assert_eq!(prepare_ok(&running.kubelet, &a).await.devices.len(), 1);
 
     // An older kubelet registers the same plugin over v1beta1.
     let beta = KubeletDra::register(
@@ -72,11 +81,7 @@ async fn registers_and_prepares_over_v1_and_v1beta1() {
     .await
     .expect("v1beta1 registration");
     let b = node.claim("b", &[("cpudevnuma000", Some("2"))], &pod_uid(2));
-    let answers = beta
-        .prepare(std::slice::from_ref(&b))
-        .await
-        .expect("v1beta1 prepare");
-    let devices = ok_devices(&answers, &b);
+    let devices = prepare_ok(&beta, &b).await.devices;
     assert_eq!(
         devices[0].cdi_device_ids,
         vec![format!("dra.k8s.io/cpu=claim-{}", b.uid)]
@@ -100,12 +105,7 @@ async fn grouped_prepare_is_idempotent_and_unprepare_too() {
     let node = Node::new(DeviceMode::Grouped);
     let running = node.start(DraVersion::V1).await;
     let claim = node.claim("web", &[("cpudevnuma001", Some("4"))], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    let devices = ok_devices(&answers, &claim);
+    let devices = prepare_ok(&running.kubelet, &claim).await.devices;
     assert_eq!(devices.len(), 1);
     assert_eq!(devices[0].pool_name, NODE);
     assert_eq!(devices[0].device_name, "cpudevnuma001");
@@ -132,55 +132,31 @@ async fn grouped_prepare_is_idempotent_and_unprepare_too() {
     // Kubelet retries: the same CPUs, even with another claim prepared in
     // between and the spec deleted behind our back.
     let other = node.claim("other", &[("cpudevnuma001", Some("4"))], &pod_uid(2));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&other))
-        .await
-        .expect("prepare");
-    ok_devices(&answers, &other);
+    prepare_ok(&running.kubelet, &other).await;
     std::fs::remove_file(dra_plugin::cdi::CdiDir::new(&node.config.cdi_dir).spec_path(&claim.uid))
         .expect("remove spec");
-    let again = running
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare again");
-    assert_eq!(ok_devices(&again, &claim), devices);
+    assert_eq!(prepare_ok(&running.kubelet, &claim).await.devices, devices);
     assert_eq!(cpus_of(&node, &claim), cpus);
 
-    let errors = running
-        .kubelet
-        .unprepare(std::slice::from_ref(&claim))
+    unprepare_one(&running.kubelet, &claim)
         .await
         .expect("unprepare");
-    assert_eq!(errors.get(&claim.uid).map(String::as_str), Some(""));
     assert_eq!(node.cdi_cpus(&claim.uid), None);
-    let errors = running
-        .kubelet
-        .unprepare(std::slice::from_ref(&claim))
+    unprepare_one(&running.kubelet, &claim)
         .await
         .expect("unprepare again");
-    assert_eq!(errors.get(&claim.uid).map(String::as_str), Some(""));
     let unknown = Claim {
         namespace: "default".into(),
         name: "never".into(),
         uid: "0badc0de-0000-4000-8000-000000000000".into(),
     };
-    let errors = running
-        .kubelet
-        .unprepare(std::slice::from_ref(&unknown))
+    unprepare_one(&running.kubelet, &unknown)
         .await
         .expect("unknown");
-    assert_eq!(errors.get(&unknown.uid).map(String::as_str), Some(""));
 
     // The freed CPUs can be given again.
     let third = node.claim("third", &[("cpudevnuma001", Some("28"))], &pod_uid(3));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&third))
-        .await
-        .expect("prepare");
-    ok_devices(&answers, &third);
+    prepare_ok(&running.kubelet, &third).await;
     assert!(cpus_of(&node, &third).is_disjoint(&cpus_of(&node, &other)));
     running.stop().await.expect("clean stop");
 }
@@ -196,12 +172,7 @@ async fn individual_prepare_gives_the_named_cpus() {
         &[("cpudev000", None), ("cpudev001", None)],
         &pod_uid(1),
     );
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    let devices = ok_devices(&answers, &claim);
+    let devices = prepare_ok(&running.kubelet, &claim).await.devices;
     let names: Vec<&str> = devices.iter().map(|d| d.device_name.as_str()).collect();
     assert_eq!(names, vec!["cpudev000", "cpudev001"]);
     assert_eq!(
@@ -216,12 +187,7 @@ async fn every_refusal_says_what_is_wrong_and_leaves_nothing_behind() {
     let individual = Node::new(DeviceMode::Individual);
     let running = individual.start(DraVersion::V1).await;
     let holder = individual.claim("holder", &[("cpudev005", None)], &pod_uid(1));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&holder))
-        .await
-        .expect("prepare");
-    ok_devices(&answers, &holder);
+    prepare_ok(&running.kubelet, &holder).await;
     let raw = |driver: &str, pool: &str, device: &str, cap: Option<&str>| {
         Some(vec![(
             driver.to_string(),
@@ -274,12 +240,7 @@ async fn every_refusal_says_what_is_wrong_and_leaves_nothing_behind() {
         ),
     ];
     for (claim, want) in &cases {
-        let answers = running
-            .kubelet
-            .prepare(std::slice::from_ref(claim))
-            .await
-            .expect("prepare call");
-        let error = error_of(&answers, claim);
+        let error = prepare_refused(&running.kubelet, claim).await;
         assert!(error.contains(want.as_str()), "{}: {error}", claim.name);
         assert_eq!(
             individual.cdi_cpus(&claim.uid),
@@ -312,23 +273,13 @@ async fn every_refusal_says_what_is_wrong_and_leaves_nothing_behind() {
     ];
     for (name, cap, want) in cases {
         let claim = grouped.claim(name, &[("cpudevnuma002", Some(cap))], &pod_uid(3));
-        let answers = running
-            .kubelet
-            .prepare(std::slice::from_ref(&claim))
-            .await
-            .expect("prepare");
-        let error = error_of(&answers, &claim);
+        let error = prepare_refused(&running.kubelet, &claim).await;
         assert!(error.contains(want), "{name}: {error}");
         assert_eq!(grouped.cdi_cpus(&claim.uid), None);
     }
     // A refusal took nothing: the whole group is still free.
     let whole = grouped.claim("whole", &[("cpudevnuma002", Some("32"))], &pod_uid(4));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&whole))
-        .await
-        .expect("prepare");
-    ok_devices(&answers, &whole);
+    prepare_ok(&running.kubelet, &whole).await;
     assert_eq!(cpus_of(&grouped, &whole), grouped.topology.cpus_in_numa(2));
     running.stop().await.expect("clean stop");
 }
@@ -409,19 +360,10 @@ async fn restart_serves_the_stored_assignments_and_reconciles_cdi() {
     let orphan = "0dd0dd00-0000-4000-8000-000000000000";
     cdi.write(orphan, &CpuSet::parse_cpulist("100").expect("cpulist"))
         .expect("orphan");
-    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
-        .args(["inspect", "--state-dir"])
-        .arg(&node.config.state_dir)
-        .arg("--sysfs-root")
-        .arg(&node.config.sysfs_root)
-        .output()
-        .expect("inspect");
-    assert!(
-        inspect.status.success(),
-        "{}",
-        String::from_utf8_lossy(&inspect.stderr)
+    let report = inspect(
+        &node,
+        &["--sysfs-root".as_ref(), node.config.sysfs_root.as_os_str()],
     );
-    let report: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
     assert_eq!(report["source"], "store");
     assert_eq!(report["claims"].as_array().map(Vec::len), Some(2));
     assert_eq!(report["exclusive"], a_cpus.union(&b_cpus).to_cpulist());
@@ -443,27 +385,12 @@ async fn restart_serves_the_stored_assignments_and_reconciles_cdi() {
     assert_eq!(cpus_of(&node, &b), b_cpus);
     // New claims still avoid the stored CPUs.
     let c = node.claim("c", &[("cpudevnuma000", Some("24"))], &pod_uid(3));
-    let answers = running
-        .kubelet
-        .prepare(std::slice::from_ref(&c))
-        .await
-        .expect("prepare");
-    ok_devices(&answers, &c);
+    prepare_ok(&running.kubelet, &c).await;
     let c_cpus = cpus_of(&node, &c);
     assert!(c_cpus.is_disjoint(&a_cpus.union(&b_cpus)));
 
     // inspect reads through the socket while the daemon holds the store.
-    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
-        .args(["inspect", "--state-dir"])
-        .arg(&node.config.state_dir)
-        .output()
-        .expect("inspect");
-    assert!(
-        inspect.status.success(),
-        "{}",
-        String::from_utf8_lossy(&inspect.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("json");
+    let report = inspect(&node, &[]);
     assert_eq!(report["source"], "socket");
     let uids: BTreeSet<String> = report["claims"]
         .as_array()

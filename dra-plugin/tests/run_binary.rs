@@ -7,8 +7,9 @@
 
 mod common;
 
-use common::{pod_uid, Node, DRIVER, WAIT};
+use common::{pod_uid, prepare_ok, Node, DRIVER, FIXTURE_NUMA_DEVICES, WAIT};
 use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
+use dra_cpu_tests::served_series::{check_served, Series};
 use dra_plugin::config::DeviceMode;
 use std::io::{Read, Write};
 use std::time::Instant;
@@ -81,11 +82,7 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
         };
     // The flag won over the file: grouped devices.
     let claim = node.claim("web", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
-    let answers = kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&claim.uid].error, "");
+    prepare_ok(&kubelet, &claim).await;
     assert_eq!(node.cdi_cpus(&claim.uid).map(|c| c.len()), Some(2));
 
     let (status, _) = tokio::task::spawn_blocking(move || http_get(port, "/healthz"))
@@ -109,26 +106,12 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
     upstream_series_are_served(&metrics);
 
     // The publisher put this node's pool on the API server.
-    let deadline = Instant::now() + WAIT;
-    while node.api.slices().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let slices = node.api.slices();
-    assert!(!slices.is_empty(), "no ResourceSlice published");
-    let names: Vec<String> = slices
-        .iter()
-        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+    let names: Vec<String> = published_devices(&node)
+        .await
+        .into_iter()
         .map(|d| d.name)
         .collect();
-    assert_eq!(
-        names,
-        [
-            "cpudevnuma000",
-            "cpudevnuma001",
-            "cpudevnuma002",
-            "cpudevnuma003"
-        ]
-    );
+    assert_eq!(names, FIXTURE_NUMA_DEVICES);
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
@@ -155,24 +138,27 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
     assert_eq!(node.cdi_cpus(&claim.uid).map(|c| c.len()), Some(2));
 }
 
+/// The devices of the slices the daemon publishes for `node`, once there
+/// are any (waiting up to [`WAIT`]).
+async fn published_devices(node: &Node) -> Vec<k8s_openapi::api::resource::v1::Device> {
+    let deadline = Instant::now() + WAIT;
+    while node.api.slices().is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let slices = node.api.slices();
+    assert!(!slices.is_empty(), "no ResourceSlice published");
+    slices
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .collect()
+}
+
 /// `dra-plugin run` with every setting as a flag.
 fn run_command(node: &Node) -> std::process::Command {
-    let c = &node.config;
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
     command
         .arg("run")
-        .arg(format!("--node-name={}", c.node_name))
-        .arg(format!(
-            "--kubeconfig={}",
-            c.kubeconfig.as_ref().expect("kubeconfig").display()
-        ))
-        .arg(format!(
-            "--kubelet-root-dir={}",
-            c.kubelet_root_dir.display()
-        ))
-        .arg(format!("--state-dir={}", c.state_dir.display()))
-        .arg(format!("--cdi-dir={}", c.cdi_dir.display()))
-        .arg(format!("--sysfs-root={}", c.sysfs_root.display()))
+        .args(node.run_flags())
         .arg("--cpu-device-mode=grouped")
         .arg("--metrics-address=127.0.0.1:0")
         .env_remove("NODE_NAME")
@@ -203,6 +189,18 @@ async fn terminate(child: std::process::Child) -> std::process::Output {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
     wait_output(child).await
+}
+
+/// SIGTERM to `child`, which must exit cleanly; its output.
+async fn terminate_cleanly(child: std::process::Child) -> std::process::Output {
+    let output = terminate(child).await;
+    assert!(
+        output.status.success(),
+        "exit {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
 }
 
 /// Wait for `child` to exit; past [`WAIT`] it is killed and the test fails.
@@ -255,15 +253,10 @@ async fn a_cut_back_store_stops_the_daemon_and_is_left_as_found() {
         })
         .collect();
     for claim in &claims {
-        let answers = kubelet
-            .prepare(std::slice::from_ref(claim))
-            .await
-            .expect("prepare");
-        assert_eq!(answers[&claim.uid].error, "", "{}", claim.name);
+        prepare_ok(&kubelet, claim).await;
     }
     drop(kubelet);
-    let output = terminate(child).await;
-    assert!(output.status.success(), "{output:?}");
+    terminate_cleanly(child).await;
 
     // The data file loses its second half (a torn copy, a restored backup):
     // sled alone would open the older half as if it were the whole store.
@@ -345,13 +338,7 @@ async fn sigterm_during_prepares(claims: u32) -> SigtermRound {
         .collect();
     answered.notified().await;
     sigterm_sent.store(true, std::sync::atomic::Ordering::SeqCst);
-    let output = terminate(child).await;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}: {stderr}",
-        output.status
-    );
+    terminate_cleanly(child).await;
     for socket in dra_plugin::run::sockets(&node.config) {
         assert!(!socket.exists(), "{} left behind", socket.display());
     }
@@ -467,7 +454,7 @@ async fn kubelets_static_cpu_manager_stops_the_start_unless_allowed() {
         .spawn()
         .expect("spawn allowed");
     drop(register(&node, &mut child).await);
-    assert!(terminate(child).await.status.success());
+    terminate_cleanly(child).await;
 
     // The none policy: it starts without being told anything.
     std::fs::write(
@@ -477,7 +464,7 @@ async fn kubelets_static_cpu_manager_stops_the_start_unless_allowed() {
     .expect("write state");
     let mut child = run_command(&node).spawn().expect("spawn with none");
     drop(register(&node, &mut child).await);
-    assert!(terminate(child).await.status.success());
+    terminate_cleanly(child).await;
 }
 
 /// `SSL_CERT_FILE` (an empty file) and `SSL_CERT_DIR` (an empty directory):
@@ -500,19 +487,9 @@ async fn an_http_api_server_needs_no_system_certificates() {
     without_system_certificates(&mut command, node.dir.path());
     let mut child = command.spawn().expect("spawn dra-plugin run");
     let kubelet = register(&node, &mut child).await;
-    let deadline = Instant::now() + WAIT;
-    while node.api.slices().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(!node.api.slices().is_empty(), "no ResourceSlice published");
+    published_devices(&node).await;
     drop(kubelet);
-    let output = terminate(child).await;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "exit {:?}: {stderr}",
-        output.status
-    );
+    terminate_cleanly(child).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -543,7 +520,7 @@ async fn an_https_kubeconfig_without_a_ca_and_no_system_certificates_is_refused_
 
 /// The upstream Go driver's series of dra-plugin, as its `pkg/metrics`
 /// declares them: name, type, help, label names.
-const UPSTREAM_DRIVER_SERIES: [(&str, &str, &str, &[&str]); 9] = [
+const UPSTREAM_DRIVER_SERIES: [Series; 9] = [
     ("dra_cpu_allocated_cpus", "gauge", "Number of CPUs currently allocated to prepared resource claims.", &[]),
     ("dra_cpu_available_cpus", "gauge", "Number of CPUs available for allocation after reserved and active claim CPUs are excluded.", &[]),
     ("dra_cpu_reserved_cpus", "gauge", "Number of CPUs reserved and excluded from DRA management.", &[]),
@@ -554,16 +531,6 @@ const UPSTREAM_DRIVER_SERIES: [(&str, &str, &str, &[&str]); 9] = [
     ("dra_cpu_unprepare_claim_duration_seconds", "histogram", "Duration of per-claim unprepare operations in seconds.", &[]),
     ("dra_cpu_claim_allocated_cpus", "histogram", "Number of CPUs allocated for each newly successful claim allocation.", &[]),
 ];
-
-fn kind_of(value: &prometheus_parse::Value) -> &'static str {
-    match value {
-        prometheus_parse::Value::Counter(_) => "counter",
-        prometheus_parse::Value::Gauge(_) => "gauge",
-        prometheus_parse::Value::Histogram(_) => "histogram",
-        prometheus_parse::Value::Summary(_) => "summary",
-        prometheus_parse::Value::Untyped(_) => "untyped",
-    }
-}
 
 /// One sample's plain value (counter or gauge), by name and labels.
 fn sample_value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -582,41 +549,7 @@ fn sample_value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, 
 /// upstream series by name, type, help and labels, and the values after one
 /// prepare of 2 CPUs on a 128-CPU node with nothing reserved.
 fn upstream_series_are_served(text: &str) {
-    // As Prometheus itself reads it: its Go parser.
-    match dra_cpu_tests::prom_text::parse(text) {
-        Ok(families) => {
-            for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
-                let family = families
-                    .get(name)
-                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
-                assert_eq!(
-                    (family.kind.as_str(), family.help.as_str()),
-                    (kind, help),
-                    "{name}"
-                );
-                assert_eq!(family.labels, labels, "{name} labels");
-            }
-        }
-        Err(e) if e.is_missing_tool() => dra_cpu_tests::skip::skip_or_fail_in_ci(e),
-        Err(e) => panic!("{e}"),
-    }
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics text parses");
-    for (name, kind, help, labels) in UPSTREAM_DRIVER_SERIES {
-        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
-        assert!(!samples.is_empty(), "no {name} in\n{text}");
-        for sample in samples {
-            assert_eq!(kind_of(&sample.value), kind, "{name}");
-            let mut got: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
-            got.sort_unstable();
-            assert_eq!(got, labels, "{name} labels");
-        }
-        assert_eq!(
-            scrape.docs.get(name).map(String::as_str),
-            Some(help),
-            "{name} help"
-        );
-    }
+    let scrape = check_served(text, &UPSTREAM_DRIVER_SERIES);
     for result in ["success", "error", "unknown"] {
         for name in [
             "dra_cpu_prepare_claims_total",
@@ -676,24 +609,12 @@ async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
     let port = free_port();
     let config_file = node.dir.path().join("config.yaml");
     std::fs::write(&config_file, UPSTREAM_EXAMPLE_CONFIG).expect("config file");
-    let c = &node.config;
     // Flags say where things are on this test node and nothing the file says.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
         .arg("run")
         .arg("--config")
         .arg(&config_file)
-        .arg(format!("--node-name={}", c.node_name))
-        .arg(format!(
-            "--kubeconfig={}",
-            c.kubeconfig.as_ref().expect("kubeconfig").display()
-        ))
-        .arg(format!(
-            "--kubelet-root-dir={}",
-            c.kubelet_root_dir.display()
-        ))
-        .arg(format!("--state-dir={}", c.state_dir.display()))
-        .arg(format!("--cdi-dir={}", c.cdi_dir.display()))
-        .arg(format!("--sysfs-root={}", c.sysfs_root.display()))
+        .args(node.run_flags())
         .arg(format!("--metrics-address=127.0.0.1:{port}"))
         .env_remove("NODE_NAME")
         .stdin(std::process::Stdio::null())
@@ -703,28 +624,11 @@ async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
         .expect("spawn dra-plugin run");
     let _kubelet = register(&node, &mut child).await;
 
-    let deadline = Instant::now() + WAIT;
-    while node.api.slices().is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let devices: Vec<_> = node
-        .api
-        .slices()
-        .iter()
-        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
-        .collect();
+    let devices = published_devices(&node).await;
     // grouped by NUMA node, as the file says (the test node was made
     // individual, so the file's mode is the one in force).
     let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "cpudevnuma000",
-            "cpudevnuma001",
-            "cpudevnuma002",
-            "cpudevnuma003"
-        ]
-    );
+    assert_eq!(names, FIXTURE_NUMA_DEVICES);
     // 128 CPUs less the 4 reserved ones are published.
     let published: i64 = devices
         .iter()
@@ -748,13 +652,7 @@ async fn upstreams_example_config_starts_the_daemon_with_its_settings() {
         "{metrics}"
     );
 
-    let output = terminate(child).await;
-    assert!(
-        output.status.success(),
-        "exit {:?}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    terminate_cleanly(child).await;
 }
 
 #[test]
@@ -802,11 +700,7 @@ async fn device_metadata_goes_to_its_configured_directory() {
         .expect("spawn dra-plugin run");
     let kubelet = register(&node, &mut child).await;
     let claim = node.claim("c0", &[("cpudevnuma000", Some("2"))], &pod_uid(0));
-    let answers = kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .expect("prepare");
-    assert_eq!(answers[&claim.uid].error, "", "prepare refused");
+    prepare_ok(&kubelet, &claim).await;
 
     let written = files_under(&configured);
     assert_eq!(written.len(), 1, "one request, one file: {written:?}");
@@ -836,11 +730,5 @@ async fn device_metadata_goes_to_its_configured_directory() {
         "the default place still holds files"
     );
 
-    let output = terminate(child).await;
-    assert!(
-        output.status.success(),
-        "exit {:?}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
+    terminate_cleanly(child).await;
 }

@@ -5,18 +5,14 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{fixtures_dir, printed_slices, slices_output, unpacked};
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("DRA_CPU_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
-    }
-}
+use std::path::Path;
+use std::process::Command;
 
 fn fixture_names() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
@@ -28,46 +24,6 @@ fn fixture_names() -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// Unpack `name.tar.gz` into a fresh temporary directory (kept alive by the
-/// returned guard).
-fn unpack(name: &str) -> tempfile::TempDir {
-    let archive = fixtures_dir().join(format!("{name}.tar.gz"));
-    let file = std::fs::File::open(&archive)
-        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
-    let dir = tempfile::tempdir().expect("temp dir");
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(dir.path())
-        .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
-    dir
-}
-
-fn run(root: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
-        .arg("slices")
-        .arg("--sysfs-root")
-        .arg(root)
-        .args(["--node-name", "node-1"])
-        .args(extra)
-        .env_remove("HOST_ROOT")
-        .env_remove("NODE_NAME")
-        .output()
-        .expect("running dra-plugin")
-}
-
-fn slices(root: &Path, extra: &[&str]) -> Vec<Value> {
-    let out = run(root, extra);
-    assert!(
-        out.status.success(),
-        "slices {extra:?}: exit {:?}, stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    match serde_json::from_slice(&out.stdout).expect("JSON output") {
-        Value::Array(items) => items,
-        other => panic!("expected a JSON list, got {other}"),
-    }
 }
 
 fn devices(slices: &[Value]) -> Vec<&Value> {
@@ -118,7 +74,7 @@ fn every_fixture_in_every_mode_is_valid_for_1_34_and_1_37() {
     let names = fixture_names();
     assert!(names.len() >= 6, "fixtures found: {names:?}");
     for name in &names {
-        let dir = unpack(name);
+        let dir = unpacked(name);
         let online = online_count(dir.path());
         for mode in MODES {
             for mapping in [true, false] {
@@ -127,7 +83,7 @@ fn every_fixture_in_every_mode_is_valid_for_1_34_and_1_37() {
                     args.push("--disable-node-allocatable-mapping");
                 }
                 let what = format!("{name} {args:?}");
-                let objects = slices(dir.path(), &args);
+                let objects = printed_slices(dir.path(), &args);
                 let count = objects.len();
                 assert!(count >= 1, "{what}");
                 let all = devices(&objects);
@@ -173,8 +129,8 @@ fn every_fixture_in_every_mode_is_valid_for_1_34_and_1_37() {
 #[test]
 fn individual_devices_follow_the_machine() {
     // Siblings N and N+64: consecutive device numbers, one full slice.
-    let dir = unpack("intel-2s-snc2-ht-128");
-    let objects = slices(dir.path(), &["--cpu-device-mode", "individual"]);
+    let dir = unpacked("intel-2s-snc2-ht-128");
+    let objects = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     assert_eq!(objects.len(), 1);
     let all = devices(&objects);
     assert_eq!(all.len(), 128);
@@ -197,8 +153,8 @@ fn individual_devices_follow_the_machine() {
     );
 
     // Siblings numbered adjacently, two CPUs offline, reserved CPUs left out.
-    let dir = unpack("intel-2s-ht-adjacent-offline-96");
-    let objects = slices(
+    let dir = unpacked("intel-2s-ht-adjacent-offline-96");
+    let objects = printed_slices(
         dir.path(),
         &["--cpu-device-mode", "individual", "--reserved-cpus", "0-1"],
     );
@@ -211,15 +167,15 @@ fn individual_devices_follow_the_machine() {
         .all(|d| d["attributes"]["dra.cpu/cpuID"]["int"].as_i64().unwrap() >= 2));
 
     // Arm without L3 and SMT.
-    let dir = unpack("arm-1s-80c-nosmt");
-    let all_arm = slices(dir.path(), &["--cpu-device-mode", "individual"]);
+    let dir = unpacked("arm-1s-80c-nosmt");
+    let all_arm = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     let arm = devices(&all_arm);
     assert_eq!(arm[0]["attributes"]["dra.cpu/smtEnabled"]["bool"], false);
     assert_eq!(arm[0]["attributes"]["dra.cpu/cacheL3ID"]["int"], -1);
 
     // Hybrid part: both core types appear.
-    let dir = unpack("hybrid-8p16e-32");
-    let hybrid = slices(dir.path(), &["--cpu-device-mode", "individual"]);
+    let dir = unpacked("hybrid-8p16e-32");
+    let hybrid = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     let types: BTreeSet<&str> = devices(&hybrid)
         .iter()
         .filter_map(|d| d["attributes"]["dra.cpu/coreType"]["string"].as_str())
@@ -229,8 +185,8 @@ fn individual_devices_follow_the_machine() {
 
 #[test]
 fn grouped_devices_per_numa_node_with_capacity_and_mapping() {
-    let dir = unpack("intel-2s-snc2-ht-128");
-    let objects = slices(dir.path(), &["--reserved-cpus", "0,64"]);
+    let dir = unpacked("intel-2s-snc2-ht-128");
+    let objects = printed_slices(dir.path(), &["--reserved-cpus", "0,64"]);
     assert_eq!(objects.len(), 1);
     let s = &objects[0];
     assert_eq!(s["apiVersion"], "resource.k8s.io/v1");
@@ -270,8 +226,8 @@ fn grouped_devices_per_numa_node_with_capacity_and_mapping() {
 
 #[test]
 fn driver_name_and_node_uid_flags() {
-    let dir = unpack("vm-2c-nosmt");
-    let objects = slices(
+    let dir = unpacked("vm-2c-nosmt");
+    let objects = printed_slices(
         dir.path(),
         &[
             "--driver-name",
@@ -295,8 +251,8 @@ fn driver_name_and_node_uid_flags() {
 
 #[test]
 fn bad_input_fails_with_a_message_naming_it() {
-    let dir = unpack("vm-2c-nosmt");
-    let out = run(dir.path(), &["--reserved-cpus", "1-3"]);
+    let dir = unpacked("vm-2c-nosmt");
+    let out = slices_output(dir.path(), &["--reserved-cpus", "1-3"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("CPUs 2-3 are not online"), "{err}");
@@ -312,7 +268,7 @@ fn bad_input_fails_with_a_message_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("\"Node_1\""), "{err}");
 
-    let out = run(Path::new("/nonexistent-sysfs"), &[]);
+    let out = slices_output(Path::new("/nonexistent-sysfs"), &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent-sysfs"), "{err}");

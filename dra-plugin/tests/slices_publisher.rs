@@ -6,6 +6,9 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{eventually, HANG_GUARD};
 use dra_cpu_tests::apiserver::{
     validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
@@ -15,26 +18,15 @@ use dra_plugin::publisher::{DesiredDevices, PublishError, PublishStatus, Publish
 use dra_plugin::slices::devices_for;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;
-use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Guards against a hang only; never a measure of speed.
-const HANG_GUARD: Duration = Duration::from_secs(60);
-
 /// 300 CPUs: individual mode needs three slices, grouped mode one.
 fn big_machine() -> Topology {
-    build(&Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 75,
-        threads_per_core: 2,
-        sibling_numbering: SiblingNumbering::Split,
-    })
+    common::smt2_topology(2, 1, 75)
 }
 
 fn devices(mode: DeviceMode) -> Vec<Device> {
@@ -66,16 +58,6 @@ fn patches(server: &FakeApiServer) -> usize {
         .iter()
         .filter(|r| r.method == "PATCH" && !r.path.contains("dryRun"))
         .count()
-}
-
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let waited = tokio::time::timeout(HANG_GUARD, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "never happened: {what}");
 }
 
 async fn publisher(server: &FakeApiServer) -> Publisher {

@@ -8,40 +8,9 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dra_cpu_tests::chart::{object, render};
 use nri_plugin::config::{parse_file, Config, LogFormat, UnsolicitedUpdates};
 use std::path::{Path, PathBuf};
-
-fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/dra-cpu")
-}
-
-fn render(values: Option<&str>) -> Vec<serde_json::Value> {
-    let helm = std::env::var_os("HELM").unwrap_or_else(|| "helm".into());
-    let mut command = std::process::Command::new(&helm);
-    command.args(["template", "dra-cpu"]).arg(chart_dir());
-    if let Some(values) = values {
-        command.arg("-f").arg(chart_dir().join("ci").join(values));
-    }
-    let output = command.output().unwrap_or_else(|e| {
-        panic!("running {helm:?}: {e} (install helm with scripts/install-deps.sh or set HELM)")
-    });
-    assert!(
-        output.status.success(),
-        "helm template {values:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).expect("UTF-8");
-    text.split("\n---")
-        .filter_map(|doc| shared_state::config_file::from_yaml::<serde_json::Value>(doc).ok())
-        .filter(|doc| doc.get("kind").is_some())
-        .collect()
-}
-
-fn object<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
-    docs.iter()
-        .find(|d| d.get("kind").and_then(|k| k.as_str()) == Some(kind))
-        .unwrap_or_else(|| panic!("no {kind} rendered"))
-}
 
 struct Rendered {
     config: Config,

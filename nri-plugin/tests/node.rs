@@ -14,6 +14,7 @@ use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{
     metric_value, Node, NodeError, NodeOptions, PodIdentity, PreparedClaim, NAMESPACE,
 };
+use dra_cpu_tests::served_series::{check_served, Series};
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use shared_state::CpuSet;
 use std::time::Duration;
@@ -404,25 +405,29 @@ async fn metrics_text(addr: std::net::SocketAddr) -> String {
 }
 
 /// The upstream Go driver's NRI callback series, as its `pkg/metrics`
-/// declares them: name, help, label names. All are histograms.
-const UPSTREAM_NRI_SERIES: [(&str, &str, &[&str]); 4] = [
+/// declares them: name, type, help, label names. All are histograms.
+const UPSTREAM_NRI_SERIES: [Series; 4] = [
     (
         "dra_cpu_nri_synchronize_duration_seconds",
+        "histogram",
         "Duration of the NRI Synchronize callbacks in seconds.",
         &["result"],
     ),
     (
         "dra_cpu_nri_create_container_duration_seconds",
+        "histogram",
         "Duration of the NRI CreateContainer callbacks in seconds.",
         &["cpu_allocation_mode", "result"],
     ),
     (
         "dra_cpu_nri_stop_container_duration_seconds",
+        "histogram",
         "Duration of the NRI StopContainer callbacks in seconds.",
         &["cpu_allocation_mode", "result"],
     ),
     (
         "dra_cpu_nri_remove_container_duration_seconds",
+        "histogram",
         "Duration of the NRI RemoveContainer callbacks in seconds.",
         &["cpu_allocation_mode", "result"],
     ),
@@ -474,45 +479,7 @@ async fn upstream_nri_callback_series_are_served() {
 
     let addr = node.layout().nri_metrics;
     let text = metrics_text(addr).await;
-    // As Prometheus itself reads it: its Go parser.
-    match dra_cpu_tests::prom_text::parse(&text) {
-        Ok(families) => {
-            for (name, help, labels) in UPSTREAM_NRI_SERIES {
-                let family = families
-                    .get(name)
-                    .unwrap_or_else(|| panic!("Prometheus' parser saw no {name}"));
-                assert_eq!(
-                    (family.kind.as_str(), family.help.as_str()),
-                    ("histogram", help),
-                    "{name}"
-                );
-                assert_eq!(family.labels, labels, "{name} labels");
-            }
-        }
-        Err(e) if e.is_missing_tool() => skip_or_fail_in_ci(e),
-        Err(e) => panic!("{e}"),
-    }
-    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-        .expect("the /metrics text parses");
-    for (name, help, labels) in UPSTREAM_NRI_SERIES {
-        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
-        assert!(!samples.is_empty(), "no {name} in\n{text}");
-        for sample in samples {
-            assert!(
-                matches!(sample.value, prometheus_parse::Value::Histogram(_)),
-                "{name} is {:?}",
-                sample.value
-            );
-            let mut got: Vec<&str> = sample.labels.keys().map(String::as_str).collect();
-            got.sort_unstable();
-            assert_eq!(got, labels, "{name} labels");
-        }
-        assert_eq!(
-            scrape.docs.get(name).map(String::as_str),
-            Some(help),
-            "{name} help"
-        );
-    }
+    let scrape = check_served(&text, &UPSTREAM_NRI_SERIES);
     // The runtime synchronized once at registration; each container was
     // labelled by the claims its environment names.
     let create = "dra_cpu_nri_create_container_duration_seconds";

@@ -6,6 +6,7 @@
 
 pub mod apiserver;
 pub mod cgroup;
+pub mod chart;
 pub mod claims;
 pub mod containerd;
 pub mod cri;
@@ -20,4 +21,5 @@ pub mod prom_text;
 pub mod real_clients;
 pub mod repin;
 pub mod seed;
+pub mod served_series;
 pub mod skip;

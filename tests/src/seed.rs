@@ -17,6 +17,31 @@ fn seed_from(value: Option<&str>) -> u64 {
     })
 }
 
+/// A xorshift generator: small, seedable and dependency-free, for
+/// schedules a seed replays; not for statistical quality.
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// A generator from `seed` (made odd: xorshift never leaves zero).
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(seed | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

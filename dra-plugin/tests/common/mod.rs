@@ -5,9 +5,11 @@
 
 #![allow(dead_code)]
 
+pub mod checked_store;
+
 use dra_cpu_tests::apiserver::FakeApiServer;
 use dra_cpu_tests::claims::AllocatedClaim;
-use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
+use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, PrepareOutcome};
 use dra_plugin::config::{Config, DeviceMode, GroupBy, Settings};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -24,9 +26,19 @@ pub const NODE: &str = "node-a";
 pub const DRIVER: &str = "dra.cpu";
 /// Two sockets, four NUMA nodes of 32 CPUs, siblings N and N+64.
 pub const FIXTURE: &str = "intel-2s-snc2-ht-128";
+/// The grouped devices of [`FIXTURE`], one per NUMA node, in order.
+pub const FIXTURE_NUMA_DEVICES: [&str; 4] = [
+    "cpudevnuma000",
+    "cpudevnuma001",
+    "cpudevnuma002",
+    "cpudevnuma003",
+];
 /// Generous bound for things that happen in milliseconds; only a hung
 /// daemon gets near it.
 pub const WAIT: Duration = Duration::from_secs(20);
+/// Guards a wait on the API server against a hang only; never a measure of
+/// speed (a publisher's retries back off for seconds).
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("DRA_CPU_FIXTURES") {
@@ -45,13 +57,52 @@ pub struct Node {
     pub topology: Topology,
 }
 
-fn unpack(name: &str, into: &Path) {
+/// Unpack the sysfs fixture `name` into `into`.
+pub fn unpack(name: &str, into: &Path) {
     let archive = fixtures_dir().join(format!("{name}.tar.gz"));
     let file = std::fs::File::open(&archive)
         .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
     tar::Archive::new(flate2::read::GzDecoder::new(file))
         .unpack(into)
         .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
+}
+
+/// The sysfs fixture `name` unpacked into a fresh temporary directory, its
+/// root (removed when the returned guard is dropped).
+pub fn unpacked(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    unpack(name, dir.path());
+    dir
+}
+
+/// `dra-plugin slices` for node `node-1` over the sysfs root `root`, with
+/// `extra` flags and no environment to fall back on.
+pub fn slices_output(root: &Path, extra: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .arg("slices")
+        .arg("--sysfs-root")
+        .arg(root)
+        .args(["--node-name", "node-1"])
+        .args(extra)
+        .env_remove("HOST_ROOT")
+        .env_remove("NODE_NAME")
+        .output()
+        .expect("running dra-plugin")
+}
+
+/// The ResourceSlices `dra-plugin slices` prints, which must succeed.
+pub fn printed_slices(root: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let out = slices_output(root, extra);
+    assert!(
+        out.status.success(),
+        "slices {extra:?}: exit {:?}, stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match serde_json::from_slice(&out.stdout).expect("JSON output") {
+        serde_json::Value::Array(items) => items,
+        other => panic!("expected a JSON list, got {other}"),
+    }
 }
 
 impl Node {
@@ -91,6 +142,39 @@ impl Node {
             config,
             topology,
         }
+    }
+
+    /// The `dra-plugin run` flags that put the daemon on this node: its
+    /// name, API server, kubelet, state, CDI and sysfs directories.
+    pub fn run_flags(&self) -> Vec<String> {
+        let c = &self.config;
+        let kubeconfig = c.kubeconfig.as_deref().expect("kubeconfig");
+        vec![
+            format!("--node-name={}", c.node_name),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--kubelet-root-dir={}", c.kubelet_root_dir.display()),
+            format!("--state-dir={}", c.state_dir.display()),
+            format!("--cdi-dir={}", c.cdi_dir.display()),
+            format!("--sysfs-root={}", c.sysfs_root.display()),
+        ]
+    }
+
+    /// The arguments of `dra-plugin run` on this node with grouped devices
+    /// by NUMA node and metrics on a free port, then `extra`.
+    pub fn grouped_run_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = vec!["run".to_string()];
+        args.extend(self.run_flags());
+        args.extend(
+            [
+                "--cpu-device-mode=grouped",
+                "--group-by=numanode",
+                "--metrics-address=127.0.0.1:0",
+            ]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string()),
+        );
+        args
     }
 
     pub fn registry_dir(&self) -> PathBuf {
@@ -233,6 +317,35 @@ impl Running {
     }
 }
 
+/// `count` claims `c<i>` of 2 CPUs each, spread in turn over the fixture's
+/// four NUMA nodes, each for its own pod.
+pub fn storm_claims(node: &Node, count: usize) -> Vec<Claim> {
+    (0..count)
+        .map(|i| {
+            let device = format!("cpudevnuma{:03}", i % 4);
+            node.claim(
+                &format!("c{i}"),
+                &[(&device, Some("2"))],
+                &pod_uid(i as u32),
+            )
+        })
+        .collect()
+}
+
+/// What a storm test knows of a claim from the calls kubelet saw answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known {
+    /// Last acknowledged call was a prepare, which got these CPUs.
+    Prepared(CpuSet),
+    /// Last acknowledged call was an unprepare (or the claim is untouched).
+    Unprepared,
+    /// A prepare was sent and not answered: either outcome is allowed, and
+    /// repeating it must succeed.
+    PrepareInFlight,
+    /// Likewise for an unprepare.
+    UnprepareInFlight,
+}
+
 /// A fake pod UID.
 pub fn pod_uid(n: u32) -> String {
     format!("{n:08x}-0000-4000-8000-000000000000")
@@ -265,6 +378,37 @@ pub async fn prepare_one(kubelet: &KubeletDra, node: &Node, claim: &Claim) -> Op
     )
 }
 
+/// Kubelet's NodePrepareResources for one claim, which must get through:
+/// the claim's answer, granted or refused.
+pub async fn prepare_answer(kubelet: &KubeletDra, claim: &Claim) -> PrepareOutcome {
+    let mut answers = kubelet
+        .prepare(std::slice::from_ref(claim))
+        .await
+        .unwrap_or_else(|e| panic!("prepare of {}: {e}", claim.name));
+    answers
+        .remove(&claim.uid)
+        .unwrap_or_else(|| panic!("no answer for {}", claim.uid))
+}
+
+/// Kubelet's NodePrepareResources for one claim, which must be granted: its
+/// answer.
+pub async fn prepare_ok(kubelet: &KubeletDra, claim: &Claim) -> PrepareOutcome {
+    let outcome = prepare_answer(kubelet, claim).await;
+    assert_eq!(outcome.error, "", "prepare of {} refused", claim.name);
+    outcome
+}
+
+/// Wait until `condition` holds; only a hang makes it fail.
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(HANG_GUARD, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never happened: {what}");
+}
+
 /// Kubelet's NodeUnprepareResources for one claim: `None` when the call did
 /// not get through; a refusal fails the test.
 pub async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
@@ -276,6 +420,18 @@ pub async fn unprepare_one(kubelet: &KubeletDra, claim: &Claim) -> Option<()> {
         claim.name
     );
     Some(())
+}
+
+/// Unprepare every claim of `claims`, each answered; then the daemon holds
+/// no claim.
+pub async fn unprepare_all(kubelet: &KubeletDra, node: &Node, claims: &[Claim]) {
+    for claim in claims {
+        unprepare_one(kubelet, claim)
+            .await
+            .expect("final unprepare");
+    }
+    let report = snapshot(node).await;
+    assert!(report.claims.is_empty(), "{:?}", report.claims);
 }
 
 /// The ResourceClaim the scheduler leaves for `reference`: `cpus` CPUs of
@@ -294,17 +450,43 @@ pub fn allocated_claim_object(
         .build()
 }
 
+/// Claim `c<n>` of namespace `default`, its uid made from `n`, and its
+/// object: `cpus` CPUs of grouped device `device` in pool `pool`, reserved
+/// for one pod.
+pub fn numbered_claim(
+    n: usize,
+    pool: &str,
+    device: &str,
+    cpus: u32,
+) -> (dra_plugin::prepare::ClaimRef, ResourceClaim) {
+    let reference = dra_plugin::prepare::ClaimRef {
+        namespace: "default".into(),
+        name: format!("c{n}"),
+        uid: format!("{n:08x}-0000-4000-8000-000000000000"),
+    };
+    let object = allocated_claim_object(&reference, pool, device, cpus, None);
+    (reference, object)
+}
+
+/// A synthetic machine of `sockets` sockets, `numa_per_socket` NUMA nodes
+/// each with one L3 of `cores_per_numa` cores of 2 threads, the siblings
+/// numbered apart as on Intel servers (core N has threads N and N + cores).
+pub fn smt2_topology(sockets: u32, numa_per_socket: u32, cores_per_numa: u32) -> Topology {
+    use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+    build(&Shape {
+        sockets,
+        numa_per_socket,
+        l3_per_numa: 1,
+        cores_per_l3: cores_per_numa,
+        threads_per_core: 2,
+        sibling_numbering: SiblingNumbering::Split,
+    })
+}
+
 /// A 2-socket machine, one NUMA node and one L3 each, 8 cores of 2 threads
 /// per socket: 32 CPUs, core N has threads N and N+16.
 pub fn two_socket_topology() -> Topology {
-    shared_state::topology::synthetic::build(&shared_state::topology::synthetic::Shape {
-        sockets: 2,
-        numa_per_socket: 1,
-        l3_per_numa: 1,
-        cores_per_l3: 8,
-        threads_per_core: 2,
-        sibling_numbering: shared_state::topology::synthetic::SiblingNumbering::Split,
-    })
+    smt2_topology(2, 1, 8)
 }
 
 /// The driver of the in-process tests: [`two_socket_topology`], one device
