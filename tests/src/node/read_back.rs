@@ -1,0 +1,115 @@
+//! Reading back what the node's processes wrote: Prometheus text, CDI specs,
+//! JSON log lines.
+
+use serde_json::Value;
+use shared_state::CpuSet;
+
+/// The value of an unlabelled sample `name` in Prometheus text.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            (key == name).then(|| value.trim().parse().ok())?
+        })
+}
+
+/// The CPUs a CDI spec gives claim `claim_uid` (`DRA_CPUSET_<uid>=<cpulist>`
+/// in any device's container edits).
+pub fn cdi_spec_cpus(spec: &Value, claim_uid: &str) -> Option<CpuSet> {
+    let prefix = format!("DRA_CPUSET_{claim_uid}=");
+    spec.get("devices")?
+        .as_array()?
+        .iter()
+        .filter_map(|d| d.pointer("/containerEdits/env")?.as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|e| e.strip_prefix(&prefix))
+        .and_then(|list| CpuSet::parse_cpulist(list).ok())
+}
+
+/// The log lines (JSON, one per line) whose message contains `fragment`.
+pub fn log_messages_with(log: &str, fragment: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v.pointer("/fields/message")
+                .and_then(Value::as_str)
+                .is_some_and(|m| m.contains(fragment))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::CDI_KIND;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[test]
+    fn metric_values_table() {
+        let text = "# HELP a x\n# TYPE a gauge\na 1\nab 2\nc{x=\"y\"} 3\nd notanumber\n";
+        let cases = [
+            ("a", Some(1.0)),
+            ("ab", Some(2.0)),
+            ("c", None),
+            ("d", None),
+            ("e", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(metric_value(text, name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn cdi_spec_cpus_table() {
+        let spec = |env: Value| {
+            json!({"cdiVersion": "0.6.0", "kind": CDI_KIND,
+                "devices": [{"name": "claim-u1", "containerEdits": {"env": env}}]})
+        };
+        let cases = [
+            (spec(json!(["DRA_CPUSET_u1=1"])), "u1", Some("1")),
+            (
+                spec(json!(["X=1", "DRA_CPUSET_u1=0-3,8"])),
+                "u1",
+                Some("0-3,8"),
+            ),
+            (spec(json!(["DRA_CPUSET_u1=1"])), "u2", None),
+            (spec(json!(["DRA_CPUSET_u1=x"])), "u1", None),
+            (spec(json!("not a list")), "u1", None),
+            (json!({"devices": "none"}), "u1", None),
+        ];
+        for (i, (spec, uid, want)) in cases.into_iter().enumerate() {
+            let want = want.map(|w| CpuSet::parse_cpulist(w).unwrap());
+            assert_eq!(cdi_spec_cpus(&spec, uid), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn log_lines_are_found_by_message() {
+        let log = concat!(
+            "{\"level\":\"WARN\",\"fields\":{\"message\":\"refusing container\",\"reason\":\"x\"}}\n",
+            "not json\n",
+            "{\"level\":\"INFO\",\"fields\":{\"message\":\"started\"}}\n",
+        );
+        assert_eq!(log_messages_with(log, "refusing").len(), 1);
+        assert_eq!(log_messages_with(log, "start").len(), 1);
+        assert!(log_messages_with(log, "absent").is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn metric_value_reads_back_any_gauge(name in "[a-z_]{1,20}", value in 0u32..1_000_000) {
+            let text = format!("# TYPE {name} gauge\n{name} {value}\n{name}_other 7\n");
+            prop_assert_eq!(metric_value(&text, &name), Some(f64::from(value)));
+        }
+
+        #[test]
+        fn cdi_spec_cpus_reads_back_any_cpulist(cpus in proptest::collection::btree_set(0u32..256, 1..20)) {
+            let set: CpuSet = cpus.iter().copied().collect();
+            let spec = json!({"devices": [{"containerEdits": {"env": [format!("DRA_CPUSET_u={}", set.to_cpulist())]}}]});
+            prop_assert_eq!(cdi_spec_cpus(&spec, "u"), Some(set));
+        }
+    }
+}
