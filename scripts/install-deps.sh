@@ -13,6 +13,9 @@
 #     package grpcio: the real gRPC clients of tests/tests/real_grpc_clients.rs
 #     (a grpc-go program dialing as kubelet does, built offline in GOPATH
 #     mode, and a grpcio script).
+#   - the Go modules k8s.io/kubelet and github.com/containerd/nri, in the Go
+#     module cache: their .proto files are what proto/tests compare our
+#     protocols with.
 # Idempotent and quiet: skips what is already there, logs to a file and prints
 # that log only when a step fails, with the reason.
 set -euo pipefail
@@ -171,6 +174,27 @@ else
   go_done || fail "Go packages installed but /usr/lib/go-1.24/bin/go or grpc-go >= 1.64 still missing"
   echo "install-deps: installed go 1.24 and grpc-go $(dpkg-query -W -f='${Version}' golang-google-grpc-dev)"
 fi
+
+# --- Upstream protocol files (proto/tests/support/reference.rs) ---------------
+# The kubelet and NRI .proto files the protocol tests compare ours with, from
+# the Go modules that publish them, fetched into the Go module cache (where
+# the tests look them up with the same command; nothing is copied into the
+# repository). Keep the versions in step with reference.rs. A module may need
+# a newer Go than the one found: GOTOOLCHAIN=auto has the Go command fetch it.
+upstream_proto_modules=(k8s.io/kubelet@v0.37.2 github.com/containerd/nri@v0.6.1
+  github.com/containerd/nri@v0.8.0 github.com/containerd/nri@v0.12.2)
+proto_go="$(command -v go || true)"
+for candidate in /usr/local/go/bin/go /usr/lib/go-1.24/bin/go; do
+  [ -n "$proto_go" ] && break
+  [ -x "$candidate" ] && proto_go="$candidate"
+done
+[ -n "$proto_go" ] || fail "no Go toolchain found for the upstream protocol modules (go on PATH, /usr/local/go, /usr/lib/go-1.24)"
+proto_scratch="$(mktemp -d)"
+# Outside any module, so no go.mod is read or written.
+(cd "$proto_scratch" && step "go mod download (upstream protocol files)" env GOFLAGS=-mod=mod GOWORK=off \
+  GOTOOLCHAIN="${GOTOOLCHAIN:-auto}" "$proto_go" mod download "${upstream_proto_modules[@]}")
+rmdir "$proto_scratch"
+echo "install-deps: upstream protocol modules in the Go module cache: ${upstream_proto_modules[*]}"
 
 python="$(command -v python3 || true)"
 [ -n "$python" ] || fail "python3 not found (needed for kubernetes-validate)"

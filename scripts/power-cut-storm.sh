@@ -51,7 +51,6 @@ echo "power-cut-storm: $what, $cuts cuts, seed $seed (--seed $seed replays it)"
 work="${DRA_CPU_POWER_CUT_DIR:-/var/tmp/dra-cpu-power-cut}"
 mkdir -p "$work"
 target_dir="$(mkdir -p "${CARGO_TARGET_DIR:-target}" && cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-fixtures="$(cd "${DRA_CPU_FIXTURES:-../shared/fixtures/sysfs}" && pwd)"
 
 plugin="$target_dir/debug/dra-plugin"
 if [ "$control" -eq 1 ]; then
@@ -159,8 +158,8 @@ while :; do
   set +e
   scripts/vm-node.sh --sockets 1 --cores 2 --threads 1 --numa-nodes 1 --memory 768 \
     --disk "$disk" --extra-disk "$acks" --reboot --pidfile "$pidfile" \
-    --timeout $((cuts * 180 + 600)) --share "$fixtures" \
-    --env DRA_CPU_FIXTURES="$fixtures" --env DRA_PLUGIN_BIN="$plugin" --env NRI_PLUGIN_BIN="$nri_plugin" \
+    --timeout $((cuts * 180 + 600)) \
+    --env DRA_PLUGIN_BIN="$plugin" --env NRI_PLUGIN_BIN="$nri_plugin" \
     --env DRA_CPU_POWER_CUT_LOG=/dev/vdb --env DRA_CPU_POWER_CUT_SEED="$seed" \
     --env DRA_CPU_POWER_CUT_CUTS="$cuts" --env DRA_CPU_POWER_CUT_HOST_KILL_EVERY="$host_kill_every" \
     --env DRA_CPU_POWER_CUT_CONTROL="$control" \

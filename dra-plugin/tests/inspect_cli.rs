@@ -1,5 +1,5 @@
 //! The `topology` and `allocate` subcommands, run as the built binary over
-//! unpacked sysfs fixtures of real machine shapes.
+//! generated sysfs trees of real machine shapes.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,10 +9,10 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The fixture `name` unpacked (kept while the returned guard lives) and the
+/// The tree of machine `name` (kept while the returned guard lives) and the
 /// sysfs root inside it.
-fn unpack(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = common::unpacked(name);
+fn tree(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = common::written_tree(name);
     let root = dir.path().to_path_buf();
     (dir, root)
 }
@@ -44,7 +44,7 @@ fn stdout_ok(out: &Output) -> String {
 
 #[test]
 fn topology_report_of_two_socket_snc_machine() {
-    let (_guard, root) = unpack("intel-2s-snc2-ht-128");
+    let (_guard, root) = tree("intel-2s-snc2-ht-128");
     let out = run(&[
         "topology",
         "--sysfs-root",
@@ -67,7 +67,7 @@ fn topology_report_of_two_socket_snc_machine() {
 
 #[test]
 fn topology_root_comes_from_host_root() {
-    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let (_guard, root) = tree("intel-2s-ht-adjacent-offline-96");
     let out = Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
         .arg("topology")
         .env("HOST_ROOT", &root)
@@ -81,9 +81,9 @@ fn topology_root_comes_from_host_root() {
 
 #[test]
 fn allocate_picks_by_topology() {
-    let (_intel_guard, intel) = unpack("intel-2s-snc2-ht-128");
-    let (_amd_guard, amd) = unpack("amd-epyc-1s-8ccx-ht-128");
-    let (_adj_guard, adjacent) = unpack("intel-2s-ht-adjacent-offline-96");
+    let (_intel_guard, intel) = tree("intel-2s-snc2-ht-128");
+    let (_amd_guard, amd) = tree("amd-epyc-1s-8ccx-ht-128");
+    let (_adj_guard, adjacent) = tree("intel-2s-ht-adjacent-offline-96");
     let cases: Vec<(&str, &Path, Vec<&str>, &str)> = vec![
         (
             "one whole CCX on EPYC",
@@ -156,7 +156,7 @@ fn allocate_picks_by_topology() {
 
 #[test]
 fn allocate_errors_exit_non_zero_with_a_clear_message() {
-    let (_guard, root) = unpack("intel-2s-snc2-ht-128");
+    let (_guard, root) = tree("intel-2s-snc2-ht-128");
     let cases: &[(&[&str], &str)] = &[
         (
             &["--count", "2", "--available", "120-140"],
@@ -213,7 +213,7 @@ fn missing_sysfs_root_is_reported_by_path() {
 /// adjacent SMT siblings and two CPUs offline: the golden page.
 #[test]
 fn table_of_a_stopped_daemons_store_on_a_machine_with_offline_cpus() {
-    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let (_guard, root) = tree("intel-2s-ht-adjacent-offline-96");
     let state = store_with_one_claim();
     let out = run(&[
         "inspect",
@@ -285,7 +285,7 @@ fn store_with_one_claim() -> tempfile::TempDir {
 /// pipe the default stays JSON.
 #[test]
 fn on_a_terminal_the_table_is_the_default_and_no_color_is_respected() {
-    let (_guard, root) = unpack("intel-2s-ht-adjacent-offline-96");
+    let (_guard, root) = tree("intel-2s-ht-adjacent-offline-96");
     let state = store_with_one_claim();
     let command = format!(
         "{} inspect --from-store --state-dir {} --sysfs-root {}",

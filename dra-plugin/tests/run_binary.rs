@@ -138,6 +138,30 @@ async fn the_daemon_serves_and_exits_cleanly_on_sigterm() {
     assert_eq!(node.cdi_cpus(&claim.uid).map(|c| c.len()), Some(2));
 }
 
+/// Text logs written to a pipe, as in a pod where `kubectl logs` shows them,
+/// carry no ANSI colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_to_a_pipe_are_not_coloured() {
+    let node = Node::new(DeviceMode::Grouped);
+    let mut command = run_command(&node);
+    command
+        .arg("--log-format=text")
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR");
+    let mut child = command.spawn().expect("spawn dra-plugin run");
+    drop(register(&node, &mut child).await);
+    let output = terminate_cleanly(child).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !stderr.contains("\x1b["),
+        "colour codes in logs to a pipe: {stderr:?}"
+    );
+    assert!(
+        stderr.lines().any(|l| l.contains(" INFO ")),
+        "no text log line: {stderr}"
+    );
+}
+
 /// The devices of the slices the daemon publishes for `node`, once there
 /// are any (waiting up to [`WAIT`]).
 async fn published_devices(node: &Node) -> Vec<k8s_openapi::api::resource::v1::Device> {

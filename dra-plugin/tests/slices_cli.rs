@@ -1,4 +1,4 @@
-//! `dra-plugin slices`, run as the built binary over every sysfs fixture in
+//! `dra-plugin slices`, run as the built binary over every named machine in
 //! both device modes, with and without the node-allocatable mapping; the
 //! printed objects are checked against the Kubernetes 1.34 and 1.37 schemas.
 
@@ -7,24 +7,13 @@
 
 mod common;
 
-use common::{fixtures_dir, printed_slices, slices_output, unpacked};
+use common::{printed_slices, slices_output, written_tree};
 use dra_cpu_tests::apiserver::validate_k8s_objects;
 use serde_json::Value;
+use shared_state::topology::sysfs_tree;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-
-fn fixture_names() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
-        .expect("fixtures directory")
-        .filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
-            name.strip_suffix(".tar.gz").map(str::to_string)
-        })
-        .collect();
-    names.sort();
-    names
-}
 
 fn devices(slices: &[Value]) -> Vec<&Value> {
     slices
@@ -71,10 +60,8 @@ const MODES: [&[&str]; 4] = [
 fn every_fixture_in_every_mode_is_valid_for_1_34_and_1_37() {
     let mut for_1_37 = Vec::new();
     let mut for_1_34 = Vec::new();
-    let names = fixture_names();
-    assert!(names.len() >= 6, "fixtures found: {names:?}");
-    for name in &names {
-        let dir = unpacked(name);
+    for name in sysfs_tree::NAMED {
+        let dir = written_tree(name);
         let online = online_count(dir.path());
         for mode in MODES {
             for mapping in [true, false] {
@@ -129,7 +116,7 @@ fn every_fixture_in_every_mode_is_valid_for_1_34_and_1_37() {
 #[test]
 fn individual_devices_follow_the_machine() {
     // Siblings N and N+64: consecutive device numbers, one full slice.
-    let dir = unpacked("intel-2s-snc2-ht-128");
+    let dir = written_tree("intel-2s-snc2-ht-128");
     let objects = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     assert_eq!(objects.len(), 1);
     let all = devices(&objects);
@@ -153,7 +140,7 @@ fn individual_devices_follow_the_machine() {
     );
 
     // Siblings numbered adjacently, two CPUs offline, reserved CPUs left out.
-    let dir = unpacked("intel-2s-ht-adjacent-offline-96");
+    let dir = written_tree("intel-2s-ht-adjacent-offline-96");
     let objects = printed_slices(
         dir.path(),
         &["--cpu-device-mode", "individual", "--reserved-cpus", "0-1"],
@@ -167,14 +154,14 @@ fn individual_devices_follow_the_machine() {
         .all(|d| d["attributes"]["dra.cpu/cpuID"]["int"].as_i64().unwrap() >= 2));
 
     // Arm without L3 and SMT.
-    let dir = unpacked("arm-1s-80c-nosmt");
+    let dir = written_tree("arm-1s-80c-nosmt");
     let all_arm = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     let arm = devices(&all_arm);
     assert_eq!(arm[0]["attributes"]["dra.cpu/smtEnabled"]["bool"], false);
     assert_eq!(arm[0]["attributes"]["dra.cpu/cacheL3ID"]["int"], -1);
 
     // Hybrid part: both core types appear.
-    let dir = unpacked("hybrid-8p16e-32");
+    let dir = written_tree("hybrid-8p16e-32");
     let hybrid = printed_slices(dir.path(), &["--cpu-device-mode", "individual"]);
     let types: BTreeSet<&str> = devices(&hybrid)
         .iter()
@@ -185,7 +172,7 @@ fn individual_devices_follow_the_machine() {
 
 #[test]
 fn grouped_devices_per_numa_node_with_capacity_and_mapping() {
-    let dir = unpacked("intel-2s-snc2-ht-128");
+    let dir = written_tree("intel-2s-snc2-ht-128");
     let objects = printed_slices(dir.path(), &["--reserved-cpus", "0,64"]);
     assert_eq!(objects.len(), 1);
     let s = &objects[0];
@@ -226,7 +213,7 @@ fn grouped_devices_per_numa_node_with_capacity_and_mapping() {
 
 #[test]
 fn driver_name_and_node_uid_flags() {
-    let dir = unpacked("vm-2c-nosmt");
+    let dir = written_tree("vm-2c-nosmt");
     let objects = printed_slices(
         dir.path(),
         &[
@@ -251,7 +238,7 @@ fn driver_name_and_node_uid_flags() {
 
 #[test]
 fn bad_input_fails_with_a_message_naming_it() {
-    let dir = unpacked("vm-2c-nosmt");
+    let dir = written_tree("vm-2c-nosmt");
     let out = slices_output(dir.path(), &["--reserved-cpus", "1-3"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -14,7 +14,10 @@ use dra_cpu_proto::kubelet::{self, dra_v1, dra_v1beta1, health_v1, health_v1alph
 use prost::Message;
 use prost_types::FileDescriptorSet;
 use support::kubelet::dra_plugin_info;
-use support::reference::{compile_reference, field_type, rpc_signature};
+use support::reference::{
+    compile_reference, field_type, rpc_signature, Upstream, DRA_HEALTH_V1, DRA_V1,
+    PLUGIN_REGISTRATION_V1,
+};
 
 /// A length-delimited field (wire type 2) encoded by hand.
 fn len_field(number: u32, payload: &[u8]) -> Vec<u8> {
@@ -453,9 +456,9 @@ fn flatten_message(scope: &str, message: &prost_types::DescriptorProto, schema: 
     }
 }
 
-/// Compiles upstream protocol files with the vendored protoc.
-fn compile_upstream(files: &[&str]) -> Schema {
-    schema_of(&compile_reference(files))
+/// Compiles an upstream protocol file with the vendored protoc.
+fn compile_upstream(file: &Upstream) -> Schema {
+    schema_of(&compile_reference(file))
 }
 
 fn ours() -> Schema {
@@ -479,14 +482,14 @@ fn ours_in(package: &str, as_package: &str) -> Schema {
 #[test]
 fn dra_v1_matches_upstream() {
     let package = "k8s.io.kubelet.pkg.apis.dra.v1";
-    let reference = compile_upstream(&["kubelet-dra-v1-api.proto"]);
+    let reference = compile_upstream(&DRA_V1);
     assert!(reference.contains_key(&format!(".{package}.DRAPlugin")));
     assert_eq!(ours_in(package, package), reference);
 }
 
 #[test]
 fn dra_v1beta1_is_v1_without_share_id() {
-    let reference: Schema = compile_upstream(&["kubelet-dra-v1-api.proto"])
+    let reference: Schema = compile_upstream(&DRA_V1)
         .into_iter()
         .map(|(name, lines)| {
             let lines = lines
@@ -507,7 +510,7 @@ fn dra_v1beta1_is_v1_without_share_id() {
 
 #[test]
 fn registration_matches_upstream() {
-    let reference = compile_upstream(&["kubelet-pluginregistration-v1-api.proto"]);
+    let reference = compile_upstream(&PLUGIN_REGISTRATION_V1);
     assert!(reference.contains_key(".pluginregistration.Registration"));
     assert_eq!(
         ours_in("pluginregistration", "pluginregistration"),
@@ -517,7 +520,7 @@ fn registration_matches_upstream() {
 
 #[test]
 fn health_v1_matches_upstream() {
-    let reference = compile_upstream(&["kubelet-dra-health-v1-api.proto"]);
+    let reference = compile_upstream(&DRA_HEALTH_V1);
     assert!(reference.contains_key(".v1.DRAResourceHealth"));
     assert_eq!(ours_in("v1", "v1"), reference);
 }
@@ -526,7 +529,7 @@ fn health_v1_matches_upstream() {
 /// `message` (5) in Kubernetes 1.35: the two APIs differ only in package.
 #[test]
 fn health_v1alpha1_is_v1_under_another_package() {
-    let reference = compile_upstream(&["kubelet-dra-health-v1-api.proto"]);
+    let reference = compile_upstream(&DRA_HEALTH_V1);
     assert_eq!(ours_in("v1alpha1", "v1"), reference);
 }
 

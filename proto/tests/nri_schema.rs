@@ -1,6 +1,7 @@
 //! Conformance of our NRI protocol (`proto/nri/api.proto`, as compiled into
-//! the bindings) with the upstream NRI protocol files in
-//! `shared/reference/proto/nri-v*-api.proto`.
+//! the bindings) with the upstream NRI protocol, `pkg/api/api.proto` of the
+//! Go module `github.com/containerd/nri` at 0.6.1, 0.8.0 and 0.12.2 (see
+//! `support::reference`).
 //!
 //! - Against the newest upstream file: every message, field, enum value,
 //!   service and RPC we define exists there with the same name, number and
@@ -19,7 +20,9 @@ use std::collections::BTreeMap;
 use dra_cpu_proto::nri::api;
 use prost::Message as _;
 use prost_types::{DescriptorProto, FileDescriptorProto};
-use support::reference::{compile_reference, field_type, reference_dir, rpc_signature};
+use support::reference::{
+    compile_reference, field_type, nri, rpc_signature, Upstream, NRI_VERSIONS,
+};
 
 const PACKAGE: &str = "nri.pkg.api.v1alpha1";
 
@@ -121,30 +124,30 @@ fn ours() -> Schema {
 }
 
 /// The upstream NRI protocol files, oldest first, with their versions.
-fn reference_files() -> Vec<((u32, u32, u32), String)> {
-    let dir = reference_dir();
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("upstream protocol files expected at {}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-        .filter_map(|name| {
-            let version = name.strip_prefix("nri-v")?.strip_suffix("-api.proto")?;
-            let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
-            let version = (parts.next()?, parts.next()?, parts.next()?);
-            Some((version, name))
+fn reference_files() -> Vec<((u32, u32, u32), Upstream)> {
+    let mut files: Vec<_> = NRI_VERSIONS
+        .iter()
+        .map(|tag| {
+            let mut parts = tag
+                .strip_prefix('v')
+                .unwrap()
+                .split('.')
+                .map(|p| p.parse::<u32>().unwrap());
+            let version = (
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+                parts.next().unwrap(),
+            );
+            (version, nri(tag))
         })
         .collect();
-    files.sort();
-    assert!(
-        files.len() >= 3,
-        "expected the NRI 0.6.1, 0.8.0 and 0.12.2 files in {}, found {files:?}",
-        dir.display()
-    );
+    files.sort_by_key(|(version, _)| *version);
     files
 }
 
 /// Compiles one upstream protocol file with the vendored protoc.
-fn compile_one(file: &str) -> Schema {
-    let set = compile_reference(&[file]);
+fn compile_one(file: &Upstream) -> Schema {
+    let set = compile_reference(file);
     assert_eq!(set.file.len(), 1, "{file} should import nothing");
     schema_of(&set.file[0])
 }

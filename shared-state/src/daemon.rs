@@ -24,17 +24,32 @@ pub enum LogFormat {
 }
 
 /// Logs to stderr as text or JSON; `RUST_LOG` filters (default `info`).
+/// Text is coloured only on a terminal (see [`colour_text_logs`]).
 pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = colour_text_logs(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // A second initialisation (tests running a daemon twice) keeps the first.
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Whether text log lines carry ANSI colour codes: only when stderr is a
+/// terminal (in a pod it is a pipe or file, where `kubectl logs` would show
+/// the escape sequences), and never when `NO_COLOR` is set to anything but
+/// the empty string (<https://no-color.org>).
+pub fn colour_text_logs(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// SIGTERM or SIGINT.
@@ -91,4 +106,31 @@ where
         });
         daemon(shutdown).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colour_text_logs;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        let cases: [(bool, Option<&str>, bool); 8] = [
+            (true, None, true),
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (true, Some("0"), false),
+            (true, Some("false"), false),
+            (false, None, false),
+            (false, Some(""), false),
+            (false, Some("1"), false),
+        ];
+        for (terminal, no_color, want) in cases {
+            assert_eq!(
+                colour_text_logs(terminal, no_color.map(OsStr::new)),
+                want,
+                "terminal={terminal} NO_COLOR={no_color:?}"
+            );
+        }
+    }
 }

@@ -1,15 +1,17 @@
-//! Discovery over the recorded sysfs trees in `shared/fixtures/sysfs`, checked
-//! against what the fixture README says each machine is, and, where `lscpu`
-//! is installed, against `lscpu --sysroot` reading the same tree.
+//! Discovery over the sysfs trees of the named machines
+//! (`shared_state::topology::sysfs_tree`), checked against what each machine
+//! is, as written down in the table below independently of the generator,
+//! and, where `lscpu` is installed, against `lscpu --sysroot` reading the
+//! same tree.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use shared_state::topology::sysfs_tree::{self, NAMED};
 use shared_state::topology::{CoreType, Topology, TopologyReport};
 use shared_state::CpuSet;
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// How the hardware threads of a core are numbered.
@@ -33,13 +35,13 @@ impl Siblings {
     }
 }
 
-/// One row of the fixture README table.
+/// What one named machine is.
 struct Expected {
     name: &'static str,
     online: &'static str,
     offline: &'static str,
     /// Online CPUs in each socket, NUMA node and L3 group, in id order; the
-    /// number of entries is the count the README gives.
+    /// number of entries is the count of each.
     socket_sizes: &'static [usize],
     numa_sizes: &'static [usize],
     l3_sizes: &'static [usize],
@@ -49,7 +51,7 @@ struct Expected {
     isolated: &'static str,
     /// E-cores of a hybrid part (single-threaded); empty elsewhere.
     e_cores: &'static str,
-    /// CPUs sharing a `cluster_id` where the fixture describes clusters.
+    /// CPUs sharing a `cluster_id` where the machine describes clusters.
     cpus_per_cluster: Option<usize>,
 }
 
@@ -140,71 +142,34 @@ fn set(s: &str) -> CpuSet {
     CpuSet::parse_cpulist(s).expect("cpulist")
 }
 
-/// `DRA_CPU_FIXTURES`, else `shared/fixtures/sysfs` beside the workspace.
-fn fixtures_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("DRA_CPU_FIXTURES") {
-        return PathBuf::from(dir);
-    }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs");
-    assert!(
-        beside.is_dir(),
-        "sysfs fixtures not found at {}; set DRA_CPU_FIXTURES to the directory holding the *.tar.gz trees",
-        beside.display()
-    );
-    beside
-}
-
-/// Every fixture tarball, by name without `.tar.gz`.
-fn fixture_tarballs() -> BTreeMap<String, PathBuf> {
-    let dir = fixtures_dir();
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("dir entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if let Some(stem) = name.strip_suffix(".tar.gz") {
-            out.insert(stem.to_string(), path.clone());
-        }
-    }
-    out
-}
-
-fn unpack(tarball: &Path) -> tempfile::TempDir {
+/// The tree of machine `name`, written into a fresh temporary directory
+/// (removed when the returned guard is dropped).
+fn written(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = File::open(tarball).unwrap_or_else(|e| panic!("{}: {e}", tarball.display()));
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(dir.path())
-        .unwrap_or_else(|e| panic!("unpacking {}: {e}", tarball.display()));
+    sysfs_tree::write_named(name, dir.path()).unwrap_or_else(|e| panic!("writing {name}: {e}"));
     dir
 }
 
 #[test]
-fn every_fixture_has_expectations_and_every_expectation_a_fixture() {
-    let found: BTreeSet<String> = fixture_tarballs().into_keys().collect();
+fn every_machine_has_expectations_and_every_expectation_a_machine() {
+    let named: BTreeSet<String> = NAMED.iter().map(|n| n.to_string()).collect();
     let listed: BTreeSet<String> = EXPECTED.iter().map(|e| e.name.to_string()).collect();
-    assert_eq!(found, listed, "fixture tarballs vs. the expectations table");
+    assert_eq!(named, listed, "named machines vs. the expectations table");
 }
 
 #[test]
-fn fixtures_match_the_readme() {
-    let tarballs = fixture_tarballs();
+fn every_machine_discovers_as_described() {
     for want in EXPECTED {
-        let Some(tarball) = tarballs.get(want.name) else {
-            panic!(
-                "fixture {} is missing from {}",
-                want.name,
-                fixtures_dir().display()
-            );
-        };
-        let root = unpack(tarball);
+        let root = written(want.name);
         let topo = Topology::discover(root.path()).unwrap_or_else(|e| panic!("{}: {e}", want.name));
-        check_readme(want, &topo);
+        check_description(want, &topo);
         check_invariants(want.name, &topo);
         check_report(want.name, &topo);
         check_against_lscpu(want.name, root.path(), &topo);
     }
 }
 
-fn check_readme(want: &Expected, topo: &Topology) {
+fn check_description(want: &Expected, topo: &Topology) {
     let name = want.name;
     assert_eq!(topo.online(), set(want.online), "{name}: online");
     assert!(

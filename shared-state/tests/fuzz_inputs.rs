@@ -13,7 +13,7 @@ use proptest::prelude::*;
 use shared_state::claim_env::{parse_claim_env, validate_claims, ClaimEnvError, CPUSET_ENV_PREFIX};
 use shared_state::cpuset::MAX_CPUS;
 use shared_state::store::{claim_key, decode_record};
-use shared_state::topology::Topology;
+use shared_state::topology::{sysfs_tree, Topology};
 use shared_state::{ClaimAssignment, CpuSet, CpuSetError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -232,13 +232,6 @@ fn e_names_claim_of(e: &ClaimEnvError, entry: &str) -> bool {
 // ---------------------------------------------------------------------------
 // sysfs trees with one file garbled
 
-fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("DRA_CPU_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
-    }
-}
-
 fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -268,20 +261,15 @@ fn sysfs_content() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn garbled_sysfs_files_are_refused_with_their_path_or_read_sanely() {
-    // The small VM fixture: every case rewrites one file and restores it.
-    let archive = fixtures_dir().join("vm-2c-nosmt.tar.gz");
-    let file = std::fs::File::open(&archive)
-        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
+    // The small VM's tree: every case rewrites one file and restores it.
     let dir = tempfile::tempdir().expect("temp dir");
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(dir.path())
-        .expect("unpacking the fixture");
+    sysfs_tree::write_named("vm-2c-nosmt", dir.path()).expect("writing the tree");
     let root = dir.path();
-    let pristine = Topology::discover(root).expect("the fixture discovers");
+    let pristine = Topology::discover(root).expect("the tree discovers");
     let mut files = Vec::new();
     files_under(&root.join("sys/devices/system"), &mut files);
     files.sort();
-    assert!(files.len() > 5, "fixture has {} files", files.len());
+    assert!(files.len() > 5, "the tree has {} files", files.len());
 
     let refused = std::cell::Cell::new(0u32);
     let accepted = std::cell::Cell::new(0u32);
@@ -289,7 +277,7 @@ fn garbled_sysfs_files_are_refused_with_their_path_or_read_sanely() {
     runner
         .run(&(0..files.len(), sysfs_content()), |(index, content)| {
             let path = &files[index];
-            let original = std::fs::read(path).expect("reading fixture file");
+            let original = std::fs::read(path).expect("reading the tree's file");
             std::fs::write(path, &content).expect("garbling");
             let result = Topology::discover(root);
             std::fs::write(path, &original).expect("restoring");

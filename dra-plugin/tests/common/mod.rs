@@ -1,6 +1,6 @@
 //! A node for dra-plugin tests: the daemon's real `run` loop on real Unix
 //! sockets in a temporary directory, its real sled store and CDI directory,
-//! a sysfs fixture for the topology, the fake API server for claims and
+//! a generated sysfs tree for the topology, the fake API server for claims and
 //! slices, and the kubelet DRA stand-in registering and calling it.
 
 #![allow(dead_code)]
@@ -17,7 +17,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use shared_state::topology::Topology;
+use shared_state::topology::{sysfs_tree, Topology};
 use shared_state::CpuSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,13 +40,6 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// speed (a publisher's retries back off for seconds).
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
 
-pub fn fixtures_dir() -> PathBuf {
-    match std::env::var_os("DRA_CPU_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/sysfs"),
-    }
-}
-
 /// One allocation result: driver, pool, device, consumed CPUs.
 pub type RawResult = (String, String, String, Option<String>);
 
@@ -57,21 +50,18 @@ pub struct Node {
     pub topology: Topology,
 }
 
-/// Unpack the sysfs fixture `name` into `into`.
-pub fn unpack(name: &str, into: &Path) {
-    let archive = fixtures_dir().join(format!("{name}.tar.gz"));
-    let file = std::fs::File::open(&archive)
-        .unwrap_or_else(|e| panic!("opening fixture {}: {e}", archive.display()));
-    tar::Archive::new(flate2::read::GzDecoder::new(file))
-        .unpack(into)
-        .unwrap_or_else(|e| panic!("unpacking {}: {e}", archive.display()));
+/// Write the sysfs tree of the named machine `name` (one of
+/// [`sysfs_tree::NAMED`]) into `into`.
+pub fn write_tree(name: &str, into: &Path) {
+    sysfs_tree::write_named(name, into)
+        .unwrap_or_else(|e| panic!("writing the sysfs tree {name}: {e}"));
 }
 
-/// The sysfs fixture `name` unpacked into a fresh temporary directory, its
+/// The sysfs tree of machine `name` in a fresh temporary directory, its
 /// root (removed when the returned guard is dropped).
-pub fn unpacked(name: &str) -> tempfile::TempDir {
+pub fn written_tree(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
-    unpack(name, dir.path());
+    write_tree(name, dir.path());
     dir
 }
 
@@ -118,7 +108,7 @@ impl Node {
             .tempdir_in("/tmp")
             .expect("temp dir");
         let sysfs = dir.path().join("sysfs");
-        unpack(FIXTURE, &sysfs);
+        write_tree(FIXTURE, &sysfs);
         let topology = Topology::discover(&sysfs).expect("fixture topology");
         let api = FakeApiServer::start().expect("fake API server");
         api.insert_node(NODE).expect("node");

@@ -1,8 +1,8 @@
 //! The CPU topology of a node, discovered from sysfs.
 //!
 //! The data types here are what the allocator, the slice builder and the pool
-//! logic read; discovery fills them from a sysfs root (`/` on a node, an
-//! unpacked fixture in tests).
+//! logic read; discovery fills them from a sysfs root (`/` on a node, a tree
+//! written by [`sysfs_tree`] in tests).
 
 use crate::cpuset::CpuSet;
 use serde::{Deserialize, Serialize};
@@ -251,6 +251,7 @@ pub struct CpuReport {
 pub mod discover;
 pub mod pcie;
 pub mod synthetic;
+pub mod sysfs_tree;
 
 #[cfg(test)]
 mod tests {

@@ -188,6 +188,12 @@ pub(super) fn parse_committed(bytes: &[u8]) -> Option<u64> {
 /// How long `open` waits for a lock that no other live process holds.
 const LOCK_RELEASE_WAIT: Duration = Duration::from_secs(3);
 
+/// sled's page cache. The store holds one small record per prepared claim;
+/// sled's default (1 GiB) exceeds a pod's memory limit, and sled then logs
+/// an ERROR at every start (`cache capacity is limited to the cgroup memory
+/// limit`) although nothing is wrong.
+const STORE_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
 /// Open the sled database, waiting a bounded time for a lock that is
 /// being released.
 ///
@@ -202,6 +208,7 @@ pub(super) fn open_waiting_for_release(dir: &Path) -> Result<sled::Db, StoreErro
         shielded(dir, "open", || {
             sled::Config::new()
                 .path(dir)
+                .cache_capacity(STORE_CACHE_BYTES)
                 .open()
                 .map_err(|source| open_error(dir, source))
         })

@@ -1,7 +1,7 @@
 //! Topology discovery from a sysfs root.
 //!
 //! The root is the directory that holds `sys/devices/system/cpu`: `/` on a
-//! node, the host mount inside a container, an unpacked fixture in tests.
+//! node, the host mount inside a container, a generated tree in tests.
 //! Reading is strict: a required file that is missing or does not parse is an
 //! error naming the full path and the content, because a guessed topology
 //! would pin latency-critical work to the wrong CPUs.

@@ -11,10 +11,11 @@ pub use bench::{CdiPlacement, DraBench};
 pub use rows::{concurrency_row, footprint_rows, prepare_floor_row, prepare_parts_rows};
 
 use anyhow::{bail, Context};
+use shared_state::topology::synthetic::MACHINE_1024;
+use shared_state::topology::sysfs_tree::Machine;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const NODE: &str = "node-a";
@@ -44,33 +45,11 @@ fn target_dir() -> PathBuf {
 }
 
 /// Writes a 1024-CPU sysfs tree (2 sockets × 2 NUMA × 4 L3 × 32 cores × 2
-/// threads) with the fixture tool of the shared tree.
+/// threads, [`MACHINE_1024`]).
 fn write_sysfs(root: &Path) -> anyhow::Result<()> {
-    let tool = match std::env::var_os("DRA_CPU_SYSFS_TOOL") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/sysfs-fixture.py")
-        }
-    };
-    let status = Command::new("python3")
-        .arg(&tool)
-        .arg(root)
-        .args([
-            "--sockets",
-            "2",
-            "--numa-per-socket",
-            "2",
-            "--l3-per-numa",
-            "4",
-        ])
-        .args(["--cores-per-l3", "32", "--threads", "2"])
-        .stdout(Stdio::null())
-        .status()
-        .with_context(|| format!("running {}", tool.display()))?;
-    if !status.success() {
-        bail!("{} failed: {status}", tool.display());
-    }
-    Ok(())
+    Machine::from(MACHINE_1024)
+        .write(root)
+        .with_context(|| format!("writing a 1024-CPU sysfs tree under {}", root.display()))
 }
 
 /// The 1024-CPU tree, written once under the target directory (writing its
@@ -117,9 +96,7 @@ mod tests {
 
     #[test]
     fn the_bench_sysfs_tree_has_1024_cpus() {
-        // The fixture tool lives outside the repository; without it the
-        // table reports the rows as not measured.
-        let Ok(root) = sysfs_1024() else { return };
+        let root = sysfs_1024().expect("the 1024-CPU sysfs tree");
         // Counting entries, not discovering the topology: discovery reads
         // some ten thousand files, which belongs in the table's run.
         let count = |dir: &str, prefix: &str| {
