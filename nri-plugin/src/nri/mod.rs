@@ -73,6 +73,7 @@ impl NriPlugin for DraCpuPlugin {
     fn events(&self) -> EventMask {
         EventMask::of(&[
             Event::CREATE_CONTAINER,
+            Event::POST_START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
             Event::REMOVE_CONTAINER,
@@ -171,6 +172,9 @@ impl NriPlugin for DraCpuPlugin {
                 self.enforcer.sync_host_cgroups();
                 let reply = creation_reply(&decision);
                 self.send_in_reply(&decision.updates);
+                self.enforcer
+                    .view()
+                    .note_created(&info.id, &decision.cpuset);
                 span.in_scope(|| {
                     tracing::info!(
                         kind = %decision.kind, cpuset = %decision.cpuset,
@@ -201,6 +205,32 @@ impl NriPlugin for DraCpuPlugin {
                 Err(PluginError::failed(refusal.to_string()))
             }
         }
+    }
+
+    /// The container runs: an update sent to it before that may not have
+    /// reached its cgroup (see [`crate::view::NodeView::confirm_started`]);
+    /// send it again.
+    async fn post_start_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), PluginError> {
+        let started = Instant::now();
+        let resend = self.enforcer.view().confirm_started(&container.id);
+        tracing::debug!(container = %container.id, resend = ?resend.as_ref().map(CpuSet::to_cpulist), "container started");
+        if let Some(planned) = resend {
+            tracing::info!(
+                container = %container.id, name = %container.name, pod = %pod.name,
+                namespace = %pod.namespace, cpuset = %planned,
+                "the pool changed while the container was starting; sending its cpuset again"
+            );
+            let updates = self.enforcer.view().pending_updates();
+            self.enforcer
+                .after_pool_change(updates, "changed while starting")
+                .await;
+        }
+        self.finish("PostStartContainer", "ok", started);
+        Ok(())
     }
 
     async fn update_container(
@@ -237,7 +267,11 @@ impl NriPlugin for DraCpuPlugin {
         container: Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let started = Instant::now();
-        let updates = self.enforcer.view().stop_container(&container.id);
+        let updates = {
+            let mut view = self.enforcer.view();
+            view.forget_starting(&container.id);
+            view.stop_container(&container.id)
+        };
         self.send_in_reply(&updates);
         tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
         self.finish("StopContainer", "ok", started);
@@ -257,6 +291,7 @@ impl NriPlugin for DraCpuPlugin {
     ) -> Result<(), PluginError> {
         let started = Instant::now();
         let mut view = self.enforcer.view();
+        view.forget_starting(&container.id);
         view.remove_container(&container.id);
         self.enforcer.refresh(&view);
         drop(view);

@@ -22,7 +22,7 @@
 // user needs to read; its size does not matter off the success path.
 #![allow(clippy::result_large_err)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use shared_state::claim_env::{parse_claim_env, EnvClaim};
 use shared_state::pool::{PoolError, PoolState, Update};
@@ -83,6 +83,9 @@ pub struct NodeView {
     revision: u64,
     /// Whether a snapshot from dra-plugin has been applied.
     has_snapshot: bool,
+    /// Containers created but not yet started, with the cpuset their
+    /// CreateContainer reply gave them.
+    starting: HashMap<String, CpuSet>,
 }
 
 impl NodeView {
@@ -102,6 +105,7 @@ impl NodeView {
             provisional: HashSet::new(),
             revision: 0,
             has_snapshot: false,
+            starting: HashMap::new(),
         }
     }
 
@@ -141,6 +145,38 @@ impl NodeView {
         self.pool.mark_applied(updates);
     }
 
+    /// The runtime was told to create `container_id` on `cpuset` (the
+    /// CreateContainer reply).
+    pub fn note_created(&mut self, container_id: &str, cpuset: &CpuSet) {
+        self.starting
+            .insert(container_id.to_string(), cpuset.clone());
+    }
+
+    /// The container runs (PostStartContainer). Until now an update for it
+    /// could be lost: containerd 2.x drops one for a container not yet in its
+    /// store, and one for a container whose task exists but is not yet
+    /// marked running only changes its stored spec, not its cgroup; both
+    /// report success. So if its cpuset changed since the CreateContainer
+    /// reply, it is planned again from the cpuset it was created with.
+    /// Returns the cpuset it should have when that must be sent again.
+    pub fn confirm_started(&mut self, container_id: &str) -> Option<CpuSet> {
+        let created = self.starting.remove(container_id)?;
+        let entry = self.pool.container(container_id)?;
+        if entry.cpuset == created {
+            return None;
+        }
+        self.pool
+            .mark_applied(&[(container_id.to_string(), created.clone())]);
+        self.pool
+            .planned_cpuset(container_id)
+            .filter(|planned| *planned != created)
+    }
+
+    /// The container stopped or is gone before it started.
+    pub fn forget_starting(&mut self, container_id: &str) {
+        self.starting.remove(container_id);
+    }
+
     /// The claims a container names. Refused when its `DRA_CPUSET_*`
     /// variables are malformed.
     pub fn env_claims(info: &ContainerInfo) -> Result<Vec<EnvClaim>, Refusal> {
@@ -158,6 +194,51 @@ mod tests {
     use crate::test_support::*;
     use proptest::prelude::*;
     use shared_state::pool::ContainerKind;
+
+    #[test]
+    fn an_update_sent_before_the_container_ran_is_sent_again_at_start() {
+        let mut v = view(false);
+        // A shared container is created on the whole pool ...
+        let created = v
+            .create(&container("shared", POD_A, &[], Some(100)))
+            .decided()
+            .unwrap();
+        v.mark_applied(&created.updates);
+        let whole = created.cpuset.clone();
+        v.note_created("shared", &whole);
+        // ... a claim is prepared before it runs, and the shrink sent for it
+        // is recorded as applied (the runtime answered success) ...
+        let shrink = v.apply_prepared(1, claim(CLAIM_1, "2-3", POD_B)).unwrap();
+        assert_eq!(shrink.len(), 1);
+        v.mark_applied(&shrink);
+        assert!(v.pending_updates().is_empty());
+        let pool = shrink[0].1.clone();
+        // ... so at start it is sent again, from the create-time cpuset.
+        assert_eq!(v.confirm_started("shared"), Some(pool.clone()));
+        assert_eq!(
+            v.pending_updates(),
+            vec![("shared".to_string(), pool.clone())]
+        );
+        v.mark_applied(&v.pending_updates());
+        // Once only: a second start report, or an unknown container, is nothing.
+        assert_eq!(v.confirm_started("shared"), None);
+        assert_eq!(v.confirm_started("unknown"), None);
+
+        // The control: a container whose cpuset did not change since its
+        // creation is not sent anything.
+        let other = v
+            .create(&container("other", POD_A, &[], Some(100)))
+            .decided()
+            .unwrap();
+        v.mark_applied(&other.updates);
+        v.note_created("other", &other.cpuset);
+        assert_eq!(v.confirm_started("other"), None);
+        assert!(v.pending_updates().is_empty());
+        // A container stopped before it started is forgotten.
+        v.note_created("gone", &whole);
+        v.forget_starting("gone");
+        assert_eq!(v.confirm_started("gone"), None);
+    }
 
     proptest! {
         /// Whatever the order of events, no two running containers other than
