@@ -31,6 +31,9 @@ struct Access {
     group: String,
     resource: String,
     verb: String,
+    /// The object's name, where the authorizer is given one that a rule's
+    /// `resourceNames` can match.
+    name: Option<String>,
 }
 
 fn access(group: &str, resource: &str, verb: &str) -> Access {
@@ -38,6 +41,20 @@ fn access(group: &str, resource: &str, verb: &str) -> Access {
         group: group.into(),
         resource: resource.into(),
         verb: verb.into(),
+        name: None,
+    }
+}
+
+/// The synthetic `resourceclaims/driver` access of a status.devices write,
+/// named after the driver.
+fn driver_status_access(verb: &str) -> Access {
+    Access {
+        name: Some(DRIVER.to_string()),
+        ..access(
+            "resource.k8s.io",
+            "resourceclaims/driver",
+            &format!("associated-node:{verb}"),
+        )
     }
 }
 
@@ -92,12 +109,20 @@ fn attributes(request: &RequestLine) -> Result<Attributes, String> {
         ("DELETE", false, _) => &["deletecollection"],
         (method, _, _) => return Err(format!("unexpected request {method} {path}")),
     };
-    Ok(Attributes::Resource(
-        verbs
-            .iter()
-            .map(|verb| access(&group, &resource, verb))
-            .collect(),
-    ))
+    let mut accesses: Vec<Access> = verbs
+        .iter()
+        .map(|verb| access(&group, &resource, verb))
+        .collect();
+    // A write of a claim's status that changes status.devices (every status
+    // write dra-plugin makes does) is also authorized, from Kubernetes 1.36
+    // (DRAResourceClaimGranularStatusAuthorization), against the synthetic
+    // resource resourceclaims/driver named after the driver, with the verb
+    // prefixed by associated-node: when the writer's token is bound to the
+    // claim's node (k8s.io/kubernetes pkg/registry/resource/utils.go).
+    if group == "resource.k8s.io" && resource == "resourceclaims/status" {
+        accesses.extend(verbs.iter().map(|verb| driver_status_access(verb)));
+    }
+    Ok(Attributes::Resource(accesses))
 }
 
 /// Paths the built-in system:discovery and system:public-info-viewer roles
@@ -117,6 +142,8 @@ struct Rule {
     groups: Vec<String>,
     resources: Vec<String>,
     verbs: Vec<String>,
+    /// `resourceNames`; empty means any object.
+    names: Vec<String>,
 }
 
 impl Rule {
@@ -125,6 +152,7 @@ impl Rule {
         has(&self.groups, &a.group)
             && has(&self.resources, &a.resource)
             && has(&self.verbs, &a.verb)
+            && (self.names.is_empty() || a.name.as_ref().is_some_and(|n| self.names.contains(n)))
     }
 
     /// Every (group, resource, verb) the rule grants; wildcards stay as `*`.
@@ -133,7 +161,15 @@ impl Rule {
         for g in &self.groups {
             for r in &self.resources {
                 for v in &self.verbs {
-                    all.push(access(g, r, v));
+                    if self.names.is_empty() {
+                        all.push(access(g, r, v));
+                    }
+                    for n in &self.names {
+                        all.push(Access {
+                            name: Some(n.clone()),
+                            ..access(g, r, v)
+                        });
+                    }
                 }
             }
         }
@@ -177,13 +213,14 @@ fn rendered_rules() -> Vec<Rule> {
         .iter()
         .map(|r| {
             assert!(
-                r.get("nonResourceURLs").is_none() && r.get("resourceNames").is_none(),
+                r.get("nonResourceURLs").is_none(),
                 "rule forms this check does not read: {r:?}"
             );
             Rule {
                 groups: strings(r, "apiGroups"),
                 resources: strings(r, "resources"),
                 verbs: strings(r, "verbs"),
+                names: strings(r, "resourceNames"),
             }
         })
         .collect()
@@ -295,6 +332,7 @@ async fn rendered_cluster_role_covers_exactly_the_calls_dra_plugin_makes() {
         access("resource.k8s.io", "resourceslices", "watch"),
         access("resource.k8s.io", "resourceslices", "patch"),
         access("resource.k8s.io", "resourceslices", "delete"),
+        driver_status_access("patch"),
     ] {
         assert!(used.contains(&wanted), "dra-plugin never made {wanted:?}");
     }
@@ -353,7 +391,10 @@ fn request_attributes_table() {
                 "PUT",
                 "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status",
             ),
-            one("resource.k8s.io", "resourceclaims/status", "update"),
+            Attributes::Resource(vec![
+                access("resource.k8s.io", "resourceclaims/status", "update"),
+                driver_status_access("update"),
+            ]),
         ),
         (
             line("POST", "/api/v1/namespaces/ns/events"),
@@ -386,6 +427,7 @@ fn rules_allow_by_group_resource_and_verb() {
         groups: vec!["resource.k8s.io".into()],
         resources: vec!["resourceslices".into()],
         verbs: vec!["list".into(), "watch".into()],
+        names: Vec::new(),
     };
     assert!(rule.allows(&access("resource.k8s.io", "resourceslices", "list")));
     assert!(!rule.allows(&access("resource.k8s.io", "resourceslices", "delete")));
@@ -395,7 +437,28 @@ fn rules_allow_by_group_resource_and_verb() {
         groups: vec!["*".into()],
         resources: vec!["*".into()],
         verbs: vec!["get".into()],
+        names: Vec::new(),
     };
     assert!(wide.allows(&access("apps", "daemonsets", "get")));
     assert_eq!(rule.grants().len(), 2);
+    // resourceNames: only the named object.
+    let named = Rule {
+        groups: vec!["resource.k8s.io".into()],
+        resources: vec!["resourceclaims/driver".into()],
+        verbs: vec!["associated-node:patch".into()],
+        names: vec![DRIVER.into()],
+    };
+    assert!(named.allows(&driver_status_access("patch")));
+    assert!(!named.allows(&driver_status_access("update")));
+    let other = Access {
+        name: Some("other.driver".into()),
+        ..driver_status_access("patch")
+    };
+    assert!(!named.allows(&other));
+    assert!(!named.allows(&access(
+        "resource.k8s.io",
+        "resourceclaims/driver",
+        "associated-node:patch"
+    )));
+    assert_eq!(named.grants(), vec![driver_status_access("patch")]);
 }
