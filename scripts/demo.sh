@@ -8,6 +8,12 @@
 #   scripts/demo.sh        on this machine
 #   scripts/demo.sh --vm   inside the VM node of scripts/vm-node.sh: 8 CPUs
 #                          in 2 sockets and 2 NUMA nodes with SMT, cgroup v2
+#   scripts/demo.sh --cluster
+#                          on the real node (scripts/real-node.sh): a real
+#                          kube-apiserver, scheduler, controller-manager and
+#                          kubelet, containerd 2.4, the driver installed by
+#                          `helm install` (scripts/cluster-demo.sh; the first
+#                          run builds them: tens of minutes)
 #   --kubernetes-version 1.34|1.35|1.36|1.37 and --feature-gates Name=true,...
 #                          choose what the fake API server plays
 set -euo pipefail
@@ -17,7 +23,8 @@ demo_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --vm) in_vm=1 ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cluster) shift; scripts/install-deps.sh; exec scripts/cluster-demo.sh "$@" ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) demo_args+=("$1") ;;
   esac
   shift

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The project's test command: installs what the tests need (idempotent), then
 # runs the format check, clippy and every test of the workspace, the node demo
-# (which must succeed and print its cpuset tables), the chart check, the
-# end-to-end scenarios again on containerd 2.x where it can run, then the VM
-# node (scripts/vm-node-tests.sh): the node demo and the scenarios of
+# (which must succeed and print its cpuset tables), the chart check, the real
+# node (scripts/real-node-tests.sh: a real kube-apiserver, scheduler,
+# controller-manager and kubelet built from the Go module proxy, containerd
+# 2.x with NRI, the driver installed by `helm install`; Kubernetes 1.37 with
+# containerd 2.4, then 1.34 with containerd 2.2), the node demo on it, then
+# the VM node (scripts/vm-node-tests.sh): the node demo and the scenarios of
 # tests/tests/vm_node.rs on a 2-socket, 2-NUMA-node, SMT, cgroup v2 guest, on
 # containerd 1.7 and 2.x, and 20 power cuts of the power-cut storm
 # (scripts/power-cut-storm.sh) in a 2-vCPU guest.
+# The first run builds the real node's components (scripts/build-components.sh,
+# tens of minutes on 2 cores); later runs find them cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x scripts/install-deps.sh ]; then
@@ -37,17 +42,18 @@ check_demo_tables() {
   fi
 }
 check_demo_tables "$demo_log" scripts/demo.sh
-# The demo publishes and prepares against the releases before the mapping
-# too: 1.34 without consumable capacity (individual devices) and 1.36.
-for release in 1.34 1.36; do
-  if ! scripts/demo.sh --kubernetes-version "$release" 2>&1 | tee "$demo_log"; then
-    echo "test: scripts/demo.sh --kubernetes-version $release failed" >&2
-    exit 1
-  fi
-  check_demo_tables "$demo_log" "scripts/demo.sh --kubernetes-version $release"
-done
 scripts/check-chart.sh
-scripts/e2e-containerd2.sh
+# The real node: the oldest and newest supported pairs. Its scenarios use the
+# test build of the binaries in the driver's image (no release build).
+scripts/build-components.sh all
+export DRA_CPU_IMAGE_PROFILE=debug
+scripts/real-node-tests.sh
+scripts/real-node-tests.sh --oldest
+if ! scripts/demo.sh --cluster 2>&1 | tee "$demo_log"; then
+  echo "test: scripts/demo.sh --cluster failed" >&2
+  exit 1
+fi
+check_demo_tables "$demo_log" "scripts/demo.sh --cluster"
 if ! scripts/vm-node-tests.sh --demo --power-cuts 20 2>&1 | tee "$vm_log"; then
   echo "test: the VM node runs failed (scripts/vm-node-tests.sh)" >&2
   exit 1

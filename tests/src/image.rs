@@ -35,6 +35,10 @@ const EPOCH: u64 = 0;
 pub enum ImageError {
     #[error("cannot read {path} (install busybox-static: scripts/install-deps.sh): {source}")]
     ReadBusybox { path: PathBuf, source: io::Error },
+    #[error("cannot read {path} for the image: {source}")]
+    ReadFile { path: PathBuf, source: io::Error },
+    #[error("cannot list the shared libraries of {binary} with ldd: {detail}")]
+    Ldd { binary: PathBuf, detail: String },
     #[error("cannot build the image archive: {0}")]
     Archive(#[source] io::Error),
     #[error("cannot write the image archive {path}: {source}")]
@@ -122,24 +126,58 @@ pub fn build_layer(busybox: &[u8]) -> io::Result<Vec<u8>> {
     builder.into_inner()
 }
 
+/// What an image runs: its entrypoint and environment, and the line its
+/// history records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageConfig {
+    pub entrypoint: Vec<String>,
+    pub env: Vec<String>,
+    pub created_by: String,
+    /// Workloads run `sleep` as PID 1, which ignores SIGTERM: a stop would
+    /// otherwise wait out the whole grace period.
+    pub stop_signal: Option<String>,
+}
+
+impl ImageConfig {
+    /// The busybox test image: sleeps forever unless a workload says otherwise.
+    pub fn busybox() -> Self {
+        ImageConfig {
+            entrypoint: vec!["/bin/sleep".into(), "infinity".into()],
+            env: vec!["PATH=/bin".into()],
+            created_by: "dra-cpu test harness: busybox-static".into(),
+            stop_signal: Some("SIGKILL".into()),
+        }
+    }
+}
+
 /// The OCI image layout archive around one layer, with `index.json` naming the
 /// manifest under every tag in `tags` (`io.containerd.image.name`, which
 /// `ctr images import` uses as the image name).
 pub fn build_archive(layer: &[u8], tags: &[&str]) -> io::Result<OciArchive> {
+    build_archive_with(layer, tags, &ImageConfig::busybox())
+}
+
+/// [`build_archive`] with the image's own configuration.
+pub fn build_archive_with(
+    layer: &[u8],
+    tags: &[&str],
+    image: &ImageConfig,
+) -> io::Result<OciArchive> {
     let layer_hex = sha256_hex(layer);
+    let mut runtime = json!({
+        "Entrypoint": image.entrypoint,
+        "Env": image.env,
+        "WorkingDir": "/",
+    });
+    if let Some(signal) = &image.stop_signal {
+        runtime["StopSignal"] = json!(signal);
+    }
     let config = json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": {
-            "Entrypoint": ["/bin/sleep", "infinity"],
-            "Env": ["PATH=/bin"],
-            "WorkingDir": "/",
-            // Workloads run `sleep` as PID 1, which ignores SIGTERM: a stop
-            // would otherwise wait out the whole grace period.
-            "StopSignal": "SIGKILL"
-        },
+        "config": runtime,
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_hex}")]},
-        "history": [{"created_by": "dra-cpu test harness: busybox-static", "created": "1970-01-01T00:00:00Z"}],
+        "history": [{"created_by": image.created_by, "created": "1970-01-01T00:00:00Z"}],
         "created": "1970-01-01T00:00:00Z"
     });
     let config_bytes = serde_json::to_vec(&config).map_err(io::Error::other)?;
@@ -206,6 +244,142 @@ pub fn build_busybox_image() -> Result<OciArchive, ImageError> {
     })?;
     let layer = build_layer(&busybox).map_err(ImageError::Archive)?;
     build_archive(&layer, &[WORKLOAD_IMAGE, SANDBOX_IMAGE]).map_err(ImageError::Archive)
+}
+
+/// A file of the host copied into an image at `image_path` (relative, no
+/// leading `/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    pub host_path: PathBuf,
+    pub image_path: String,
+}
+
+/// The shared libraries `ldd` names for `binary` (the dynamic loader
+/// included), each at its host path: what a glibc binary needs in an image
+/// without a distribution.
+pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, ImageError> {
+    let output = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|source| ImageError::Ldd {
+            binary: binary.to_path_buf(),
+            detail: source.to_string(),
+        })?;
+    if !output.status.success() {
+        return Err(ImageError::Ldd {
+            binary: binary.to_path_buf(),
+            detail: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    Ok(parse_ldd(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The absolute paths in `ldd` output: `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)`
+/// and the loader's own line `/lib64/ld-linux-x86-64.so.2 (0x...)`; the vDSO has none.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| {
+            let target = match line.split_once("=>") {
+                Some((_, right)) => right.trim(),
+                None => line.trim(),
+            };
+            let path = target.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The layer of a distroless image: `files`, the directories they sit in, and
+/// the empty directories a container runtime mounts over. Symlinked library
+/// paths are stored as the files they resolve to, under the name asked for.
+pub fn build_files_layer(files: &[HostFile]) -> Result<Vec<u8>, ImageError> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut dirs: Vec<String> = ["dev/", "etc/", "proc/", "sys/", "tmp/", "run/", "var/"]
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    for file in files {
+        let mut parent = Path::new(&file.image_path).parent();
+        while let Some(dir) = parent.filter(|d| !d.as_os_str().is_empty()) {
+            dirs.push(format!("{}/", dir.display()));
+            parent = dir.parent();
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    for dir in &dirs {
+        let mode = if dir == "tmp/" { 0o1777 } else { 0o755 };
+        let mut h = header(tar::EntryType::Directory, dir, mode, 0).map_err(ImageError::Archive)?;
+        h.set_cksum();
+        builder
+            .append(&h, io::empty())
+            .map_err(ImageError::Archive)?;
+    }
+    let mut files = files.to_vec();
+    files.sort_by(|a, b| a.image_path.cmp(&b.image_path));
+    files.dedup_by(|a, b| a.image_path == b.image_path);
+    for file in &files {
+        let data = std::fs::read(&file.host_path).map_err(|source| ImageError::ReadFile {
+            path: file.host_path.clone(),
+            source,
+        })?;
+        append_file(&mut builder, &file.image_path, 0o755, &data).map_err(ImageError::Archive)?;
+    }
+    append_file(
+        &mut builder,
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/:/sbin/nologin\n",
+    )
+    .map_err(ImageError::Archive)?;
+    append_file(&mut builder, "etc/group", 0o644, b"root:x:0:\n").map_err(ImageError::Archive)?;
+    builder.into_inner().map_err(ImageError::Archive)
+}
+
+/// The driver's image: each of `binaries` at `/usr/bin/<file name>` with the
+/// shared libraries they link, entrypoint the first binary.
+pub fn build_driver_image(binaries: &[PathBuf], tag: &str) -> Result<OciArchive, ImageError> {
+    let mut files = Vec::new();
+    for binary in binaries {
+        let name = binary
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .ok_or_else(|| ImageError::ReadFile {
+                path: binary.clone(),
+                source: io::Error::other("not a file path"),
+            })?;
+        files.push(HostFile {
+            host_path: binary.clone(),
+            image_path: format!("usr/bin/{name}"),
+        });
+        for library in shared_libraries(binary)? {
+            let image_path = library
+                .to_string_lossy()
+                .trim_start_matches('/')
+                .to_string();
+            files.push(HostFile {
+                host_path: library,
+                image_path,
+            });
+        }
+    }
+    let entrypoint = files
+        .first()
+        .map(|f| format!("/{}", f.image_path))
+        .into_iter()
+        .collect();
+    let layer = build_files_layer(&files)?;
+    let config = ImageConfig {
+        entrypoint,
+        env: vec!["PATH=/usr/bin".into()],
+        created_by: "dra-cpu: dra-plugin and nri-plugin with their shared libraries".into(),
+        stop_signal: None,
+    };
+    build_archive_with(&layer, &[tag], &config).map_err(ImageError::Archive)
 }
 
 /// Writes the archive to `path` and imports it into the `k8s.io` namespace of
@@ -311,6 +485,42 @@ mod tests {
             config["rootfs"]["diff_ids"][0],
             archive.layer_digest.as_str()
         );
+    }
+
+    #[test]
+    fn ldd_lines_give_library_paths() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x1)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x2)\n\t/lib64/ld-linux-x86-64.so.2 (0x3)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x2)\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+        assert!(parse_ldd("\tstatically linked\n").is_empty());
+    }
+
+    #[test]
+    fn files_layer_holds_files_and_their_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("tool");
+        std::fs::write(&host, b"binary").unwrap();
+        let layer = build_files_layer(&[HostFile {
+            host_path: host,
+            image_path: "usr/bin/tool".into(),
+        }])
+        .unwrap();
+        let files = entries(&layer);
+        assert_eq!(files["usr/bin/tool"].1, b"binary");
+        assert_eq!(files["usr/"].0, tar::EntryType::Directory);
+        assert_eq!(files["usr/bin/"].0, tar::EntryType::Directory);
+        assert_eq!(files["tmp/"].0, tar::EntryType::Directory);
+        let missing = build_files_layer(&[HostFile {
+            host_path: dir.path().join("absent"),
+            image_path: "usr/bin/absent".into(),
+        }]);
+        assert!(matches!(missing, Err(ImageError::ReadFile { .. })));
     }
 
     #[test]

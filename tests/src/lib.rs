@@ -19,6 +19,7 @@ pub mod node;
 pub mod nri_runtime;
 pub mod prom_text;
 pub mod real_clients;
+pub mod real_node;
 pub mod repin;
 pub mod seed;
 pub mod served_series;

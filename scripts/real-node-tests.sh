@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The real-node scenarios: brings up the real node (scripts/real-node.sh up),
+# installs the driver with `helm install`, runs tests/tests/real_node.rs
+# against it, uninstalls the driver and checks that it left nothing behind,
+# then takes the node down, also when a step fails.
+#
+#   scripts/real-node-tests.sh            Kubernetes and containerd: the newest
+#                                         pair of tests/real-node/pins.env
+#   scripts/real-node-tests.sh --oldest   the oldest pair
+#
+# The first run builds the components (tens of minutes on 2 cores; cached).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+which=()
+if [ "${1:-}" = "--oldest" ]; then
+  which=(--oldest)
+fi
+[ "$(id -u)" -eq 0 ] || { echo "real-node-tests: must run as root" >&2; exit 1; }
+cleanup() {
+  local status=$?
+  if [ "$status" -ne 0 ] && [ -d "${DRA_CPU_REAL_NODE_DIR:-/tmp/dcpu-real-node}/logs" ]; then
+    echo "real-node-tests: FAILED; the last lines of each component's log:" >&2
+    for f in "${DRA_CPU_REAL_NODE_DIR:-/tmp/dcpu-real-node}"/logs/*.log; do
+      echo "--- $f" >&2
+      tail -n 15 "$f" >&2
+    done
+    scripts/real-node.sh kubectl -n dra-cpu logs -l app.kubernetes.io/name=dra-cpu --all-containers --tail=40 >&2 || true
+  fi
+  scripts/real-node.sh down || true
+  exit "$status"
+}
+trap cleanup EXIT
+cargo build --quiet -p dra-cpu-tests --tests
+scripts/real-node.sh up "${which[@]}"
+# The test build of the binaries (DRA_CPU_IMAGE_PROFILE=debug) saves a
+# release build where only the behaviour is under test.
+scripts/real-node.sh install
+cargo test -p dra-cpu-tests --test real_node -- --ignored --test-threads=1
+cargo test -p dra-cpu-tests --test real_node_uninstall -- --ignored

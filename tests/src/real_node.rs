@@ -1,0 +1,636 @@
+//! The real node of `scripts/real-node.sh` as the tests drive it: kubectl as
+//! cluster admin, objects applied from YAML, pods waited for, and each
+//! container's CPUs read from its cgroup and from inside it (`kubectl exec`,
+//! through the real API server, kubelet and containerd).
+//!
+//! The node is found through `scripts/real-node.sh env`; a test that finds no
+//! node skips, or fails in CI ([`crate::skip`]).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shared_state::CpuSet;
+
+use crate::cgroup::{cpuset_dir_of, parse_cpus_allowed_list, read_cpuset_dir};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RealNodeError {
+    #[error("no real node is up ({0}); start one with `scripts/real-node.sh up`")]
+    NotUp(String),
+    #[error("cannot run {what}: {source}")]
+    Spawn {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("`{what}` failed ({status}): {stderr}")]
+    Failed {
+        what: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("`{what}` printed what is not JSON: {source}")]
+    Json {
+        what: String,
+        source: serde_json::Error,
+    },
+    #[error("{0}")]
+    Unexpected(String),
+    #[error("timed out after {after:?} waiting for {what}; last seen: {last}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        last: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, RealNodeError>;
+
+/// The repository's root (the tests crate sits in `tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// A container's CPUs, read two ways.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCpus {
+    /// `cpuset.cpus` of its cgroup (or the effective CPUs where none was set).
+    pub cgroup: CpuSet,
+    /// `Cpus_allowed_list` of a process exec'd in it (`sched_getaffinity`).
+    pub inside: CpuSet,
+}
+
+/// The node `scripts/real-node.sh` brought up.
+#[derive(Debug, Clone)]
+pub struct RealNode {
+    pub facts: BTreeMap<String, String>,
+}
+
+impl RealNode {
+    /// The node that is up, from `scripts/real-node.sh env`.
+    pub fn find() -> Result<RealNode> {
+        let script = repo_root().join("scripts/real-node.sh");
+        let output = Command::new(&script)
+            .arg("env")
+            .output()
+            .map_err(|source| RealNodeError::Spawn {
+                what: script.display().to_string(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(RealNodeError::NotUp(
+                String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            ));
+        }
+        let facts = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Ok(RealNode { facts })
+    }
+
+    pub fn fact(&self, key: &str) -> &str {
+        self.facts.get(key).map(String::as_str).unwrap_or("")
+    }
+
+    pub fn name(&self) -> &str {
+        self.fact("REAL_NODE_NAME")
+    }
+
+    /// The Kubernetes minor release the node runs (37 for 1.37.2).
+    pub fn kubernetes_minor(&self) -> u32 {
+        self.fact("REAL_NODE_KUBERNETES")
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Whether the node's containerd takes NRI updates outside an event
+    /// safely (2.4+, NRI 0.12.1): nri-plugin then grows the pool at once.
+    pub fn runtime_takes_unsolicited_updates(&self) -> bool {
+        let mut parts = self
+            .fact("REAL_NODE_CONTAINERD")
+            .split('.')
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (2, 4)
+    }
+
+    fn kubectl_command(&self, args: &[&str]) -> Command {
+        // The API server listens only inside the node's network namespace.
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.fact("REAL_NODE_NETNS")))
+            .arg("--")
+            .arg(self.fact("REAL_NODE_KUBECTL"))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.fact("REAL_NODE_KUBECONFIG")
+            ))
+            .args(args);
+        cmd
+    }
+
+    /// Runs kubectl; its stdout on success.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_stdin(args, None)
+    }
+
+    /// Runs kubectl with `input` on its stdin.
+    pub fn kubectl_stdin(&self, args: &[&str], input: Option<&str>) -> Result<String> {
+        let what = format!("kubectl {}", args.join(" "));
+        let mut child = self
+            .kubectl_command(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| RealNodeError::Spawn {
+                what: what.clone(),
+                source,
+            })?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|source| RealNodeError::Spawn {
+                    what: what.clone(),
+                    source,
+                })?;
+        }
+        let output = child
+            .wait_with_output()
+            .map_err(|source| RealNodeError::Spawn {
+                what: what.clone(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(RealNodeError::Failed {
+                what,
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).to_string())
+    }
+
+    /// `kubectl get ... -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> Result<Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let text = self.kubectl(&all)?;
+        serde_json::from_str(&text).map_err(|source| RealNodeError::Json {
+            what: format!("kubectl {}", all.join(" ")),
+            source,
+        })
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> Result<()> {
+        self.kubectl_stdin(&["apply", "-f", "-"], Some(yaml))
+            .map(|_| ())
+    }
+
+    /// `kubectl create -f -` of `yaml`, which must fail: its error text.
+    pub fn create_refused(&self, yaml: &str, extra: &[&str]) -> Result<String> {
+        let mut args = vec!["create", "-f", "-"];
+        args.extend_from_slice(extra);
+        match self.kubectl_stdin(&args, Some(yaml)) {
+            Ok(out) => Err(RealNodeError::Unexpected(format!(
+                "kubectl create was accepted: {out}"
+            ))),
+            Err(RealNodeError::Failed { stderr, .. }) => Ok(stderr),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Polls `probe` until it returns `Some`, for at most `timeout`.
+    pub fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut probe: impl FnMut() -> Result<std::result::Result<T, String>>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        loop {
+            let last = match probe() {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(seen)) => seen,
+                Err(e) => e.to_string(),
+            };
+            if start.elapsed() >= timeout {
+                return Err(RealNodeError::Timeout {
+                    what: what.to_string(),
+                    after: timeout,
+                    last,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Waits until the pod's containers all run; returns the pod object.
+    pub fn wait_running(&self, namespace: &str, pod: &str, timeout: Duration) -> Result<Value> {
+        self.wait(&format!("pod {namespace}/{pod} running"), timeout, || {
+            let object = self.get_json(&["pod", "-n", namespace, pod])?;
+            let phase = object["status"]["phase"].as_str().unwrap_or("").to_string();
+            let statuses = object["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let all_running = !statuses.is_empty()
+                && statuses
+                    .iter()
+                    .all(|s| s["state"]["running"].is_object() && s["ready"] == true);
+            if phase == "Running" && all_running {
+                Ok(Ok(object))
+            } else {
+                Ok(Err(format!(
+                    "phase {phase:?}, conditions {}, containers {}",
+                    object["status"]["conditions"], object["status"]["containerStatuses"]
+                )))
+            }
+        })
+    }
+
+    /// Waits until the pod is gone.
+    pub fn wait_deleted(&self, namespace: &str, pod: &str, timeout: Duration) -> Result<()> {
+        self.wait(
+            &format!("pod {namespace}/{pod} gone"),
+            timeout,
+            || match self.kubectl(&["get", "pod", "-n", namespace, pod, "-o", "name"]) {
+                Ok(out) => Ok(Err(format!("still there: {}", out.trim()))),
+                Err(RealNodeError::Failed { stderr, .. }) if stderr.contains("NotFound") => {
+                    Ok(Ok(()))
+                }
+                Err(e) => Err(e),
+            },
+        )
+    }
+
+    /// The containerd id of a container of a pod.
+    pub fn container_id(&self, namespace: &str, pod: &str, container: &str) -> Result<String> {
+        let object = self.get_json(&["pod", "-n", namespace, pod])?;
+        object["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|statuses| {
+                statuses
+                    .iter()
+                    .find(|s| s["name"] == container)
+                    .and_then(|s| s["containerID"].as_str())
+            })
+            .and_then(|id| id.split_once("://").map(|(_, id)| id.to_string()))
+            .ok_or_else(|| {
+                RealNodeError::Unexpected(format!(
+                    "pod {namespace}/{pod} has no container id for {container}: {}",
+                    object["status"]
+                ))
+            })
+    }
+
+    /// The host pid of a container's init process, from containerd.
+    pub fn container_pid(&self, id: &str) -> Result<u32> {
+        let script = repo_root().join("scripts/real-node.sh");
+        let output = Command::new(&script)
+            .args(["ctr", "tasks", "ls"])
+            .output()
+            .map_err(|source| RealNodeError::Spawn {
+                what: "real-node.sh ctr tasks ls".into(),
+                source,
+            })?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                Some((fields.next()?, fields.next()?))
+            })
+            .find(|(task, _)| *task == id)
+            .and_then(|(_, pid)| pid.parse().ok())
+            .ok_or_else(|| RealNodeError::Unexpected(format!("no task {id} in: {text}")))
+    }
+
+    /// A container's CPUs from its cgroup and from inside it.
+    pub fn pod_cpus(&self, namespace: &str, pod: &str, container: &str) -> Result<PodCpus> {
+        let id = self.container_id(namespace, pod, container)?;
+        let pid = self.container_pid(&id)?;
+        let dir = cpuset_dir_of(pid).map_err(|e| RealNodeError::Unexpected(e.to_string()))?;
+        let cgroup = read_cpuset_dir(&dir)
+            .map_err(|e| RealNodeError::Unexpected(e.to_string()))?
+            .cpus;
+        let status = self.kubectl(&[
+            "exec",
+            "-n",
+            namespace,
+            pod,
+            "-c",
+            container,
+            "--",
+            "cat",
+            "/proc/self/status",
+        ])?;
+        let inside = parse_cpus_allowed_list(&status)
+            .and_then(|list| CpuSet::parse_cpulist(list).ok())
+            .ok_or_else(|| {
+                RealNodeError::Unexpected(format!("no Cpus_allowed_list in {pod}: {status}"))
+            })?;
+        Ok(PodCpus { cgroup, inside })
+    }
+
+    /// Waits until a container's CPUs, read both ways, equal `want`.
+    pub fn wait_cpus(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        want: &CpuSet,
+        timeout: Duration,
+    ) -> Result<PodCpus> {
+        self.wait(
+            &format!(
+                "{namespace}/{pod}/{container} on CPUs {}",
+                want.to_cpulist()
+            ),
+            timeout,
+            || {
+                let cpus = self.pod_cpus(namespace, pod, container)?;
+                if cpus.cgroup == *want && cpus.inside == *want {
+                    Ok(Ok(cpus))
+                } else {
+                    Ok(Err(format!(
+                        "cgroup {}, inside {}",
+                        cpus.cgroup.to_cpulist(),
+                        cpus.inside.to_cpulist()
+                    )))
+                }
+            },
+        )
+    }
+
+    /// The ResourceSlices of `driver` on this node.
+    pub fn slices(&self, driver: &str) -> Result<Vec<Value>> {
+        let list = self.get_json(&["resourceslices"])?;
+        Ok(list["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s["spec"]["driver"] == driver && s["spec"]["nodeName"] == self.name())
+            .collect())
+    }
+
+    /// Whether the node publishes grouped `dra.cpu` devices (capacity
+    /// `dra.cpu/cpu`) rather than one device per CPU.
+    pub fn publishes_grouped_devices(&self) -> Result<bool> {
+        Ok(self.slices("dra.cpu")?.iter().any(|slice| {
+            slice["spec"]["devices"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|d| d["capacity"]["dra.cpu/cpu"].is_object()))
+        }))
+    }
+
+    /// Runs `scripts/real-node.sh ARGS` (restart, install, uninstall).
+    pub fn script(&self, args: &[&str]) -> Result<String> {
+        let script = repo_root().join("scripts/real-node.sh");
+        let output = Command::new(&script)
+            .args(args)
+            .output()
+            .map_err(|source| RealNodeError::Spawn {
+                what: format!("real-node.sh {}", args.join(" ")),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(RealNodeError::Failed {
+                what: format!("real-node.sh {}", args.join(" ")),
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).to_string())
+    }
+}
+
+/// A namespace of a scenario's own, deleted (with its pods and claims) when
+/// dropped, also when the scenario fails.
+pub struct TestNamespace<'a> {
+    node: &'a RealNode,
+    pub name: String,
+}
+
+impl<'a> TestNamespace<'a> {
+    /// Creates `name` afresh and waits for its default service account, which
+    /// pods need and the controller manager makes a moment later.
+    pub fn new(node: &'a RealNode, name: &str) -> Result<Self> {
+        let _ = node.kubectl(&[
+            "delete",
+            "namespace",
+            name,
+            "--wait=true",
+            "--ignore-not-found",
+        ]);
+        node.kubectl(&["create", "namespace", name])?;
+        node.wait("default service account", Duration::from_secs(60), || {
+            Ok(node
+                .kubectl(&["get", "serviceaccount", "default", "-n", name])
+                .map(|_| ())
+                .map_err(|e| e.to_string()))
+        })?;
+        Ok(TestNamespace {
+            node,
+            name: name.to_string(),
+        })
+    }
+
+    /// A template `one-cpu` of one CPU (grouped or individual, as the node
+    /// publishes), a shared pod `shared` and a pod `claim_pod` with a claim
+    /// from it and `cpu_request` (a mixed pod in mixed mode, else exclusive);
+    /// waits for both to run.
+    pub fn start_shared_and_claim_pods(
+        &self,
+        claim_pod: &str,
+        cpu_request: Option<&str>,
+        timeout: Duration,
+    ) -> Result<()> {
+        let grouped = self.node.publishes_grouped_devices()?;
+        self.node
+            .apply(&claim_template_yaml(&self.name, "one-cpu", 1, grouped))?;
+        self.node
+            .apply(&pod_yaml(&self.name, "shared", Some("100m"), &[]))?;
+        self.node.apply(&pod_yaml(
+            &self.name,
+            claim_pod,
+            cpu_request,
+            &[("cpus", "one-cpu")],
+        ))?;
+        self.node.wait_running(&self.name, claim_pod, timeout)?;
+        self.node.wait_running(&self.name, "shared", timeout)?;
+        Ok(())
+    }
+}
+
+impl Drop for TestNamespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.node.kubectl(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=true",
+            "--timeout=180s",
+        ]);
+    }
+}
+
+/// A busybox pod that sleeps, with `cpu_request` (e.g. "100m") if any and
+/// the claims of `templates` (`(claim name, template name)`), all given to
+/// its one container `app`.
+pub fn pod_yaml(
+    namespace: &str,
+    name: &str,
+    cpu_request: Option<&str>,
+    templates: &[(&str, &str)],
+) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  terminationGracePeriodSeconds: 1\n"
+    );
+    if !templates.is_empty() {
+        y.push_str("  resourceClaims:\n");
+        for (claim, template) in templates {
+            y.push_str(&format!(
+                "    - name: {claim}\n      resourceClaimTemplateName: {template}\n"
+            ));
+        }
+    }
+    y.push_str(&format!(
+        "  containers:\n    - name: app\n      image: {}\n      imagePullPolicy: Never\n      command: [\"/bin/sleep\", \"infinity\"]\n      resources:\n",
+        crate::image::WORKLOAD_IMAGE
+    ));
+    if let Some(cpu) = cpu_request {
+        y.push_str(&format!("        requests:\n          cpu: {cpu}\n"));
+    }
+    if !templates.is_empty() {
+        y.push_str("        claims:\n");
+        for (claim, _) in templates {
+            y.push_str(&format!("          - name: {claim}\n"));
+        }
+    }
+    y
+}
+
+/// A ResourceClaimTemplate of `cpus` CPUs of the `dra.cpu` class: a share of
+/// a grouped device's `dra.cpu/cpu` capacity, or `cpus` individual devices.
+pub fn claim_template_yaml(namespace: &str, name: &str, cpus: u32, grouped: bool) -> String {
+    let request = if grouped {
+        format!("          exactly:\n            deviceClassName: dra.cpu\n            capacity:\n              requests:\n                dra.cpu/cpu: \"{cpus}\"\n")
+    } else {
+        format!(
+            "          exactly:\n            deviceClassName: dra.cpu\n            count: {cpus}\n"
+        )
+    };
+    format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  spec:\n    devices:\n      requests:\n        - name: cpus\n{request}"
+    )
+}
+
+/// A ResourceClaimTemplate whose one request `cpus` lists alternatives in
+/// order (`firstAvailable`): `(subrequest name, CPUs)` each, as capacity of a
+/// grouped device or a count of individual ones.
+pub fn first_available_template_yaml(
+    namespace: &str,
+    name: &str,
+    alternatives: &[(&str, u32)],
+    grouped: bool,
+) -> String {
+    let mut y = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  spec:\n    devices:\n      requests:\n        - name: cpus\n          firstAvailable:\n"
+    );
+    for (sub, cpus) in alternatives {
+        y.push_str(&format!(
+            "            - name: {sub}\n              deviceClassName: dra.cpu\n"
+        ));
+        if grouped {
+            y.push_str(&format!(
+                "              capacity:\n                requests:\n                  dra.cpu/cpu: \"{cpus}\"\n"
+            ));
+        } else {
+            y.push_str(&format!("              count: {cpus}\n"));
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_yaml_is_valid_yaml_with_its_claims() {
+        let y = pod_yaml("ns", "p", Some("250m"), &[("cpus", "one-cpu")]);
+        let v: serde_json::Value = serde_saphyr::from_str(&y).unwrap();
+        assert_eq!(
+            v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "one-cpu"
+        );
+        assert_eq!(
+            v["spec"]["containers"][0]["resources"]["requests"]["cpu"],
+            "250m"
+        );
+        assert_eq!(
+            v["spec"]["containers"][0]["resources"]["claims"][0]["name"],
+            "cpus"
+        );
+        let plain: serde_json::Value =
+            serde_saphyr::from_str(&pod_yaml("ns", "q", None, &[])).unwrap();
+        assert!(plain["spec"]["resourceClaims"].is_null());
+        assert!(plain["spec"]["containers"][0]["resources"]["claims"].is_null());
+    }
+
+    #[test]
+    fn first_available_templates_list_their_alternatives_in_order() {
+        let v: serde_json::Value = serde_saphyr::from_str(&first_available_template_yaml(
+            "ns",
+            "t",
+            &[("big", 64), ("one", 1)],
+            true,
+        ))
+        .unwrap();
+        let alternatives = &v["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"];
+        assert_eq!(alternatives[0]["name"], "big");
+        assert_eq!(alternatives[0]["capacity"]["requests"]["dra.cpu/cpu"], "64");
+        assert_eq!(alternatives[1]["name"], "one");
+        let individual: serde_json::Value = serde_saphyr::from_str(&first_available_template_yaml(
+            "ns",
+            "t",
+            &[("one", 1)],
+            false,
+        ))
+        .unwrap();
+        assert_eq!(
+            individual["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["count"],
+            1
+        );
+    }
+
+    #[test]
+    fn claim_templates_ask_for_capacity_or_a_count() {
+        let grouped: serde_json::Value =
+            serde_saphyr::from_str(&claim_template_yaml("ns", "t", 2, true)).unwrap();
+        let request = &grouped["spec"]["spec"]["devices"]["requests"][0]["exactly"];
+        assert_eq!(request["capacity"]["requests"]["dra.cpu/cpu"], "2");
+        let individual: serde_json::Value =
+            serde_saphyr::from_str(&claim_template_yaml("ns", "t", 2, false)).unwrap();
+        assert_eq!(
+            individual["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"],
+            2
+        );
+    }
+}
