@@ -7,14 +7,20 @@
 #   scripts/real-node-tests.sh            Kubernetes and containerd: the newest
 #                                         pair of tests/real-node/pins.env
 #   scripts/real-node-tests.sh --oldest   the oldest pair
+#   scripts/real-node-tests.sh --smoke    only the smoke scenarios (slices, an
+#                                         exclusive and a mixed pod, restarts)
 #
 # The first run builds the components (tens of minutes on 2 cores; cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-which=()
-if [ "${1:-}" = "--oldest" ]; then
-  which=(--oldest)
-fi
+which=() filters=()
+for arg in "$@"; do
+  case "$arg" in
+    --oldest) which=(--oldest) ;;
+    --smoke) filters=(slices_are_published an_exclusive_claim_is_pinned a_mixed_pod_gets restarts_keep) ;;
+    *) echo "usage: $0 [--oldest] [--smoke]" >&2; exit 2 ;;
+  esac
+done
 [ "$(id -u)" -eq 0 ] || { echo "real-node-tests: must run as root" >&2; exit 1; }
 cleanup() {
   local status=$?
@@ -35,5 +41,5 @@ scripts/real-node.sh up "${which[@]}"
 # The test build of the binaries (DRA_CPU_IMAGE_PROFILE=debug) saves a
 # release build where only the behaviour is under test.
 scripts/real-node.sh install
-cargo test -p dra-cpu-tests --test real_node -- --ignored --test-threads=1
+cargo test -p dra-cpu-tests --test real_node -- --ignored --test-threads=1 "${filters[@]}"
 cargo test -p dra-cpu-tests --test real_node_uninstall -- --ignored

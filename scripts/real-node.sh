@@ -14,7 +14,9 @@
 #                                        build; DRA_CPU_IMAGE_PROFILE=debug for
 #                                        the test build), import it and `helm
 #                                        install` charts/dra-cpu with
-#                                        tests/real-node/values.yaml
+#                                        tests/real-node/values.yaml (the tag
+#                                        is the chart's appVersion, or
+#                                        DRA_CPU_IMAGE_TAG)
 #   scripts/real-node.sh uninstall       `helm uninstall` it
 #   scripts/real-node.sh restart containerd|kubelet
 #   scripts/real-node.sh kubectl ARGS    kubectl as cluster admin
@@ -249,7 +251,9 @@ helm_admin() { in_netns env KUBECONFIG="$dir/admin.kubeconfig" helm "$@"; }
 # --- the driver, installed as users install it ---------------------------------
 install_driver() {
   local profile="${DRA_CPU_IMAGE_PROFILE:-release}" tag tool digest flag=()
-  tag="$(driver_tag)"
+  # DRA_CPU_IMAGE_TAG: another tag than the chart's appVersion, so that an
+  # install is an upgrade to a new image (the helm upgrade scenario).
+  tag="${DRA_CPU_IMAGE_TAG:-$(driver_tag)}"
   [ -n "$tag" ] || die "no appVersion in charts/dra-cpu/Chart.yaml"
   [ "$profile" = release ] && flag=(--release)
   log "building dra-plugin and nri-plugin ($profile) and the image dra-cpu.test/dra-cpu:$tag"
@@ -523,7 +527,8 @@ down() {
     done
     # Processes in the node's cgroups (containers and their shims).
     pids="$pids $(cat $(find /sys/fs/cgroup -path "*${cgroup_root}/*" -name cgroup.procs 2>/dev/null) /dev/null 2>/dev/null || true)"
-    pids="$(echo "$pids" | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -u | grep -vx "$$" || true)"
+    # Never init nor this script (a stale pid file could name any process).
+    pids="$(echo "$pids" | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -u | grep -vx -e 0 -e 1 -e "$$" -e "$PPID" || true)"
     [ -n "$pids" ] || break
     # shellcheck disable=SC2086
     kill -9 $pids 2>/dev/null || true

@@ -264,6 +264,45 @@ impl RealNode {
         })
     }
 
+    /// Waits until a container of the pod waits for `reason` (for example
+    /// `CreateContainerError`); returns the message kubelet gives with it.
+    pub fn wait_waiting_reason(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> Result<String> {
+        self.wait(
+            &format!("{namespace}/{pod}/{container} waiting for {reason}"),
+            timeout,
+            || {
+                let object = self.get_json(&["pod", "-n", namespace, pod])?;
+                let status = object["status"]["containerStatuses"]
+                    .as_array()
+                    .and_then(|s| s.iter().find(|c| c["name"] == container).cloned())
+                    .unwrap_or_default();
+                let waiting = &status["state"]["waiting"];
+                if waiting["reason"] == reason {
+                    Ok(Ok(waiting["message"].as_str().unwrap_or("").to_string()))
+                } else {
+                    Ok(Err(format!("status {status}")))
+                }
+            },
+        )
+    }
+
+    /// GETs `path` of a driver container's HTTP endpoint (its metrics port
+    /// `port` on pod `pod` of `namespace`) through the API server's proxy.
+    pub fn pod_http(&self, namespace: &str, pod: &str, port: u16, path: &str) -> Result<String> {
+        self.kubectl(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy{path}"),
+        ])
+    }
+
     /// Waits until the pod is gone.
     pub fn wait_deleted(&self, namespace: &str, pod: &str, timeout: Duration) -> Result<()> {
         self.wait(
@@ -499,31 +538,123 @@ pub fn pod_yaml(
     cpu_request: Option<&str>,
     templates: &[(&str, &str)],
 ) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  terminationGracePeriodSeconds: 1\n"
-    );
-    if !templates.is_empty() {
-        y.push_str("  resourceClaims:\n");
-        for (claim, template) in templates {
+    let mut pod = PodSpec::new(namespace, name);
+    pod.cpu_request = cpu_request;
+    pod.templates = templates.to_vec();
+    pod.yaml()
+}
+
+/// A busybox pod that sleeps, as a scenario needs it: each container gets
+/// `cpu_request` and every claim of the pod, from a template
+/// (`(claim name, template name)`) or a ResourceClaim of the namespace
+/// (`(claim name, ResourceClaim name)`), and `env`.
+#[derive(Debug, Clone)]
+pub struct PodSpec<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub containers: Vec<&'a str>,
+    pub cpu_request: Option<&'a str>,
+    pub templates: Vec<(&'a str, &'a str)>,
+    pub claims: Vec<(&'a str, &'a str)>,
+    pub env: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> PodSpec<'a> {
+    /// One container `app`, no request, no claim.
+    pub fn new(namespace: &'a str, name: &'a str) -> Self {
+        PodSpec {
+            namespace,
+            name,
+            containers: vec!["app"],
+            cpu_request: None,
+            templates: Vec::new(),
+            claims: Vec::new(),
+            env: Vec::new(),
+        }
+    }
+
+    pub fn yaml(&self) -> String {
+        let (namespace, name) = (self.namespace, self.name);
+        let mut y = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  terminationGracePeriodSeconds: 1\n"
+        );
+        let claim_names: Vec<&str> = self
+            .templates
+            .iter()
+            .chain(&self.claims)
+            .map(|(claim, _)| *claim)
+            .collect();
+        if !claim_names.is_empty() {
+            y.push_str("  resourceClaims:\n");
+            for (claim, template) in &self.templates {
+                y.push_str(&format!(
+                    "    - name: {claim}\n      resourceClaimTemplateName: {template}\n"
+                ));
+            }
+            for (claim, object) in &self.claims {
+                y.push_str(&format!(
+                    "    - name: {claim}\n      resourceClaimName: {object}\n"
+                ));
+            }
+        }
+        y.push_str("  containers:\n");
+        for container in &self.containers {
             y.push_str(&format!(
-                "    - name: {claim}\n      resourceClaimTemplateName: {template}\n"
+                "    - name: {container}\n      image: {}\n      imagePullPolicy: Never\n      command: [\"/bin/sleep\", \"infinity\"]\n",
+                crate::image::WORKLOAD_IMAGE
             ));
+            if !self.env.is_empty() {
+                y.push_str("      env:\n");
+                for (key, value) in &self.env {
+                    y.push_str(&format!(
+                        "        - name: {key}\n          value: {}\n",
+                        serde_json::Value::from(*value)
+                    ));
+                }
+            }
+            y.push_str("      resources:\n");
+            if let Some(cpu) = self.cpu_request {
+                y.push_str(&format!("        requests:\n          cpu: {cpu}\n"));
+            }
+            if !claim_names.is_empty() {
+                y.push_str("        claims:\n");
+                for claim in &claim_names {
+                    y.push_str(&format!("          - name: {claim}\n"));
+                }
+            }
         }
+        y
     }
-    y.push_str(&format!(
-        "  containers:\n    - name: app\n      image: {}\n      imagePullPolicy: Never\n      command: [\"/bin/sleep\", \"infinity\"]\n      resources:\n",
-        crate::image::WORKLOAD_IMAGE
-    ));
-    if let Some(cpu) = cpu_request {
-        y.push_str(&format!("        requests:\n          cpu: {cpu}\n"));
-    }
-    if !templates.is_empty() {
-        y.push_str("        claims:\n");
-        for (claim, _) in templates {
-            y.push_str(&format!("          - name: {claim}\n"));
+}
+
+/// The value of the sample `name` (with exactly the labels written in it,
+/// e.g. `x{a="b"}`) in a Prometheus text exposition.
+pub fn metric_value(exposition: &str, name: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        if !rest.starts_with(' ') {
+            return None;
         }
-    }
-    y
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// A ResourceClaim `name` of `cpus` CPUs of the `dra.cpu` class, which pods
+/// name directly (and so may share), unlike a template's claims.
+pub fn claim_yaml(namespace: &str, name: &str, cpus: u32, grouped: bool) -> String {
+    let template = claim_template_yaml(namespace, name, cpus, grouped);
+    // A template's spec.spec is a claim's spec.
+    let devices = template
+        .split_once("  spec:\n    devices:\n")
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let devices: String = devices
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("  ").unwrap_or(l)))
+        .collect();
+    format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\n  namespace: {namespace}\nspec:\n  devices:\n{devices}"
+    )
 }
 
 /// A ResourceClaimTemplate of `cpus` CPUs of the `dra.cpu` class: a share of
@@ -592,6 +723,47 @@ mod tests {
             serde_saphyr::from_str(&pod_yaml("ns", "q", None, &[])).unwrap();
         assert!(plain["spec"]["resourceClaims"].is_null());
         assert!(plain["spec"]["containers"][0]["resources"]["claims"].is_null());
+    }
+
+    #[test]
+    fn pod_specs_give_every_container_the_claims_and_the_env() {
+        let mut pod = PodSpec::new("ns", "p");
+        pod.containers = vec!["a", "b"];
+        pod.claims = vec![("cpus", "shared-claim")];
+        pod.templates = vec![("more", "one-cpu")];
+        pod.env = vec![("DRA_CPUSET_x", "not: a cpulist")];
+        let v: serde_json::Value = serde_saphyr::from_str(&pod.yaml()).unwrap();
+        assert_eq!(v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], "one-cpu");
+        assert_eq!(v["spec"]["resourceClaims"][1]["resourceClaimName"], "shared-claim");
+        for i in 0..2 {
+            let c = &v["spec"]["containers"][i];
+            assert_eq!(c["resources"]["claims"][0]["name"], "more");
+            assert_eq!(c["resources"]["claims"][1]["name"], "cpus");
+            assert_eq!(c["env"][0]["value"], "not: a cpulist");
+        }
+        assert_eq!(v["spec"]["containers"][1]["name"], "b");
+    }
+
+    #[test]
+    fn metric_values_are_read_by_exact_name_and_labels() {
+        let text = "# HELP a x\na 3\nab 4\nc{r=\"x\"} 5\nc{r=\"y\"} 6\n";
+        assert_eq!(metric_value(text, "a"), Some(3.0));
+        assert_eq!(metric_value(text, "ab"), Some(4.0));
+        assert_eq!(metric_value(text, "c{r=\"y\"}"), Some(6.0));
+        assert_eq!(metric_value(text, "c"), None);
+        assert_eq!(metric_value(text, "d"), None);
+    }
+
+    #[test]
+    fn claims_have_the_spec_of_a_template() {
+        for grouped in [true, false] {
+            let claim: serde_json::Value =
+                serde_saphyr::from_str(&claim_yaml("ns", "c", 2, grouped)).unwrap();
+            let template: serde_json::Value =
+                serde_saphyr::from_str(&claim_template_yaml("ns", "c", 2, grouped)).unwrap();
+            assert_eq!(claim["kind"], "ResourceClaim");
+            assert_eq!(claim["spec"], template["spec"]["spec"], "grouped {grouped}");
+        }
     }
 
     #[test]

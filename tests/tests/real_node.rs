@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use dra_cpu_tests::cgroup::online_cpus;
 use dra_cpu_tests::real_node::{
-    claim_template_yaml, first_available_template_yaml, pod_yaml, RealNode, TestNamespace,
+    claim_template_yaml, claim_yaml, first_available_template_yaml, metric_value, pod_yaml,
+    PodSpec, RealNode, TestNamespace,
 };
 use serde_json::Value;
 use shared_state::CpuSet;
@@ -29,6 +30,10 @@ const CPUSET_CHANGE: Duration = Duration::from_secs(60);
 
 const DRIVER: &str = "dra.cpu";
 const DRIVER_NAMESPACE: &str = "dra-cpu";
+/// The chart's metrics ports (values.yaml: draPlugin.metricsPort,
+/// nri.metricsPort).
+const DRA_PLUGIN_HTTP: u16 = 9440;
+const NRI_PLUGIN_HTTP: u16 = 9441;
 
 fn node() -> (std::sync::MutexGuard<'static, ()>, RealNode) {
     let guard = NODE.lock().unwrap_or_else(|p| p.into_inner());
@@ -362,6 +367,31 @@ fn wait_driver_ready(node: &RealNode) {
     .unwrap();
 }
 
+/// SIGKILLs one container of the driver's pod and waits until kubelet has
+/// restarted it and it is ready again.
+fn kill_driver_container(node: &RealNode, container: &str) {
+    let pod = driver_pod(node);
+    let restarts = |object: &Value| {
+        object["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|s| s.iter().find(|c| c["name"] == container).cloned())
+            .map(|c| (c["restartCount"].as_u64().unwrap_or(0), c["ready"] == true))
+            .unwrap_or((0, false))
+    };
+    let before = restarts(&node.get_json(&["pod", "-n", DRIVER_NAMESPACE, &pod]).unwrap()).0;
+    let id = node.container_id(DRIVER_NAMESPACE, &pod, container).unwrap();
+    node.script(&["ctr", "tasks", "kill", "-s", "SIGKILL", &id])
+        .unwrap();
+    node.wait(&format!("{container} to restart"), POD_START, || {
+        let object = node.get_json(&["pod", "-n", DRIVER_NAMESPACE, &pod])?;
+        match restarts(&object) {
+            (count, true) if count > before => Ok(Ok(())),
+            _ => Ok(Err(format!("{}", object["status"]["containerStatuses"]))),
+        }
+    })
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
 fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
@@ -394,25 +424,7 @@ fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
     // Each process of the driver killed alone: its container restarts in
     // place.
     for (round, container) in ["dra-plugin", "nri-plugin"].into_iter().enumerate() {
-        let pod = driver_pod(&node);
-        let id = node
-            .container_id(DRIVER_NAMESPACE, &pod, container)
-            .unwrap();
-        node.script(&["ctr", "tasks", "kill", "-s", "SIGKILL", &id])
-            .unwrap();
-        node.wait("the container to restart", POD_START, || {
-            let object = node.get_json(&["pod", "-n", DRIVER_NAMESPACE, &pod])?;
-            let restarted = object["status"]["containerStatuses"]
-                .as_array()
-                .and_then(|s| s.iter().find(|c| c["name"] == container).cloned())
-                .is_some_and(|c| c["restartCount"].as_u64().unwrap_or(0) > 0 && c["ready"] == true);
-            if restarted {
-                Ok(Ok(()))
-            } else {
-                Ok(Err(format!("{}", object["status"]["containerStatuses"])))
-            }
-        })
-        .unwrap();
+        kill_driver_container(&node, container);
         check(&format!("{container} killed"), round);
     }
     // The DaemonSet's pod deleted: a new pod takes over from the store.
@@ -426,4 +438,374 @@ fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
     node.script(&["restart", "kubelet"]).unwrap();
     wait_driver_ready(&node);
     check("kubelet restarted", 4);
+}
+
+/// What kubelet says when the runtime refuses a container (NRI's
+/// CreateContainer error).
+const CREATE_CONTAINER_ERROR: &str = "CreateContainerError";
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn a_malformed_or_forged_cpuset_env_ends_in_create_container_error() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "forged-env").unwrap();
+    // The control: the same pod without the env runs.
+    node.apply(&pod_yaml(&ns.name, "plain", Some("100m"), &[]))
+        .unwrap();
+    let cases = [
+        // Not a CPU list.
+        ("malformed", "not-a-cpulist"),
+        // Well formed, but no claim of that UID is prepared on the node: a
+        // container may not name CPUs for itself.
+        ("forged", "0"),
+    ];
+    for (pod, value) in cases {
+        let mut spec = PodSpec::new(&ns.name, pod);
+        spec.cpu_request = Some("100m");
+        spec.env = vec![("DRA_CPUSET_3f1c9a2e-6b7d-4e8f-9a0b-1c2d3e4f5a6b", value)];
+        node.apply(&spec.yaml()).unwrap();
+    }
+    node.wait_running(&ns.name, "plain", POD_START).unwrap();
+    for (pod, _) in cases {
+        let message = node
+            .wait_waiting_reason(&ns.name, pod, "app", CREATE_CONTAINER_ERROR, POD_START)
+            .unwrap();
+        assert!(
+            message.contains("dra-cpu refuses container"),
+            "{pod}: refused, but not by the driver: {message}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "shared-claim").unwrap();
+    let grouped = grouped(&node);
+    node.apply(&claim_yaml(&ns.name, "one", 1, grouped)).unwrap();
+    let mut first = PodSpec::new(&ns.name, "first");
+    first.claims = vec![("cpus", "one")];
+    node.apply(&first.yaml()).unwrap();
+    node.wait_running(&ns.name, "first", POD_START).unwrap();
+    let cpus = claim_cpus(&node, &ns.name, "first");
+    assert_eq!(cpus.len(), 1, "got {}", cpus.to_cpulist());
+
+    // The API allows a claim in several pods; exclusive CPUs do not: the
+    // scheduler and kubelet let the second pod through, the driver refuses
+    // its container.
+    let mut second = first.clone();
+    second.name = "second";
+    node.apply(&second.yaml()).unwrap();
+    let message = node
+        .wait_waiting_reason(&ns.name, "second", "app", CREATE_CONTAINER_ERROR, POD_START)
+        .unwrap();
+    assert!(
+        message.contains("dra-cpu refuses container"),
+        "refused, but not by the driver: {message}"
+    );
+    // The first pod keeps its CPU.
+    node.wait_cpus(&ns.name, "first", "app", &cpus, CPUSET_CHANGE)
+        .unwrap();
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "first", "second", "--wait=true"])
+        .unwrap();
+
+    // Two containers of one pod on one claim: the first gets the CPU, the
+    // second is refused.
+    node.apply(&claim_template_yaml(&ns.name, "one-cpu", 1, grouped))
+        .unwrap();
+    let mut pair = PodSpec::new(&ns.name, "pair");
+    pair.containers = vec!["app", "sidecar"];
+    pair.templates = vec![("cpus", "one-cpu")];
+    node.apply(&pair.yaml()).unwrap();
+    let message = node
+        .wait_waiting_reason(&ns.name, "pair", "sidecar", CREATE_CONTAINER_ERROR, POD_START)
+        .unwrap();
+    assert!(
+        message.contains("dra-cpu refuses container"),
+        "refused, but not by the driver: {message}"
+    );
+    let app = node.pod_cpus(&ns.name, "pair", "app").unwrap();
+    assert_eq!(app.cgroup.len(), 1, "app: {}", app.cgroup.to_cpulist());
+}
+
+/// The upstream gauges of dra-plugin's /metrics: (allocated, available,
+/// reserved, active claims).
+fn gauges(node: &RealNode) -> (f64, f64, f64, f64) {
+    let text = node
+        .pod_http(DRIVER_NAMESPACE, &driver_pod(node), DRA_PLUGIN_HTTP, "/metrics")
+        .unwrap();
+    let get = |name: &str| {
+        metric_value(&text, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+    };
+    (
+        get("dra_cpu_allocated_cpus"),
+        get("dra_cpu_available_cpus"),
+        get("dra_cpu_reserved_cpus"),
+        get("dra_cpu_resource_claims_active"),
+    )
+}
+
+fn wait_gauges(node: &RealNode, what: &str, want: (f64, f64, f64, f64)) {
+    node.wait(what, CPUSET_CHANGE, || {
+        let got = gauges(node);
+        if got == want {
+            Ok(Ok(()))
+        } else {
+            Ok(Err(format!(
+                "(allocated, available, reserved, claims) {got:?}, want {want:?}"
+            )))
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn health_and_the_metric_gauges_follow_allocation_restart_and_deletion() {
+    let (_guard, node) = node();
+    let online = online_cpus().unwrap().len() as f64;
+    let pod = driver_pod(&node);
+    for port in [DRA_PLUGIN_HTTP, NRI_PLUGIN_HTTP] {
+        let body = node
+            .pod_http(DRIVER_NAMESPACE, &pod, port, "/healthz")
+            .unwrap();
+        assert!(body.trim().eq_ignore_ascii_case("ok"), "port {port}: {body}");
+    }
+    let ns = TestNamespace::new(&node, "gauges").unwrap();
+    let (allocated, available, reserved, claims) = gauges(&node);
+    // Every CPU is allocated, available or reserved.
+    assert_eq!(allocated + available + reserved, online);
+
+    ns.start_shared_and_claim_pods("exclusive", None, POD_START)
+        .unwrap();
+    let after = (allocated + 1.0, available - 1.0, reserved, claims + 1.0);
+    wait_gauges(&node, "the gauges after one claim of one CPU", after);
+    // Rebuilt from the store after a restart.
+    kill_driver_container(&node, "dra-plugin");
+    wait_gauges(&node, "the gauges after dra-plugin's restart", after);
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "exclusive", "--wait=true"])
+        .unwrap();
+    wait_gauges(
+        &node,
+        "the gauges back after the pod's deletion",
+        (allocated, available, reserved, claims),
+    );
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn a_force_deleted_pods_claim_is_unprepared_and_its_cpus_return() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "force-delete").unwrap();
+    let online = online_cpus().unwrap();
+    let (allocated, available, reserved, claims) = gauges(&node);
+    ns.start_shared_and_claim_pods("exclusive", None, POD_START)
+        .unwrap();
+    let exclusive = claim_cpus(&node, &ns.name, "exclusive");
+    node.wait_cpus(
+        &ns.name,
+        "shared",
+        "app",
+        &online.difference(&exclusive),
+        CPUSET_CHANGE,
+    )
+    .unwrap();
+    // Gone from the API at once; kubelet still has to stop the container
+    // and unprepare the claim.
+    node.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        &ns.name,
+        "exclusive",
+        "--force",
+        "--grace-period=0",
+    ])
+    .unwrap();
+    wait_gauges(
+        &node,
+        "the claim unprepared after the force deletion",
+        (allocated, available, reserved, claims),
+    );
+    if !node.runtime_takes_unsolicited_updates() {
+        node.apply(&pod_yaml(&ns.name, "next-event", Some("100m"), &[]))
+            .unwrap();
+    }
+    node.wait_cpus(&ns.name, "shared", "app", &online, CPUSET_CHANGE)
+        .unwrap();
+    // The CPU can be had again.
+    node.apply(&pod_yaml(&ns.name, "again", None, &[("cpus", "one-cpu")]))
+        .unwrap();
+    node.wait_running(&ns.name, "again", POD_START).unwrap();
+    assert_eq!(claim_cpus(&node, &ns.name, "again").len(), 1);
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
+    let (_guard, node) = node();
+    // The chart's default strategy: the old pod goes before the new one
+    // starts. Two instances at once would share one store and one NRI
+    // registration, so no surge.
+    let ds = node
+        .get_json(&["daemonset", "-n", DRIVER_NAMESPACE, "dra-cpu"])
+        .unwrap();
+    let strategy = &ds["spec"]["updateStrategy"];
+    assert_eq!(strategy["type"], "RollingUpdate", "{strategy}");
+    assert!(
+        strategy["rollingUpdate"]["maxSurge"] == 0 || strategy["rollingUpdate"]["maxSurge"] == "0",
+        "{strategy}"
+    );
+
+    let ns = TestNamespace::new(&node, "upgrade").unwrap();
+    let online = online_cpus().unwrap();
+    ns.start_shared_and_claim_pods("exclusive", None, POD_START)
+        .unwrap();
+    let exclusive = claim_cpus(&node, &ns.name, "exclusive");
+    let pool = online.difference(&exclusive);
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    let old_pod = driver_pod(&node);
+    let image = |pod: &str| {
+        let object = node.get_json(&["pod", "-n", DRIVER_NAMESPACE, pod]).unwrap();
+        object["spec"]["containers"][0]["image"].as_str().unwrap().to_string()
+    };
+    let old_image = image(&old_pod);
+    let new_tag = format!("{}-upgraded", old_image.rsplit_once(':').unwrap().1);
+    let upgraded = std::process::Command::new(dra_cpu_tests::real_node::repo_root().join("scripts/real-node.sh"))
+        .arg("install")
+        .env("DRA_CPU_IMAGE_TAG", &new_tag)
+        .status()
+        .unwrap();
+    assert!(upgraded.success(), "helm upgrade failed");
+    wait_driver_ready(&node);
+    let new_pod = driver_pod(&node);
+    assert_ne!(new_pod, old_pod, "the DaemonSet did not roll");
+    assert!(image(&new_pod).ends_with(&format!(":{new_tag}")));
+    // Nothing moved, and the new instance pins what starts now.
+    node.wait_cpus(&ns.name, "exclusive", "app", &exclusive, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.apply(&pod_yaml(&ns.name, "after", Some("100m"), &[]))
+        .unwrap();
+    node.wait_running(&ns.name, "after", POD_START).unwrap();
+    node.wait_cpus(&ns.name, "after", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    // The claim is still the driver's, with the same CPUs in its status.
+    let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
+    let status = claims["items"][0]["status"]["devices"].to_string();
+    assert!(status.contains(&format!("\"{}\"", exclusive.to_cpulist())), "{status}");
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn the_driver_stopped_and_back_moves_no_exclusive_cpu() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "driver-stopped").unwrap();
+    let online = online_cpus().unwrap();
+    ns.start_shared_and_claim_pods("exclusive", None, POD_START)
+        .unwrap();
+    let exclusive = claim_cpus(&node, &ns.name, "exclusive");
+    let pool = online.difference(&exclusive);
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+
+    // Stopped as an operator would: the DaemonSet keeps to no node.
+    let selector = |value: &str| {
+        format!(r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"dra-cpu.test/stopped":{value}}}}}}}}}}}"#)
+    };
+    let patch = |value: &str| {
+        node.kubectl(&[
+            "patch",
+            "daemonset",
+            "-n",
+            DRIVER_NAMESPACE,
+            "dra-cpu",
+            "--type=merge",
+            "-p",
+            &selector(value),
+        ])
+        .unwrap();
+    };
+    patch("\"true\"");
+    node.wait("the driver's pod gone", POD_START, || {
+        let pods = node.get_json(&["pods", "-n", DRIVER_NAMESPACE])?;
+        match pods["items"].as_array().map(Vec::len) {
+            Some(0) => Ok(Ok(())),
+            _ => Ok(Err(pods["items"].to_string())),
+        }
+    })
+    .unwrap();
+    // Without the driver: the exclusive pod keeps its CPU, and a pod
+    // without a claim still starts (the runtime places it as it would
+    // without NRI plugins).
+    node.wait_cpus(&ns.name, "exclusive", "app", &exclusive, CPUSET_CHANGE)
+        .unwrap();
+    node.apply(&pod_yaml(&ns.name, "while-stopped", Some("100m"), &[]))
+        .unwrap();
+    node.wait_running(&ns.name, "while-stopped", POD_START)
+        .unwrap();
+    let stopped = node.pod_cpus(&ns.name, "while-stopped", "app").unwrap();
+    assert!(
+        pool.is_subset(&stopped.cgroup),
+        "a pod started without the driver is kept off the pool: {}",
+        stopped.cgroup.to_cpulist()
+    );
+    eprintln!(
+        "real node: a pod started while the driver was stopped runs on CPUs {}",
+        stopped.cgroup.to_cpulist()
+    );
+
+    patch("null");
+    wait_driver_ready(&node);
+    // Back: nothing exclusive moved, and the pod started meanwhile leaves
+    // the exclusive CPU.
+    node.wait_cpus(&ns.name, "exclusive", "app", &exclusive, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "while-stopped", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn an_opaque_cpuset_config_gets_exactly_the_cpus_it_names() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "opaque").unwrap();
+    let online = online_cpus().unwrap();
+    let grouped = grouped(&node);
+    // The last CPU: never the allocator's first choice on its own.
+    let named = online.iter().last().unwrap();
+    // The config as a user writes it in the claim; the real scheduler copies
+    // it into the allocation (source FromClaim).
+    let template = format!(
+        "{}    config:\n      - requests: [cpus]\n        opaque:\n          driver: {DRIVER}\n          parameters:\n            apiVersion: v1alpha1\n            cpuConfig:\n              cpuset: \"{named}\"\n",
+        claim_template_yaml(&ns.name, "named-cpu", 1, grouped)
+    );
+    node.apply(&template).unwrap();
+    node.apply(&pod_yaml(&ns.name, "opaque", None, &[("cpus", "named-cpu")]))
+        .unwrap();
+    node.wait_running(&ns.name, "opaque", POD_START).unwrap();
+    let cpus = claim_cpus(&node, &ns.name, "opaque");
+    let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
+    let allocation = &claims["items"][0]["status"]["allocation"]["devices"];
+    assert_eq!(allocation["config"][0]["source"], "FromClaim", "{allocation}");
+    if grouped {
+        // A grouped device's CPUs are the driver's to choose: the config's.
+        assert_eq!(cpus.to_cpulist(), named.to_string());
+    } else {
+        // An individual device is one CPU, which the scheduler chose; the
+        // config cannot move it.
+        let device = allocation["results"][0]["device"].as_str().unwrap();
+        let slices = slices(&node);
+        let cpu_id = devices(&slices)
+            .into_iter()
+            .find(|d| d["name"] == device)
+            .and_then(|d| d["attributes"]["dra.cpu/cpuID"]["int"].as_u64())
+            .unwrap_or_else(|| panic!("no cpuID of device {device}"));
+        assert_eq!(cpus.to_cpulist(), cpu_id.to_string());
+    }
 }
