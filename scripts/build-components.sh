@@ -9,6 +9,8 @@
 #   etcd-V/         etcd
 #
 # Usage: scripts/build-components.sh [latest|oldest|all]   (default: latest)
+#        scripts/build-components.sh pair KUBERNETES CONTAINERD   (any versions;
+#                                     the matrix of scripts/real-node-matrix.sh)
 #        scripts/build-components.sh --print-dir NAME-VERSION
 # The cache is $DRA_CPU_COMPONENTS (default /var/cache/dra-cpu/components); Go's
 # own module and build caches make a rebuild after a pin change quick. A cold
@@ -151,7 +153,12 @@ case "$which" in
   latest) pairs=("$KUBERNETES_LATEST $CONTAINERD_LATEST") ;;
   oldest) pairs=("$KUBERNETES_OLDEST $CONTAINERD_OLDEST") ;;
   all) pairs=("$KUBERNETES_LATEST $CONTAINERD_LATEST" "$KUBERNETES_OLDEST $CONTAINERD_OLDEST") ;;
-  *) echo "usage: $0 [latest|oldest|all] | --print-dir NAME-VERSION" >&2; exit 2 ;;
+  pair)
+    [ $# -eq 3 ] && [[ "$2" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] && [[ "$3" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] ||
+      { echo "usage: $0 pair KUBERNETES CONTAINERD (versions such as 1.36.3 2.3.7)" >&2; exit 2; }
+    pairs=("$2 $3")
+    ;;
+  *) echo "usage: $0 [latest|oldest|all] | pair KUBERNETES CONTAINERD | --print-dir NAME-VERSION" >&2; exit 2 ;;
 esac
 
 need_libseccomp

@@ -7,6 +7,7 @@
 #   scripts/real-node-tests.sh            Kubernetes and containerd: the newest
 #                                         pair of tests/real-node/pins.env
 #   scripts/real-node-tests.sh --oldest   the oldest pair
+#   scripts/real-node-tests.sh --versions KUBERNETES CONTAINERD   any pair
 #   scripts/real-node-tests.sh --smoke    only the smoke scenarios (slices, an
 #                                         exclusive and a mixed pod, restarts)
 #
@@ -14,11 +15,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=() filters=()
-for arg in "$@"; do
-  case "$arg" in
-    --oldest) which=(--oldest) ;;
-    --smoke) filters=(slices_are_published an_exclusive_claim_is_pinned a_mixed_pod_gets restarts_keep) ;;
-    *) echo "usage: $0 [--oldest] [--smoke]" >&2; exit 2 ;;
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --oldest) which=(--oldest); shift ;;
+    --versions)
+      [ $# -ge 3 ] || { echo "real-node-tests: --versions KUBERNETES CONTAINERD" >&2; exit 2; }
+      which=(--versions "$2" "$3"); shift 3 ;;
+    --smoke) filters=(slices_are_published an_exclusive_claim_is_pinned a_mixed_pod_gets restarts_keep); shift ;;
+    *) echo "usage: $0 [--oldest | --versions KUBERNETES CONTAINERD] [--smoke]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "real-node-tests: must run as root" >&2; exit 1; }

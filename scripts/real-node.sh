@@ -5,9 +5,11 @@
 # kube-controller-manager, kube-scheduler, containerd 2.x (CRI, NRI and CDI on)
 # with runc, and the kubelet, with a bridge CNI network.
 #
-#   scripts/real-node.sh up [--oldest]   start it (Kubernetes and containerd of
+#   scripts/real-node.sh up [--oldest | --versions KUBERNETES CONTAINERD]
+#                                        start it (Kubernetes and containerd of
 #                                        tests/real-node/pins.env: the newest
-#                                        pair, or --oldest), wait for Ready
+#                                        pair, the oldest, or any pair the
+#                                        Go module proxy serves), wait for Ready
 #   scripts/real-node.sh down            stop and remove everything it made
 #   scripts/real-node.sh install [HELM ARGS]
 #                                        build the driver's image (release
@@ -341,14 +343,18 @@ up() {
     log "a node is already here; taking it down first"
     down
   fi
-  local which=latest
   KUBERNETES_VERSION="$KUBERNETES_LATEST" CONTAINERD_VERSION="$CONTAINERD_LATEST"
-  if [ "${1:-}" = "--oldest" ]; then
-    which=oldest
-    KUBERNETES_VERSION="$KUBERNETES_OLDEST" CONTAINERD_VERSION="$CONTAINERD_OLDEST"
-  fi
+  case "${1:-}" in
+    "") ;;
+    --oldest) KUBERNETES_VERSION="$KUBERNETES_OLDEST" CONTAINERD_VERSION="$CONTAINERD_OLDEST" ;;
+    --versions)
+      [ $# -eq 3 ] || die "usage: up --versions KUBERNETES CONTAINERD (e.g. 1.36.3 2.3.7)"
+      KUBERNETES_VERSION="$2" CONTAINERD_VERSION="$3"
+      ;;
+    *) die "usage: up [--oldest | --versions KUBERNETES CONTAINERD]" ;;
+  esac
   components
-  scripts/build-components.sh "$which"
+  scripts/build-components.sh pair "$KUBERNETES_VERSION" "$CONTAINERD_VERSION"
   command -v nsenter >/dev/null || die "nsenter not found (util-linux)"
   [ -e /dev/net/tun ] || true
 

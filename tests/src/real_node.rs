@@ -733,8 +733,14 @@ mod tests {
         pod.templates = vec![("more", "one-cpu")];
         pod.env = vec![("DRA_CPUSET_x", "not: a cpulist")];
         let v: serde_json::Value = serde_saphyr::from_str(&pod.yaml()).unwrap();
-        assert_eq!(v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], "one-cpu");
-        assert_eq!(v["spec"]["resourceClaims"][1]["resourceClaimName"], "shared-claim");
+        assert_eq!(
+            v["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "one-cpu"
+        );
+        assert_eq!(
+            v["spec"]["resourceClaims"][1]["resourceClaimName"],
+            "shared-claim"
+        );
         for i in 0..2 {
             let c = &v["spec"]["containers"][i];
             assert_eq!(c["resources"]["claims"][0]["name"], "more");

@@ -57,6 +57,22 @@ fn grouped(node: &RealNode) -> bool {
     node.publishes_grouped_devices().unwrap()
 }
 
+/// Whether the devices carry the node-allocatable mapping (KEP-5517: the
+/// chart publishes it where the release has the field).
+fn maps_node_allocatable(node: &RealNode) -> bool {
+    devices(&slices(node))
+        .iter()
+        .any(|d| d["nodeAllocatableResources"].is_object())
+}
+
+/// The type of attribute `name` of a device ("int", "bool", "string",
+/// "version", "strings", ...), if it has it.
+fn attribute_type(device: &Value, name: &str) -> Option<String> {
+    device["attributes"][name]
+        .as_object()
+        .and_then(|value| value.keys().next().cloned())
+}
+
 /// The CPUs a claim's container got: its cpuset (from the cgroup and inside),
 /// checked to be the same both ways.
 fn claim_cpus(node: &RealNode, ns: &str, pod: &str) -> CpuSet {
@@ -95,10 +111,59 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
         })
         .sum();
     assert_eq!(published, online.len() as u64, "devices: {devices:?}");
+    // Upstream's attributes and their types, per mode.
     for device in &devices {
+        let grouped_device = device["capacity"]["dra.cpu/cpu"].is_object();
+        let wanted: &[(&str, &str)] = if grouped_device {
+            &[("dra.cpu/smtEnabled", "bool"), ("dra.cpu/numCPUs", "int")]
+        } else {
+            &[
+                ("resource.kubernetes.io/numaNode", "int"),
+                ("dra.cpu/numaNodeID", "int"),
+                ("dra.cpu/socketID", "int"),
+                ("dra.cpu/smtEnabled", "bool"),
+                ("dra.cpu/cacheL3ID", "int"),
+                ("dra.cpu/coreType", "string"),
+                ("dra.cpu/coreID", "int"),
+                ("dra.cpu/cpuID", "int"),
+            ]
+        };
+        for (name, kind) in wanted {
+            assert_eq!(
+                attribute_type(device, name).as_deref(),
+                Some(*kind),
+                "{name} of {device}"
+            );
+        }
+        // The node-allocatable mapping, where published: CPUs one for one.
+        if let Some(mapping) = device["nodeAllocatableResources"]["cpu"].as_object() {
+            assert!(
+                mapping.get("overhead").is_none_or(Value::is_null),
+                "{device}"
+            );
+            let multiplier = if grouped_device {
+                assert_eq!(mapping["mapping"]["capacityKey"], "dra.cpu/cpu", "{device}");
+                &mapping["mapping"]["capacityMultiplier"]
+            } else {
+                &mapping["mapping"]["deviceMultiplier"]
+            };
+            assert!(multiplier == 1 || multiplier == "1", "{device}");
+        }
+        // PCIe roots, where a device has them: a list, never empty.
+        if let Some(roots) = device["attributes"]["resource.kubernetes.io/pcieRoot"].as_object() {
+            assert!(
+                roots
+                    .get("strings")
+                    .and_then(Value::as_array)
+                    .is_some_and(|l| !l.is_empty()),
+                "{device}"
+            );
+        }
+    }
+    if node.kubernetes_minor() >= 36 {
         assert!(
-            device["attributes"]["dra.cpu/numaNodeID"].is_object(),
-            "{device}"
+            maps_node_allocatable(&node),
+            "1.36+ has the node-allocatable mapping and the chart publishes it"
         );
     }
     // Owned by the Node, so they go with it.
@@ -378,8 +443,15 @@ fn kill_driver_container(node: &RealNode, container: &str) {
             .map(|c| (c["restartCount"].as_u64().unwrap_or(0), c["ready"] == true))
             .unwrap_or((0, false))
     };
-    let before = restarts(&node.get_json(&["pod", "-n", DRIVER_NAMESPACE, &pod]).unwrap()).0;
-    let id = node.container_id(DRIVER_NAMESPACE, &pod, container).unwrap();
+    let before = restarts(
+        &node
+            .get_json(&["pod", "-n", DRIVER_NAMESPACE, &pod])
+            .unwrap(),
+    )
+    .0;
+    let id = node
+        .container_id(DRIVER_NAMESPACE, &pod, container)
+        .unwrap();
     node.script(&["ctr", "tasks", "kill", "-s", "SIGKILL", &id])
         .unwrap();
     node.wait(&format!("{container} to restart"), POD_START, || {
@@ -453,20 +525,24 @@ fn a_malformed_or_forged_cpuset_env_ends_in_create_container_error() {
     node.apply(&pod_yaml(&ns.name, "plain", Some("100m"), &[]))
         .unwrap();
     let cases = [
-        // Not a CPU list.
-        ("malformed", "not-a-cpulist"),
+        // Upstream's case: neither a claim UID nor a CPU list.
+        ("malformed", "DRA_CPUSET_malformed_claim", "a-b"),
         // Well formed, but no claim of that UID is prepared on the node: a
         // container may not name CPUs for itself.
-        ("forged", "0"),
+        (
+            "forged",
+            "DRA_CPUSET_3f1c9a2e-6b7d-4e8f-9a0b-1c2d3e4f5a6b",
+            "0",
+        ),
     ];
-    for (pod, value) in cases {
+    for (pod, key, value) in cases {
         let mut spec = PodSpec::new(&ns.name, pod);
         spec.cpu_request = Some("100m");
-        spec.env = vec![("DRA_CPUSET_3f1c9a2e-6b7d-4e8f-9a0b-1c2d3e4f5a6b", value)];
+        spec.env = vec![(key, value)];
         node.apply(&spec.yaml()).unwrap();
     }
     node.wait_running(&ns.name, "plain", POD_START).unwrap();
-    for (pod, _) in cases {
+    for (pod, _, _) in cases {
         let message = node
             .wait_waiting_reason(&ns.name, pod, "app", CREATE_CONTAINER_ERROR, POD_START)
             .unwrap();
@@ -483,7 +559,8 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
     let (_guard, node) = node();
     let ns = TestNamespace::new(&node, "shared-claim").unwrap();
     let grouped = grouped(&node);
-    node.apply(&claim_yaml(&ns.name, "one", 1, grouped)).unwrap();
+    node.apply(&claim_yaml(&ns.name, "one", 1, grouped))
+        .unwrap();
     let mut first = PodSpec::new(&ns.name, "first");
     first.claims = vec![("cpus", "one")];
     node.apply(&first.yaml()).unwrap();
@@ -491,24 +568,56 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
     let cpus = claim_cpus(&node, &ns.name, "first");
     assert_eq!(cpus.len(), 1, "got {}", cpus.to_cpulist());
 
-    // The API allows a claim in several pods; exclusive CPUs do not: the
-    // scheduler and kubelet let the second pod through, the driver refuses
-    // its container.
+    // The API allows a claim in several pods; exclusive CPUs do not. Where
+    // the devices carry the node-allocatable mapping (KEP-5517), the real
+    // scheduler refuses to share such a claim; elsewhere the scheduler and
+    // kubelet let the second pod through and the driver refuses its
+    // container.
     let mut second = first.clone();
     second.name = "second";
     node.apply(&second.yaml()).unwrap();
-    let message = node
-        .wait_waiting_reason(&ns.name, "second", "app", CREATE_CONTAINER_ERROR, POD_START)
-        .unwrap();
-    assert!(
-        message.contains("dra-cpu refuses container"),
-        "refused, but not by the driver: {message}"
-    );
+    if maps_node_allocatable(&node) {
+        let message = node
+            .wait("the second pod unschedulable", POD_START, || {
+                let object = node.get_json(&["pod", "-n", &ns.name, "second"])?;
+                let scheduled = object["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled").cloned())
+                    .unwrap_or_default();
+                match (scheduled["status"].as_str(), scheduled["message"].as_str()) {
+                    (Some("False"), Some(message)) if !message.is_empty() => {
+                        Ok(Ok(message.to_string()))
+                    }
+                    _ => Ok(Err(format!("{scheduled}"))),
+                }
+            })
+            .unwrap();
+        assert!(
+            message.contains("cannot be shared across pods"),
+            "unschedulable for another reason: {message}"
+        );
+    } else {
+        let message = node
+            .wait_waiting_reason(&ns.name, "second", "app", CREATE_CONTAINER_ERROR, POD_START)
+            .unwrap();
+        assert!(
+            message.contains("dra-cpu refuses container"),
+            "refused, but not by the driver: {message}"
+        );
+    }
     // The first pod keeps its CPU.
     node.wait_cpus(&ns.name, "first", "app", &cpus, CPUSET_CHANGE)
         .unwrap();
-    node.kubectl(&["delete", "pod", "-n", &ns.name, "first", "second", "--wait=true"])
-        .unwrap();
+    node.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        &ns.name,
+        "first",
+        "second",
+        "--wait=true",
+    ])
+    .unwrap();
 
     // Two containers of one pod on one claim: the first gets the CPU, the
     // second is refused.
@@ -519,7 +628,13 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
     pair.templates = vec![("cpus", "one-cpu")];
     node.apply(&pair.yaml()).unwrap();
     let message = node
-        .wait_waiting_reason(&ns.name, "pair", "sidecar", CREATE_CONTAINER_ERROR, POD_START)
+        .wait_waiting_reason(
+            &ns.name,
+            "pair",
+            "sidecar",
+            CREATE_CONTAINER_ERROR,
+            POD_START,
+        )
         .unwrap();
     assert!(
         message.contains("dra-cpu refuses container"),
@@ -533,7 +648,12 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
 /// reserved, active claims).
 fn gauges(node: &RealNode) -> (f64, f64, f64, f64) {
     let text = node
-        .pod_http(DRIVER_NAMESPACE, &driver_pod(node), DRA_PLUGIN_HTTP, "/metrics")
+        .pod_http(
+            DRIVER_NAMESPACE,
+            &driver_pod(node),
+            DRA_PLUGIN_HTTP,
+            "/metrics",
+        )
         .unwrap();
     let get = |name: &str| {
         metric_value(&text, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
@@ -570,7 +690,10 @@ fn health_and_the_metric_gauges_follow_allocation_restart_and_deletion() {
         let body = node
             .pod_http(DRIVER_NAMESPACE, &pod, port, "/healthz")
             .unwrap();
-        assert!(body.trim().eq_ignore_ascii_case("ok"), "port {port}: {body}");
+        assert!(
+            body.trim().eq_ignore_ascii_case("ok"),
+            "port {port}: {body}"
+        );
     }
     let ns = TestNamespace::new(&node, "gauges").unwrap();
     let (allocated, available, reserved, claims) = gauges(&node);
@@ -668,16 +791,23 @@ fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
         .unwrap();
     let old_pod = driver_pod(&node);
     let image = |pod: &str| {
-        let object = node.get_json(&["pod", "-n", DRIVER_NAMESPACE, pod]).unwrap();
-        object["spec"]["containers"][0]["image"].as_str().unwrap().to_string()
+        let object = node
+            .get_json(&["pod", "-n", DRIVER_NAMESPACE, pod])
+            .unwrap();
+        object["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     let old_image = image(&old_pod);
     let new_tag = format!("{}-upgraded", old_image.rsplit_once(':').unwrap().1);
-    let upgraded = std::process::Command::new(dra_cpu_tests::real_node::repo_root().join("scripts/real-node.sh"))
-        .arg("install")
-        .env("DRA_CPU_IMAGE_TAG", &new_tag)
-        .status()
-        .unwrap();
+    let upgraded = std::process::Command::new(
+        dra_cpu_tests::real_node::repo_root().join("scripts/real-node.sh"),
+    )
+    .arg("install")
+    .env("DRA_CPU_IMAGE_TAG", &new_tag)
+    .status()
+    .unwrap();
     assert!(upgraded.success(), "helm upgrade failed");
     wait_driver_ready(&node);
     let new_pod = driver_pod(&node);
@@ -696,7 +826,10 @@ fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
     // The claim is still the driver's, with the same CPUs in its status.
     let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
     let status = claims["items"][0]["status"]["devices"].to_string();
-    assert!(status.contains(&format!("\"{}\"", exclusive.to_cpulist())), "{status}");
+    assert!(
+        status.contains(&format!("\"{}\"", exclusive.to_cpulist())),
+        "{status}"
+    );
 }
 
 #[test]
@@ -714,7 +847,9 @@ fn the_driver_stopped_and_back_moves_no_exclusive_cpu() {
 
     // Stopped as an operator would: the DaemonSet keeps to no node.
     let selector = |value: &str| {
-        format!(r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"dra-cpu.test/stopped":{value}}}}}}}}}}}"#)
+        format!(
+            r#"{{"spec":{{"template":{{"spec":{{"nodeSelector":{{"dra-cpu.test/stopped":{value}}}}}}}}}}}"#
+        )
     };
     let patch = |value: &str| {
         node.kubectl(&[
@@ -786,13 +921,21 @@ fn an_opaque_cpuset_config_gets_exactly_the_cpus_it_names() {
         claim_template_yaml(&ns.name, "named-cpu", 1, grouped)
     );
     node.apply(&template).unwrap();
-    node.apply(&pod_yaml(&ns.name, "opaque", None, &[("cpus", "named-cpu")]))
-        .unwrap();
+    node.apply(&pod_yaml(
+        &ns.name,
+        "opaque",
+        None,
+        &[("cpus", "named-cpu")],
+    ))
+    .unwrap();
     node.wait_running(&ns.name, "opaque", POD_START).unwrap();
     let cpus = claim_cpus(&node, &ns.name, "opaque");
     let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
     let allocation = &claims["items"][0]["status"]["allocation"]["devices"];
-    assert_eq!(allocation["config"][0]["source"], "FromClaim", "{allocation}");
+    assert_eq!(
+        allocation["config"][0]["source"], "FromClaim",
+        "{allocation}"
+    );
     if grouped {
         // A grouped device's CPUs are the driver's to choose: the config's.
         assert_eq!(cpus.to_cpulist(), named.to_string());
@@ -807,5 +950,66 @@ fn an_opaque_cpuset_config_gets_exactly_the_cpus_it_names() {
             .and_then(|d| d["attributes"]["dra.cpu/cpuID"]["int"].as_u64())
             .unwrap_or_else(|| panic!("no cpuID of device {device}"));
         assert_eq!(cpus.to_cpulist(), cpu_id.to_string());
+    }
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn the_claims_device_metadata_files_are_inside_the_container() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "metadata").unwrap();
+    node.apply(&claim_yaml(&ns.name, "metadata-claim", 1, grouped(&node)))
+        .unwrap();
+    let mut pod = PodSpec::new(&ns.name, "metadata");
+    pod.claims = vec![("cpus", "metadata-claim")];
+    node.apply(&pod.yaml()).unwrap();
+    node.wait_running(&ns.name, "metadata", POD_START).unwrap();
+    let cpus = claim_cpus(&node, &ns.name, "metadata");
+    // KEP-5304: where kubelet's helper puts them, for a claim the pod names.
+    let dir = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/metadata-claim/cpus";
+    let files = node
+        .kubectl(&[
+            "exec", "-n", &ns.name, "metadata", "-c", "app", "--", "find", dir, "-name", "*.json",
+        ])
+        .unwrap();
+    let file = files
+        .lines()
+        .next()
+        .unwrap_or_else(|| panic!("no metadata file under {dir}"));
+    let text = node
+        .kubectl(&[
+            "exec", "-n", &ns.name, "metadata", "-c", "app", "--", "cat", file,
+        ])
+        .unwrap();
+    // A stream of the same object in each API version, newest first.
+    let documents: Vec<Value> = serde_json::Deserializer::from_str(&text)
+        .into_iter::<Value>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{file} is not a JSON stream ({e}): {text}"));
+    let document = documents
+        .first()
+        .unwrap_or_else(|| panic!("{file} is empty"));
+    assert_eq!(document["kind"], "DeviceMetadata", "{document}");
+    let requests = document["requests"].as_array().unwrap();
+    assert_eq!(requests.len(), 1, "{document}");
+    assert_eq!(requests[0]["name"], "cpus");
+    let device = &requests[0]["devices"][0];
+    assert_eq!(device["driver"], DRIVER, "{document}");
+    assert_eq!(
+        device["attributes"]["dra.cpu/allocatedNumCPUs"]["int"], 1,
+        "{device}"
+    );
+    assert_eq!(
+        device["attributes"]["dra.cpu/cpus"]["string"],
+        cpus.to_cpulist().as_str(),
+        "{device}"
+    );
+    // The device's published attributes come with it.
+    let published = devices(&slices(&node))
+        .into_iter()
+        .find(|d| d["name"] == device["name"])
+        .unwrap_or_else(|| panic!("device {} not in the slices", device["name"]));
+    for (name, value) in published["attributes"].as_object().unwrap() {
+        assert_eq!(&device["attributes"][name], value, "{name}");
     }
 }
