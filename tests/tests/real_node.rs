@@ -1013,3 +1013,78 @@ fn the_claims_device_metadata_files_are_inside_the_container() {
         assert_eq!(&device["attributes"][name], value, "{name}");
     }
 }
+
+/// Waits until the namespace's one claim is allocated (the scheduler is
+/// done; kubelet's prepare comes next).
+fn wait_allocated(node: &RealNode, namespace: &str) {
+    node.wait("the claim allocated", POD_START, || {
+        let claims = node.get_json(&["resourceclaims", "-n", namespace])?;
+        let allocated = claims["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().any(|c| c["status"]["allocation"].is_object()));
+        if allocated {
+            Ok(Ok(()))
+        } else {
+            Ok(Err(claims["items"].to_string()))
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "restart-midway").unwrap();
+    let online = online_cpus().unwrap();
+    let (allocated, available, reserved, claims) = gauges(&node);
+    let one_claim = (allocated + 1.0, available - 1.0, reserved, claims + 1.0);
+    node.apply(&claim_template_yaml(&ns.name, "one-cpu", 1, grouped(&node)))
+        .unwrap();
+    node.apply(&pod_yaml(&ns.name, "shared", Some("100m"), &[]))
+        .unwrap();
+    node.wait_running(&ns.name, "shared", POD_START).unwrap();
+
+    // kubelet restarted as soon as the claim is allocated: its prepare is
+    // in flight or about to be.
+    node.apply(&pod_yaml(&ns.name, "first", None, &[("cpus", "one-cpu")]))
+        .unwrap();
+    wait_allocated(&node, &ns.name);
+    node.script(&["restart", "kubelet"]).unwrap();
+    node.wait_running(&ns.name, "first", POD_START).unwrap();
+    let first = claim_cpus(&node, &ns.name, "first");
+    assert_eq!(first.len(), 1, "got {}", first.to_cpulist());
+    let pool = online.difference(&first);
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    wait_gauges(&node, "one claim after kubelet's restart", one_claim);
+
+    // nri-plugin killed while a pod starts: it starts on the pool.
+    node.apply(&pod_yaml(&ns.name, "shared-2", Some("100m"), &[]))
+        .unwrap();
+    kill_driver_container(&node, "nri-plugin");
+    node.wait_running(&ns.name, "shared-2", POD_START).unwrap();
+    node.wait_cpus(&ns.name, "shared-2", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "first", "app", &first, CPUSET_CHANGE)
+        .unwrap();
+
+    // dra-plugin killed while a claim is prepared: the claim is prepared
+    // once, on one CPU, by the next instance or before the kill.
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "first", "--wait=true"])
+        .unwrap();
+    wait_gauges(&node, "no claim", (allocated, available, reserved, claims));
+    node.apply(&pod_yaml(&ns.name, "second", None, &[("cpus", "one-cpu")]))
+        .unwrap();
+    wait_allocated(&node, &ns.name);
+    kill_driver_container(&node, "dra-plugin");
+    node.wait_running(&ns.name, "second", POD_START).unwrap();
+    let second = claim_cpus(&node, &ns.name, "second");
+    assert_eq!(second.len(), 1, "got {}", second.to_cpulist());
+    let pool = online.difference(&second);
+    for pod in ["shared", "shared-2"] {
+        node.wait_cpus(&ns.name, pod, "app", &pool, CPUSET_CHANGE)
+            .unwrap();
+    }
+    wait_gauges(&node, "one claim after dra-plugin's restart", one_claim);
+}
