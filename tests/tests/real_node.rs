@@ -1014,18 +1014,21 @@ fn the_claims_device_metadata_files_are_inside_the_container() {
     }
 }
 
-/// Waits until the namespace's one claim is allocated (the scheduler is
-/// done; kubelet's prepare comes next).
-fn wait_allocated(node: &RealNode, namespace: &str) {
-    node.wait("the claim allocated", POD_START, || {
-        let claims = node.get_json(&["resourceclaims", "-n", namespace])?;
-        let allocated = claims["items"]
-            .as_array()
-            .is_some_and(|items| items.iter().any(|c| c["status"]["allocation"].is_object()));
-        if allocated {
+/// Waits until the claim of `pod` (made from its template) is allocated:
+/// the scheduler is done, kubelet's prepare comes next.
+fn wait_allocated(node: &RealNode, namespace: &str, pod: &str) {
+    node.wait(&format!("the claim of {pod} allocated"), POD_START, || {
+        let object = node.get_json(&["pod", "-n", namespace, pod])?;
+        let Some(claim) =
+            object["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()
+        else {
+            return Ok(Err(format!("no claim yet: {}", object["status"])));
+        };
+        let claim = node.get_json(&["resourceclaim", "-n", namespace, claim])?;
+        if claim["status"]["allocation"].is_object() {
             Ok(Ok(()))
         } else {
-            Ok(Err(claims["items"].to_string()))
+            Ok(Err(claim["status"].to_string()))
         }
     })
     .unwrap();
@@ -1049,7 +1052,7 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
     // in flight or about to be.
     node.apply(&pod_yaml(&ns.name, "first", None, &[("cpus", "one-cpu")]))
         .unwrap();
-    wait_allocated(&node, &ns.name);
+    wait_allocated(&node, &ns.name, "first");
     node.script(&["restart", "kubelet"]).unwrap();
     node.wait_running(&ns.name, "first", POD_START).unwrap();
     let first = claim_cpus(&node, &ns.name, "first");
@@ -1076,7 +1079,7 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
     wait_gauges(&node, "no claim", (allocated, available, reserved, claims));
     node.apply(&pod_yaml(&ns.name, "second", None, &[("cpus", "one-cpu")]))
         .unwrap();
-    wait_allocated(&node, &ns.name);
+    wait_allocated(&node, &ns.name, "second");
     kill_driver_container(&node, "dra-plugin");
     node.wait_running(&ns.name, "second", POD_START).unwrap();
     let second = claim_cpus(&node, &ns.name, "second");
