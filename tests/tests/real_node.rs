@@ -247,6 +247,37 @@ fn an_exclusive_claim_is_pinned_and_the_shared_pool_shrinks_and_grows_back() {
         exclusive.to_cpulist()
     );
 
+    // Device health (KEP-4680): where the release reports it, the driver's
+    // health stream reaches the container's status through kubelet.
+    if node.kubernetes_minor() >= 36 {
+        let health = node
+            .wait(
+                "the claim's device health in the pod status",
+                CPUSET_CHANGE,
+                || {
+                    let object = node.get_json(&["pod", "-n", &ns.name, "exclusive"])?;
+                    let statuses = object["status"]["containerStatuses"][0]
+                        ["allocatedResourcesStatus"]
+                        .clone();
+                    let healthy = statuses.as_array().is_some_and(|s| {
+                        s.iter().any(|r| {
+                            r["name"] == "claim:cpus"
+                                && r["resources"].as_array().is_some_and(|d| {
+                                    !d.is_empty() && d.iter().all(|d| d["health"] == "Healthy")
+                                })
+                        })
+                    });
+                    if healthy {
+                        Ok(Ok(statuses))
+                    } else {
+                        Ok(Err(statuses.to_string()))
+                    }
+                },
+            )
+            .unwrap();
+        eprintln!("real node: device health in the pod status: {health}");
+    }
+
     // Deleting the pod unprepares the claim and the pool grows back: at once
     // where the runtime's NRI is safe for updates outside an event
     // (containerd 2.4+, NRI 0.12.1), else with the next container event.
