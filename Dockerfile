@@ -7,7 +7,7 @@
 # The runtime stage is distroless (glibc, no shell, no package manager): the
 # binaries link only against glibc and libgcc_s, which the base carries (the
 # builder is the same Debian release, so the glibc versions agree).
-# Both processes run as root (docs/install.md, "Privileges"), so USER is 0.
+# Both processes run as root (docs/user/install.md, "Privileges"), so USER is 0.
 
 ARG RUST_IMAGE=rust:1.89-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12

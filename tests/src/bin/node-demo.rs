@@ -242,7 +242,7 @@ async fn run() -> anyhow::Result<()> {
     .await?;
 
     // The runtime-restart window: containerd before 2.2 has no NRI validator
-    // to make it wait for this plugin (`required_plugins`, docs/install.md),
+    // to make it wait for this plugin (`required_plugins`, docs/user/install.md),
     // so a container created while nri-plugin is away starts as the runtime
     // makes it, and nri-plugin repins it at Synchronize when it is back.
     demo.node.kill_nri_plugin();
