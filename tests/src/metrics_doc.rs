@@ -1,4 +1,4 @@
-//! The README's table of every `/metrics` series, and the metric names a
+//! The table (docs/user/metrics.md) of every `/metrics` series, and the metric names a
 //! Grafana dashboard's PromQL uses: both checked against what the running
 //! binaries serve (`tests/tests/metrics_docs.rs`).
 //!
@@ -27,9 +27,9 @@ pub struct DocRow {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DocError {
-    #[error("the README has no metrics table between {TABLE_BEGIN:?} and {TABLE_END:?}")]
+    #[error("docs/user/metrics.md has no metrics table between {TABLE_BEGIN:?} and {TABLE_END:?}")]
     NoTable,
-    #[error("README metrics table line {line}: {problem}: {text:?}")]
+    #[error("docs/user/metrics.md table line {line}: {problem}: {text:?}")]
     BadRow {
         line: usize,
         problem: String,
@@ -41,7 +41,7 @@ fn code(text: &str) -> String {
     text.trim().trim_matches('`').to_string()
 }
 
-/// The rows of the README's metrics table.
+/// The rows of the metrics page's table.
 pub fn parse_table(readme: &str) -> Result<Vec<DocRow>, DocError> {
     let begin = readme.find(TABLE_BEGIN).ok_or(DocError::NoTable)?;
     let body = &readme[begin + TABLE_BEGIN.len()..];
@@ -136,14 +136,14 @@ pub fn mismatches(
                 .find(|r| r.name == family.name && r.process == *process)
             else {
                 problems.push(format!(
-                    "{process} serves {} ({}) but the README metrics table has no row for it",
+                    "{process} serves {} ({}) but the metrics page's table has no row for it",
                     family.name, family.kind
                 ));
                 continue;
             };
             if row.kind != family.kind {
                 problems.push(format!(
-                    "{}: README says {}, {process} serves a {}",
+                    "{}: the metrics page says {}, {process} serves a {}",
                     family.name, row.kind, family.kind
                 ));
             }
@@ -154,7 +154,7 @@ pub fn mismatches(
                 .collect();
             if !undocumented.is_empty() {
                 problems.push(format!(
-                    "{}: labels {undocumented:?} are served but not in the README",
+                    "{}: labels {undocumented:?} are served but not on the metrics page",
                     family.name
                 ));
             }
@@ -163,7 +163,7 @@ pub fn mismatches(
     for row in documented {
         if !seen.contains(&(row.process.clone(), row.name.clone())) {
             problems.push(format!(
-                "the README documents {} of {}, which does not serve it",
+                "the metrics page documents {} of {}, which does not serve it",
                 row.name, row.process
             ));
         }
@@ -427,10 +427,10 @@ mod tests {
         assert_eq!(
             problems,
             [
-                "a_total: README says gauge, dra-plugin serves a counter",
-                "a_total: labels [\"reason\"] are served but not in the README",
-                "dra-plugin serves b_seconds (histogram) but the README metrics table has no row for it",
-                "the README documents gone_total of dra-plugin, which does not serve it",
+                "a_total: the metrics page says gauge, dra-plugin serves a counter",
+                "a_total: labels [\"reason\"] are served but not on the metrics page",
+                "dra-plugin serves b_seconds (histogram) but the metrics page's table has no row for it",
+                "the metrics page documents gone_total of dra-plugin, which does not serve it",
             ]
         );
         assert_eq!(parse_table("no table"), Err(DocError::NoTable));

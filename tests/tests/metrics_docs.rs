@@ -1,11 +1,11 @@
 //! Every series both processes serve on `/metrics` is documented in the
-//! README's metrics table, and every metric the chart's Grafana dashboard
+//! metrics page's table (docs/user/metrics.md), and every metric the chart's Grafana dashboard
 //! queries is served. Runs the built `dra-plugin` and `nri-plugin`
 //! (`cargo build -p dra-plugin -p nri-plugin` first) against the fake API
 //! server, and reads their `/metrics` with Prometheus' own Go parser.
 //!
-//! `DRA_CPU_UPDATE_METRICS_TABLE=1` rewrites the README's table from the
-//! run (labels of series without samples yet are kept from the README).
+//! `DRA_CPU_UPDATE_METRICS_TABLE=1` rewrites that table from the run
+//! (labels of series without samples yet are kept from the page).
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -27,6 +27,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(30);
+/// The page with the table of every series.
+const METRICS_PAGE: &str = "docs/user/metrics.md";
 const DASHBOARD: &str = "charts/dra-cpu/dashboards/dra-cpu.json";
 
 fn repo() -> PathBuf {
@@ -186,21 +188,21 @@ fn readme_documents_every_series_and_the_dashboard_queries_only_served_ones() {
     };
     let served = [("dra-plugin", &dra), ("nri-plugin", &nri)];
 
-    let readme_path = repo().join("README.md");
-    let readme = std::fs::read_to_string(&readme_path).expect("README.md");
-    let documented = parse_table(&readme).expect("README metrics table");
+    let readme_path = repo().join(METRICS_PAGE);
+    let readme = std::fs::read_to_string(&readme_path).expect(METRICS_PAGE);
+    let documented = parse_table(&readme).expect("metrics page table");
     if std::env::var_os("DRA_CPU_UPDATE_METRICS_TABLE").is_some() {
         let table = render_table(&served, &documented);
         let updated = replace_table(&readme, &table).expect("replace the table");
-        std::fs::write(&readme_path, updated).expect("write README.md");
+        std::fs::write(&readme_path, updated).expect("write the metrics page");
         eprintln!("rewrote the metrics table of {}", readme_path.display());
     }
-    let readme = std::fs::read_to_string(&readme_path).expect("README.md");
-    let documented = parse_table(&readme).expect("README metrics table");
+    let readme = std::fs::read_to_string(&readme_path).expect(METRICS_PAGE);
+    let documented = parse_table(&readme).expect("metrics page table");
     let problems = mismatches(&served, &documented);
     assert!(
         problems.is_empty(),
-        "README metrics table (regenerate with DRA_CPU_UPDATE_METRICS_TABLE=1):\n{}",
+        "metrics page table (regenerate with DRA_CPU_UPDATE_METRICS_TABLE=1):\n{}",
         problems.join("\n")
     );
 
