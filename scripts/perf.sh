@@ -4,6 +4,8 @@
 # prints the table (Markdown). Extra arguments go to perf-table:
 #   --quick             few samples, to check that every row runs
 #   --skip-containerd   rows 4 and 5 (real containerd) reported as not measured
+#   --only GROUPS       measure only these groups of rows, comma-separated:
+#                       dra, alloc, nri, containerd
 #   --out FILE          also write the table to FILE
 # Rows 4 and 5 start a private containerd, so they need root as the
 # end-to-end tests do (scripts/install-deps.sh installs containerd). Row 4b
