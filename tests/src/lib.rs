@@ -10,6 +10,7 @@ pub mod chart;
 pub mod claims;
 pub mod containerd;
 pub mod cri;
+pub mod docs_check;
 pub mod image;
 pub mod kubelet_dra;
 pub mod metrics_doc;
