@@ -252,7 +252,12 @@ helm_admin() { in_netns env KUBECONFIG="$dir/admin.kubeconfig" helm "$@"; }
 
 # --- the driver, installed as users install it ---------------------------------
 install_driver() {
-  local profile="${DRA_CPU_IMAGE_PROFILE:-release}" tag tool digest flag=()
+  # The profile of the node's last install unless DRA_CPU_IMAGE_PROFILE says
+  # otherwise, so that an upgrade keeps the build a scenario started with.
+  local profile tag tool digest flag=()
+  profile="${DRA_CPU_IMAGE_PROFILE:-$(cat "$dir/driver-profile" 2>/dev/null || echo release)}"
+  case "$profile" in release | debug) ;; *) die "DRA_CPU_IMAGE_PROFILE is release or debug, not $profile" ;; esac
+  echo "$profile" >"$dir/driver-profile"
   # DRA_CPU_IMAGE_TAG: another tag than the chart's appVersion, so that an
   # install is an upgrade to a new image (the helm upgrade scenario).
   tag="${DRA_CPU_IMAGE_TAG:-$(driver_tag)}"

@@ -948,7 +948,7 @@ fn an_opaque_cpuset_config_gets_exactly_the_cpus_it_names() {
     // The config as a user writes it in the claim; the real scheduler copies
     // it into the allocation (source FromClaim).
     let template = format!(
-        "{}    config:\n      - requests: [cpus]\n        opaque:\n          driver: {DRIVER}\n          parameters:\n            apiVersion: v1alpha1\n            cpuConfig:\n              cpuset: \"{named}\"\n",
+        "{}      config:\n        - requests: [cpus]\n          opaque:\n            driver: {DRIVER}\n            parameters:\n              apiVersion: v1alpha1\n              cpuConfig:\n                cpuset: \"{named}\"\n",
         claim_template_yaml(&ns.name, "named-cpu", 1, grouped)
     );
     node.apply(&template).unwrap();
@@ -1000,13 +1000,15 @@ fn the_claims_device_metadata_files_are_inside_the_container() {
     let dir = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/metadata-claim/cpus";
     let files = node
         .kubectl(&[
-            "exec", "-n", &ns.name, "metadata", "-c", "app", "--", "find", dir, "-name", "*.json",
+            "exec", "-n", &ns.name, "metadata", "-c", "app", "--", "ls", dir,
         ])
         .unwrap();
     let file = files
         .lines()
-        .next()
-        .unwrap_or_else(|| panic!("no metadata file under {dir}"));
+        .find(|f| f.ends_with("-metadata.json"))
+        .map(|f| format!("{dir}/{f}"))
+        .unwrap_or_else(|| panic!("no metadata file in {dir}: {files}"));
+    let file = file.as_str();
     let text = node
         .kubectl(&[
             "exec", "-n", &ns.name, "metadata", "-c", "app", "--", "cat", file,
