@@ -831,7 +831,13 @@ fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
             .to_string()
     };
     let old_image = image(&old_pod);
-    let new_tag = format!("{}-upgraded", old_image.rsplit_once(':').unwrap().1);
+    // Another tag of the same build: the pod spec changes, so the DaemonSet
+    // rolls (alternating, so that a second run upgrades again).
+    let old_tag = old_image.rsplit_once(':').unwrap().1;
+    let new_tag = match old_tag.strip_suffix("-upgraded") {
+        Some(base) => base.to_string(),
+        None => format!("{old_tag}-upgraded"),
+    };
     let upgraded = std::process::Command::new(
         dra_cpu_tests::real_node::repo_root().join("scripts/real-node.sh"),
     )
