@@ -12,7 +12,7 @@
 use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
-use crate::device_metadata::{published_attributes, DeviceMetadata};
+use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
 use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
 use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
@@ -166,14 +166,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .with_context(|| format!("opening the assignment store {}", store_dir.display()))?,
     );
     let metrics = Arc::new(Metrics::new());
-    let device_metadata = if config.device_metadata {
-        // The attributes as published (PCIe roots included), in every mode
-        // this node may publish.
-        let mut published = Vec::new();
-        for &mode in config.device_mode.modes() {
-            let (devices, _) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
-            published.extend(devices);
+    // The devices this node may publish, in every mode it may publish:
+    // one copy, shared by the publisher and the device metadata.
+    let devices_in = |mode| {
+        let (devices, left_out) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
+        for LeftOutRoots { device, roots } in left_out {
+            tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
         }
+        anyhow::Ok(devices)
+    };
+    let desired = Arc::new(match config.device_mode.modes() {
+        [preferred, fallback @ ..] => DesiredDevices {
+            devices: devices_in(*preferred)?,
+            without_consumable_capacity: match fallback.first() {
+                Some(mode) => Some(devices_in(*mode)?),
+                None => None,
+            },
+        },
+        [] => DesiredDevices::default(),
+    });
+    let device_metadata = if config.device_metadata {
         // Files an earlier start left in the default place are mounted by
         // no future container once the specs name the configured one.
         let default_root = crate::device_metadata::default_host_root(&config.plugin_data_dir());
@@ -190,7 +202,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Some(DeviceMetadata::new(
             &config.driver_name,
             &config.device_metadata_dir,
-            published_attributes(&published),
+            // The attributes as published (PCIe roots included).
+            PublishedAttributes::of(desired.clone()),
             catalog
                 .devices()
                 .map(|(name, cpus)| (name.to_string(), cpus.clone()))
@@ -343,23 +356,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     // ResourceSlices, in the background: the API server may be away.
-    let devices_in = |mode| {
-        let (devices, left_out) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
-        for LeftOutRoots { device, roots } in left_out {
-            tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
-        }
-        anyhow::Ok(devices)
-    };
-    let desired = match config.device_mode.modes() {
-        [preferred, fallback @ ..] => DesiredDevices {
-            devices: devices_in(*preferred)?,
-            without_consumable_capacity: match fallback.first() {
-                Some(mode) => Some(devices_in(*mode)?),
-                None => None,
-            },
-        },
-        [] => DesiredDevices::default(),
-    };
     let (_devices_tx, devices_rx) = watch::channel(desired);
     let publisher = tokio::spawn(
         Publisher::new(client, &config.driver_name, &config.node_name)

@@ -240,7 +240,9 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
     let server = FakeApiServer::start().unwrap();
     server.insert_node("node-1").unwrap();
     let p = publisher(&server).await;
-    let (tx, rx) = watch::channel(DesiredDevices::from(devices(DeviceMode::Individual)));
+    let (tx, rx) = watch::channel(Arc::new(DesiredDevices::from(devices(
+        DeviceMode::Individual,
+    ))));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(p.run(rx, async {
         let _ = stopped.await;
@@ -290,7 +292,8 @@ async fn run_republishes_what_is_deleted_or_altered_behind_its_back() {
     assert_eq!(server.slices().len(), 3);
 
     // New devices through the channel: new generation, stale slices go.
-    tx.send(devices(DeviceMode::Grouped).into()).unwrap();
+    tx.send(Arc::new(devices(DeviceMode::Grouped).into()))
+        .unwrap();
     eventually("grouped pool replaces individual pool", || {
         let slices = server.slices();
         slices.len() == 1 && slices[0].spec.pool.generation == 2
@@ -432,7 +435,9 @@ async fn a_refused_apply_shows_in_readiness_and_metrics_within_one_retry_then_cl
     let p = publisher(&server)
         .await
         .with_reporting(status.clone(), metrics.clone());
-    let (_tx, rx) = watch::channel(DesiredDevices::from(devices(DeviceMode::Individual)));
+    let (_tx, rx) = watch::channel(Arc::new(DesiredDevices::from(devices(
+        DeviceMode::Individual,
+    ))));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(p.run(rx, async {
         let _ = stopped.await;
@@ -568,7 +573,7 @@ async fn an_unchanged_node_reapplies_nothing_across_watch_events_and_a_restart()
         };
         let before = applies();
         let p = publisher(&server).await;
-        let (_tx, rx) = watch::channel(desired.clone());
+        let (_tx, rx) = watch::channel(Arc::new(desired.clone()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(p.run(rx, async {
             let _ = stopped.await;
@@ -627,7 +632,7 @@ async fn expired_watches_and_failures_of_each_call_recover() {
     let p = publisher(&server)
         .await
         .with_reporting(status.clone(), metrics.clone());
-    let (tx, rx) = watch::channel(auto(devices(DeviceMode::Grouped)));
+    let (tx, rx) = watch::channel(Arc::new(auto(devices(DeviceMode::Grouped))));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(p.run(rx, async {
         let _ = stopped.await;
@@ -688,14 +693,16 @@ async fn expired_watches_and_failures_of_each_call_recover() {
     // DELETE of a stale slice is retried.
     server.delete_slice_behind_back("node-1-dra.cpu-0").unwrap();
     eventually("republished after an expiry", || server.slices().len() == 1).await;
-    tx.send(devices(DeviceMode::Individual).into()).unwrap();
+    tx.send(Arc::new(devices(DeviceMode::Individual).into()))
+        .unwrap();
     eventually("individual pool replaces the grouped one", || {
         let slices = server.slices();
         slices.len() == 3 && slices.iter().all(|s| s.spec.pool.generation == 2)
     })
     .await;
     server.fail_next("DELETE", "/resourceslices/", 500, 1);
-    tx.send(auto(devices(DeviceMode::Grouped))).unwrap();
+    tx.send(Arc::new(auto(devices(DeviceMode::Grouped))))
+        .unwrap();
     eventually("grouped pool back despite a failed delete", || {
         let slices = server.slices();
         slices.len() == 1 && slices[0].spec.pool.generation == 3

@@ -98,11 +98,13 @@ mod render;
 
 pub use host_files::{plan_metadata, remove_all, MetadataPlan};
 
+use crate::publisher::DesiredDevices;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use shared_state::cdi_spec::Mount;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The versions written, newest first.
 pub const API_VERSIONS: [&str; 2] = [
@@ -127,17 +129,56 @@ pub const ATTR_CPUS: &str = "dra.cpu/cpus";
 /// A temporary file ends so; it sits beside the file it replaces.
 const TEMP_SUFFIX: &str = ".tmp";
 
-/// The published attributes of each device, by device name.
-pub type PublishedAttributes = BTreeMap<String, BTreeMap<String, DeviceAttribute>>;
+/// The published attributes of each device, by device name: an index over
+/// the devices the publisher holds, shared with it rather than copied (on
+/// a 1024-CPU node a copy of the individual devices' attributes is about
+/// 2 MiB).
+#[derive(Debug, Clone, Default)]
+pub struct PublishedAttributes {
+    devices: Arc<DesiredDevices>,
+    /// Device name: whether it is in the fallback list, and where.
+    index: BTreeMap<String, (bool, usize)>,
+}
+
+impl PublishedAttributes {
+    /// The attributes of every device `desired` may publish, in either list.
+    pub fn of(desired: Arc<DesiredDevices>) -> PublishedAttributes {
+        let fallback = desired.without_consumable_capacity.iter().flatten();
+        let index = desired
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.name.clone(), (false, i)))
+            .chain(
+                fallback
+                    .enumerate()
+                    .map(|(i, d)| (d.name.clone(), (true, i))),
+            )
+            .collect();
+        PublishedAttributes {
+            devices: desired,
+            index,
+        }
+    }
+
+    /// The published attributes of the device named `name`.
+    pub fn get(&self, name: &str) -> Option<&BTreeMap<String, DeviceAttribute>> {
+        let &(in_fallback, i) = self.index.get(name)?;
+        let list = if in_fallback {
+            self.devices.without_consumable_capacity.as_deref()?
+        } else {
+            &self.devices.devices
+        };
+        list.get(i)?.attributes.as_ref()
+    }
+}
 
 /// The attributes of `devices` as published.
 pub fn published_attributes<'a>(
     devices: impl IntoIterator<Item = &'a Device>,
 ) -> PublishedAttributes {
-    devices
-        .into_iter()
-        .map(|d| (d.name.clone(), d.attributes.clone().unwrap_or_default()))
-        .collect()
+    let devices: Vec<Device> = devices.into_iter().cloned().collect();
+    PublishedAttributes::of(Arc::new(DesiredDevices::from(devices)))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -367,6 +408,14 @@ pub(crate) mod test_support {
         }
     }
 
+    fn device(name: &str, attributes: BTreeMap<String, DeviceAttribute>) -> Device {
+        Device {
+            name: name.to_string(),
+            attributes: Some(attributes),
+            ..Default::default()
+        }
+    }
+
     pub fn metadata(root: &Path) -> DeviceMetadata {
         let numa0 = BTreeMap::from([
             ("resource.kubernetes.io/numaNode".to_string(), int(0)),
@@ -383,10 +432,7 @@ pub(crate) mod test_support {
         DeviceMetadata::new(
             "dra.cpu",
             &default_host_root(root),
-            BTreeMap::from([
-                ("cpudevnuma000".to_string(), numa0),
-                ("cpudev005".to_string(), cpu5),
-            ]),
+            published_attributes(&[device("cpudevnuma000", numa0), device("cpudev005", cpu5)]),
             BTreeMap::from([
                 ("cpudevnuma000".to_string(), set("0-7")),
                 ("cpudevnuma001".to_string(), set("8-15")),
