@@ -58,6 +58,7 @@ fn main() -> ExitCode {
 /// until SIGTERM or SIGINT cancels its shutdown token.
 fn serve(args: run::RunArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
+    run::limit_malloc_arenas();
     shared_state::daemon::serve(config.log_format, |shutdown| run::run(config, shutdown))
 }
 
