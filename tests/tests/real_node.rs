@@ -160,12 +160,13 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
             );
         }
     }
-    if node.kubernetes_minor() >= 36 {
-        assert!(
-            maps_node_allocatable(&node),
-            "1.36+ has the node-allocatable mapping and the chart publishes it"
-        );
-    }
+    // Device.nodeAllocatableResources is in the API from 1.37; the driver
+    // publishes it where the API server declares it.
+    assert_eq!(
+        maps_node_allocatable(&node),
+        node.kubernetes_minor() >= 37,
+        "the node-allocatable mapping is published exactly where the release has it"
+    );
     // Owned by the Node, so they go with it.
     for slice in &found {
         assert_eq!(
