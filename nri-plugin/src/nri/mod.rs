@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use dra_cpu_proto::nri::api::{Container, ContainerUpdate, Event, LinuxResources, PodSandbox};
+use dra_cpu_proto::nri::api::{
+    self, Container, ContainerUpdate, Event, LinuxResources, PodSandbox,
+};
 use dra_cpu_proto::nri::{
     ContainerCreation, ContainerUpdates, EventMask, NriPlugin, PluginError, RuntimeInfo,
 };
@@ -130,6 +132,18 @@ impl NriPlugin for DraCpuPlugin {
             );
         });
         self.send_in_reply(&outcome.updates);
+        // A container created while this plugin was away and not yet running
+        // may not take the reply's update (see
+        // `NodeView::confirm_started`): remember the cpuset the runtime gave
+        // it, so that its PostStartContainer sends the planned one again.
+        {
+            let mut view = self.enforcer.view();
+            for (container, info) in containers.iter().zip(&infos) {
+                if container.state.value() == api::ContainerState::CONTAINER_CREATED as i32 {
+                    view.note_created(&info.id, &info.cpus);
+                }
+            }
+        }
         self.enforcer
             .metrics
             .updates_sent("synchronize", outcome.updates.len());

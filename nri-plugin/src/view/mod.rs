@@ -234,6 +234,16 @@ mod tests {
         v.note_created("other", &other.cpuset);
         assert_eq!(v.confirm_started("other"), None);
         assert!(v.pending_updates().is_empty());
+        // Created while the plugin was away (learned at Synchronize, where
+        // the runtime gave it no cpuset, or all CPUs): the reply's update
+        // may not have reached it, so its start sends the planned cpuset.
+        let away = v
+            .create(&container("away", POD_A, &[], Some(100)))
+            .decided()
+            .unwrap();
+        v.mark_applied(&away.updates);
+        v.note_created("away", &shared_state::CpuSet::new());
+        assert_eq!(v.confirm_started("away"), Some(away.cpuset.clone()));
         // A container stopped before it started is forgotten.
         v.note_created("gone", &whole);
         v.forget_starting("gone");
