@@ -330,6 +330,7 @@ mod tests {
             cpus: set(cpus),
             prepared_at_unix_ms: 1,
             pod_claim_name: None,
+            tuning: Default::default(),
         }
     }
 

@@ -22,6 +22,10 @@ pub const DEFAULT_KUBELET_ROOT_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/dra-cpu";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
+pub const DEFAULT_PROCFS_ROOT: &str = "/proc";
+/// File of the tuning record (values before tuning changed them) inside
+/// the state directory.
+pub const TUNING_RECORD_NAME: &str = "tuning-baseline.json";
 /// File name of the coordination socket inside the state directory.
 pub const COORDINATION_SOCKET_NAME: &str = "coordination.sock";
 /// Directory of the sled store inside the state directory.
@@ -96,6 +100,14 @@ shared_state::layered_settings! {
         /// hands out exclusive CPUs of its own.
         #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
         pub allow_kubelet_static_cpu_manager: Option<bool>,
+        /// Honour the `tuning` of claims' opaque configs (device interrupts,
+        /// idle states, cpufreq governor, CFS quota) and publish what this
+        /// node supports as device attributes. Needs the host's `/proc/irq`
+        /// and `/sys/devices/system/cpu` writable (the chart's `tuning.enabled`).
+        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+        pub low_latency_tuning: Option<bool>,
+        /// Directory holding the host's `irq/` (its `/proc`); `/proc` by default.
+        pub procfs_root: Option<PathBuf>,
         /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
         /// is refused (default 1). Every container without a claim (this
         /// driver's own among them) runs there; 0 lets claims take every CPU
@@ -154,6 +166,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub allow_kubelet_static_cpu_manager: bool,
     pub min_shared_cpus: u32,
+    pub low_latency_tuning: bool,
+    pub procfs_root: PathBuf,
 }
 
 /// Parse a config file's text: this driver's own keys, or the upstream
@@ -257,6 +271,10 @@ impl Settings {
                 .allow_kubelet_static_cpu_manager
                 .unwrap_or(false),
             min_shared_cpus: self.min_shared_cpus.unwrap_or(DEFAULT_MIN_SHARED_CPUS),
+            low_latency_tuning: self.low_latency_tuning.unwrap_or(false),
+            procfs_root: self
+                .procfs_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_PROCFS_ROOT)),
         })
     }
 }
@@ -287,6 +305,11 @@ impl Config {
     /// helper's `PluginDataDirectoryPath`), where device metadata lives.
     pub fn plugin_data_dir(&self) -> PathBuf {
         plugin_data_dir(&self.kubelet_root_dir, &self.driver_name)
+    }
+
+    /// The tuning record's file.
+    pub fn tuning_record(&self) -> PathBuf {
+        self.state_dir.join(TUNING_RECORD_NAME)
     }
 
     /// The sled store's directory.

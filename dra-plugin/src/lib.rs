@@ -20,4 +20,5 @@ pub mod publisher;
 pub mod quantity;
 pub mod run;
 pub mod slices;
+pub mod tuning;
 pub mod upstream_config;

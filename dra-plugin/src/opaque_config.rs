@@ -11,7 +11,13 @@
 //!     parameters: {apiVersion: v1alpha1, cpuConfig: {cpuset: "2-5"}}
 //! ```
 //!
-//! Only configs for this driver are read. Each must come from the claim
+//! Beside `cpuConfig` (or instead of it) the parameters may carry this
+//! driver's `tuning` object (`shared_state::tuning::request`): what the
+//! claim asks of its CPUs beyond exclusivity. A tuning config may come from
+//! the DeviceClass too (a class of low-latency CPUs); the claim's own
+//! configs come after the class's, and a knob a later config sets wins.
+//!
+//! Only configs for this driver are read. Each cpuset config must come from the claim
 //! (a DeviceClass config would give every claim of the class the same CPUs),
 //! each request gets at most one, and an empty `requests` list applies to
 //! every request of the claim. The CPUs are then checked against the node
@@ -20,6 +26,7 @@
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use serde_json::Value;
+use shared_state::tuning::{parse_tuning, Tuning, TuningError};
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 
@@ -36,6 +43,14 @@ pub enum OpaqueConfigError {
     NotFromClaim { index: usize, config_source: String },
     #[error("config {index}: unsupported apiVersion {found:?}, want {API_VERSION:?}")]
     ApiVersion { index: usize, found: String },
+    #[error("config {index}: {source}")]
+    Tuning {
+        index: usize,
+        #[source]
+        source: TuningError,
+    },
+    #[error("config {index}: tuning applies to all of a claim's CPUs, so it must name every request of this driver or none; it leaves out {missing}")]
+    TuningNotForEveryRequest { index: usize, missing: String },
     #[error("config {index}: unknown field {field:?}")]
     UnknownField { index: usize, field: String },
     #[error("config {index}: {reason}")]
@@ -94,8 +109,15 @@ pub enum OpaqueConfigError {
     SeveralDevices { request: String, devices: usize },
 }
 
-/// The CPUs of one config entry's parameters.
-fn parse_parameters(index: usize, parameters: &Value) -> Result<CpuSet, OpaqueConfigError> {
+/// One config entry's parameters: the CPUs it sets and the tuning it asks,
+/// at least one of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Parameters {
+    cpus: Option<CpuSet>,
+    tuning: Option<Tuning>,
+}
+
+fn parse_parameters(index: usize, parameters: &Value) -> Result<Parameters, OpaqueConfigError> {
     let malformed = |reason: &str| OpaqueConfigError::Malformed {
         index,
         reason: reason.to_string(),
@@ -116,17 +138,27 @@ fn parse_parameters(index: usize, parameters: &Value) -> Result<CpuSet, OpaqueCo
     }
     if let Some(field) = object
         .keys()
-        .find(|k| !matches!(k.as_str(), "apiVersion" | "cpuConfig"))
+        .find(|k| !matches!(k.as_str(), "apiVersion" | "cpuConfig" | "tuning"))
     {
         return Err(OpaqueConfigError::UnknownField {
             index,
             field: field.clone(),
         });
     }
-    let cpu_config = object
-        .get("cpuConfig")
-        .and_then(Value::as_object)
-        .ok_or_else(|| malformed("cpuConfig is missing or not an object"))?;
+    let tuning = object
+        .get("tuning")
+        .map(|value| parse_tuning("tuning", value))
+        .transpose()
+        .map_err(|source| OpaqueConfigError::Tuning { index, source })?;
+    let Some(cpu_config) = object.get("cpuConfig") else {
+        if tuning.is_none() {
+            return Err(malformed("neither cpuConfig nor tuning is set"));
+        }
+        return Ok(Parameters { cpus: None, tuning });
+    };
+    let cpu_config = cpu_config
+        .as_object()
+        .ok_or_else(|| malformed("cpuConfig is not an object"))?;
     if let Some(field) = cpu_config.keys().find(|k| k.as_str() != "cpuset") {
         return Err(OpaqueConfigError::UnknownField {
             index,
@@ -146,11 +178,12 @@ fn parse_parameters(index: usize, parameters: &Value) -> Result<CpuSet, OpaqueCo
     if cpus.is_empty() {
         return Err(malformed("cpuConfig.cpuset is empty or missing"));
     }
-    Ok(cpus)
+    Ok(Parameters {
+        cpus: Some(cpus),
+        tuning,
+    })
 }
 
-/// Whether a config's `requests` entry names `request`: the request itself,
-/// or its parent when the result names a `firstAvailable` subrequest.
 fn names(entry: &str, request: &str) -> bool {
     entry == request
         || request
@@ -170,13 +203,15 @@ pub fn cpusets_by_request(
         let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
             continue;
         };
+        let Some(cpus) = parse_parameters(index, &opaque.parameters.0)?.cpus else {
+            continue;
+        };
         if config.source != FROM_CLAIM {
             return Err(OpaqueConfigError::NotFromClaim {
                 index,
                 config_source: config.source.clone(),
             });
         }
-        let cpus = parse_parameters(index, &opaque.parameters.0)?;
         let listed = config.requests.as_deref().unwrap_or_default();
         for request in requests {
             if !listed.is_empty() && !listed.iter().any(|entry| names(entry, request)) {
@@ -199,6 +234,44 @@ pub fn cpusets_by_request(
 }
 
 /// What a configured cpuset is checked against.
+/// The tuning a claim asks for: every `tuning` of this driver's configs, in
+/// their order (the DeviceClass's before the claim's), a later knob over an
+/// earlier one. Tuning acts on all the claim's CPUs, so a config that names
+/// requests must name each of `requests`.
+pub fn claim_tuning(
+    configs: &[DeviceAllocationConfiguration],
+    driver: &str,
+    requests: &[&str],
+) -> Result<Tuning, OpaqueConfigError> {
+    let mut tuning = Tuning::default();
+    for (index, config) in configs.iter().enumerate() {
+        let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let Some(asked) = parse_parameters(index, &opaque.parameters.0)?.tuning else {
+            continue;
+        };
+        let listed = config.requests.as_deref().unwrap_or_default();
+        let missing: Vec<&str> = requests
+            .iter()
+            .filter(|request| {
+                !listed.is_empty() && !listed.iter().any(|entry| names(entry, request))
+            })
+            .copied()
+            .collect();
+        if !missing.is_empty() && missing.len() < requests.len() {
+            return Err(OpaqueConfigError::TuningNotForEveryRequest {
+                index,
+                missing: missing.join(", "),
+            });
+        }
+        if missing.is_empty() {
+            tuning = tuning.overlaid(&asked);
+        }
+    }
+    Ok(tuning)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct NodeCpus<'a> {
     pub online: &'a CpuSet,
@@ -478,5 +551,87 @@ mod tests {
                 (got, want) => panic!("{cpus}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn claim_tuning_table() {
+        let tuning = |value: Value| json!({"apiVersion": "v1alpha1", "tuning": value});
+        let irqs = Tuning {
+            isolate_irqs: true,
+            ..Tuning::default()
+        };
+        let cases: Vec<(&str, Vec<DeviceAllocationConfiguration>, Result<Tuning, String>)> = vec![
+            ("no config asks nothing", vec![], Ok(Tuning::default())),
+            (
+                "a claim config for every request",
+                vec![config("FromClaim", "dra.cpu", &[], tuning(json!({"irqs": "isolate"})))],
+                Ok(irqs.clone()),
+            ),
+            (
+                "a class config is honoured",
+                vec![config("FromClass", "dra.cpu", &["a", "b"], tuning(json!({"irqs": "isolate"})))],
+                Ok(irqs.clone()),
+            ),
+            (
+                "the claim's knob wins over the class's",
+                vec![
+                    config("FromClass", "dra.cpu", &[], tuning(json!({"idle": {"maxLatencyMicroseconds": 50}, "irqs": "isolate"}))),
+                    config("FromClaim", "dra.cpu", &[], tuning(json!({"idle": {"maxLatencyMicroseconds": 0}}))),
+                ],
+                Ok(Tuning {
+                    isolate_irqs: true,
+                    max_idle_latency_us: Some(0),
+                    ..Tuning::default()
+                }),
+            ),
+            (
+                "beside a cpuset",
+                vec![config(
+                    "FromClaim",
+                    "dra.cpu",
+                    &[],
+                    json!({"apiVersion": "v1alpha1", "cpuConfig": {"cpuset": "2"}, "tuning": {"cfsQuota": "off"}}),
+                )],
+                Ok(Tuning {
+                    cfs_quota_off: true,
+                    ..Tuning::default()
+                }),
+            ),
+            (
+                "a config for requests of another driver only",
+                vec![config("FromClaim", "dra.cpu", &["gpu"], tuning(json!({"irqs": "isolate"})))],
+                Ok(Tuning::default()),
+            ),
+            (
+                "a config for some of the requests",
+                vec![config("FromClaim", "dra.cpu", &["a"], tuning(json!({"irqs": "isolate"})))],
+                Err("config 0: tuning applies to all of a claim's CPUs, so it must name every request of this driver or none; it leaves out b".into()),
+            ),
+            (
+                "an unknown knob is named",
+                vec![config("FromClaim", "dra.cpu", &[], tuning(json!({"irqs": "isolate", "smt": "off"})))],
+                Err("config 0: unknown key tuning.smt (known: irqs, cfsQuota, loadBalancing, idle, governor)".into()),
+            ),
+            (
+                "neither key",
+                vec![config("FromClaim", "dra.cpu", &[], json!({"apiVersion": "v1alpha1"}))],
+                Err("config 0: neither cpuConfig nor tuning is set".into()),
+            ),
+        ];
+        for (name, configs, want) in cases {
+            let got = claim_tuning(&configs, "dra.cpu", &["a", "b"]).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{name}");
+        }
+        // A tuning-only class config is not a cpuset config: no CPUs, no refusal.
+        let class = vec![config(
+            "FromClass",
+            "dra.cpu",
+            &[],
+            tuning(json!({"irqs": "isolate"})),
+        )];
+        assert_eq!(
+            cpusets_by_request(&class, "dra.cpu", &["a"]),
+            Ok(BTreeMap::new())
+        );
     }
 }

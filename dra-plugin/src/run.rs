@@ -19,8 +19,9 @@ use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, Ku
 use crate::kubelet::registration::{Registrar, RegistrationState};
 use crate::metrics::Metrics;
 use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
-use crate::slices::device_attributes::LeftOutRoots;
+use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
+use crate::tuning::{KernelPaths, NodeTuner};
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
@@ -31,6 +32,7 @@ use k8s_openapi::api::resource::v1::Device;
 use shared_state::store::{AssignmentStore, SledStore};
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
+use shared_state::tuning::NodeSupport;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -186,10 +188,32 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .with_context(|| format!("opening the assignment store {}", store_dir.display()))?,
     );
     let metrics = Arc::new(Metrics::new());
+    let tuner = Arc::new(
+        NodeTuner::open(
+            KernelPaths {
+                procfs: config.procfs_root.clone(),
+                host_root: config.sysfs_root.clone(),
+            },
+            config.tuning_record(),
+            online.clone(),
+            catalog.allocatable(),
+            config.low_latency_tuning,
+        )
+        .context("reading the tuning record")?,
+    );
+    if config.low_latency_tuning {
+        tracing::info!(support = ?tuner.support(), "low-latency tuning this node can honour");
+    }
     // The devices this node may publish, in every mode it may publish:
     // one copy, shared by the publisher and the device metadata.
     let devices_in = |mode| {
-        let (devices, left_out) = node_devices(&config, &topology, pcie_roots.as_ref(), mode)?;
+        let (devices, left_out) = node_devices(
+            &config,
+            &topology,
+            pcie_roots.as_ref(),
+            tuner.support(),
+            mode,
+        )?;
         for LeftOutRoots { device, roots } in left_out {
             tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
         }
@@ -254,8 +278,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             metrics.clone(),
         )
         .context("loading prepared claims")?
-        .with_device_metadata(device_metadata),
+        .with_device_metadata(device_metadata)
+        .with_tuner(tuner.clone()),
     );
+    let tuned = driver
+        .reconcile_tuning()
+        .context("tuning the node for the stored claims (and putting back what no claim holds)")?;
+    if tuned != Default::default() {
+        tracing::info!(tuned = tuned.tuned, restored = tuned.restored, unmovable_irqs = ?tuned.unmovable_irqs, "node tuning reconciled with the store");
+    }
     let plan = driver
         .reconcile_cdi()
         .context("reconciling the CDI directory and device metadata with the store")?;
@@ -383,6 +414,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .run(devices_rx, stop.clone().cancelled_owned()),
     );
 
+    let repair = tokio::spawn(repair_tuning(tuner, stop.clone()));
+
     health.serving.store(true, Ordering::Relaxed);
     tracing::info!(
         driver = %config.driver_name, node = %config.node_name,
@@ -402,9 +435,38 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let dra_result = join_server("DRA", dra).await;
     let coordination_result = join_server("coordination", coordination).await;
     let _ = publisher.await;
+    let _ = repair.await;
     let _ = http.await;
     remove_sockets(&[&dra_socket, &coordination_socket]);
     dra_result.and(coordination_result)
+}
+
+/// How often the node's tuning is checked against what the claims want.
+pub const TUNING_REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Sets back, every [`TUNING_REPAIR_PERIOD`], tuning something else undid
+/// (an irqbalance moving interrupts back onto tuned CPUs), tunes interrupts
+/// that appeared since, and retries what a failed unprepare left.
+async fn repair_tuning(tuner: Arc<NodeTuner>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(TUNING_REPAIR_PERIOD);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let tuner = tuner.clone();
+        match tokio::task::spawn_blocking(move || tuner.repair()).await {
+            Ok(Ok(pass)) if pass.tuned + pass.restored > 0 => tracing::warn!(
+                tuned = pass.tuned,
+                restored = pass.restored,
+                "node tuning had drifted from the claims' and was set again"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "repairing the node's tuning failed"),
+            Err(e) => tracing::error!(error = %e, "the tuning repair task failed"),
+        }
+    }
 }
 
 async fn join_server(
@@ -424,9 +486,10 @@ fn node_devices(
     config: &Config,
     topology: &Topology,
     pcie_roots: Option<&PcieRoots>,
+    tuning: &NodeSupport,
     mode: DeviceMode,
 ) -> anyhow::Result<(Vec<Device>, Vec<LeftOutRoots>)> {
-    devices_with_pcie_roots(
+    let (mut devices, left_out) = devices_with_pcie_roots(
         topology,
         &DeviceOptions {
             mode,
@@ -436,7 +499,14 @@ fn node_devices(
         },
         pcie_roots,
     )
-    .with_context(|| format!("building the node's {mode} devices"))
+    .with_context(|| format!("building the node's {mode} devices"))?;
+    if config.low_latency_tuning {
+        let without = add_tuning_attributes(&mut devices, tuning);
+        if !without.is_empty() {
+            tracing::warn!(devices = ?without, "no room for the tuning attributes on these devices (their PCIe roots filled the attribute limits)");
+        }
+    }
+    Ok((devices, left_out))
 }
 
 /// Paths the daemon creates, for tests and for `inspect`.

@@ -275,6 +275,7 @@ fn store_with_one_claim() -> tempfile::TempDir {
             cpus: shared_state::CpuSet::parse_cpulist("48-51").expect("cpulist"),
             prepared_at_unix_ms: 1_796_256_005_000,
             pod_claim_name: None,
+            tuning: Default::default(),
         })
         .expect("put");
     state

@@ -41,6 +41,7 @@ fn claim(i: u32, pod: &str) -> ClaimAssignment {
         cpus: (first..first + CLAIM_CPUS).collect(),
         prepared_at_unix_ms: 0,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

@@ -197,6 +197,7 @@ mod tests {
                     consumer_pod_uids: vec!["pod".into()],
                     cpus: "3".into(),
                     prepared_at_unix_ms: 1,
+                    tuning: None,
                 }),
                 revision: 1,
             }))

@@ -29,6 +29,7 @@ pub fn claim(uid: &str, cpus: &str, pod: &str) -> ClaimAssignment {
         cpus: set(cpus),
         prepared_at_unix_ms: 1,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

@@ -51,6 +51,7 @@ fn claim_strategy() -> impl Strategy<Value = coord::Claim> {
             consumer_pod_uids: pods,
             cpus,
             prepared_at_unix_ms: at,
+            tuning: None,
         })
 }
 

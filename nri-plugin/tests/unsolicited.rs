@@ -48,6 +48,7 @@ fn claim(uid: &str, cpus: &str, pod: &str) -> ClaimAssignment {
         cpus: set(cpus),
         prepared_at_unix_ms: 0,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

@@ -10,6 +10,7 @@
 //! neither a claim's devices nor its pod claim name: those stay in
 //! dra-plugin and read back empty.
 
+use shared_state::tuning::Tuning;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 
 /// `dracpu.v1`: Coordination (Watch, Lookup, ReportApplied).
@@ -46,6 +47,27 @@ pub fn claim_message(a: &ClaimAssignment) -> v1::Claim {
         consumer_pod_uids: a.consumer_pods.clone(),
         cpus: a.cpus.to_cpulist(),
         prepared_at_unix_ms: a.prepared_at_unix_ms,
+        tuning: (!a.tuning.is_empty()).then(|| tuning_message(&a.tuning)),
+    }
+}
+
+fn tuning_message(t: &Tuning) -> v1::ClaimTuning {
+    v1::ClaimTuning {
+        isolate_irqs: t.isolate_irqs,
+        cfs_quota_off: t.cfs_quota_off,
+        load_balancing_off: t.load_balancing_off,
+        max_idle_latency_us: t.max_idle_latency_us,
+        governor: t.governor.clone().unwrap_or_default(),
+    }
+}
+
+fn tuning_from_message(t: &v1::ClaimTuning) -> Tuning {
+    Tuning {
+        isolate_irqs: t.isolate_irqs,
+        cfs_quota_off: t.cfs_quota_off,
+        load_balancing_off: t.load_balancing_off,
+        max_idle_latency_us: t.max_idle_latency_us,
+        governor: Some(t.governor.clone()).filter(|g| !g.is_empty()),
     }
 }
 
@@ -116,6 +138,11 @@ pub fn claim_from_message(claim: &v1::Claim) -> Result<ClaimAssignment, MessageE
         cpus,
         prepared_at_unix_ms: claim.prepared_at_unix_ms,
         pod_claim_name: None,
+        tuning: claim
+            .tuning
+            .as_ref()
+            .map(tuning_from_message)
+            .unwrap_or_default(),
     })
 }
 
@@ -155,6 +182,7 @@ mod tests {
             consumer_pod_uids: vec!["p".into()],
             cpus: cpus.into(),
             prepared_at_unix_ms: 9,
+            tuning: None,
         }
     }
 
@@ -208,16 +236,37 @@ mod tests {
             proptest::collection::vec("[a-z0-9-]{1,36}", 0..3),
             proptest::collection::btree_set(0u32..512, 1..16),
             any::<u64>(),
+            tuning(),
         )
-            .prop_map(|(uid, namespace, name, pods, cpus, at)| ClaimAssignment {
-                claim_uid: uid,
-                namespace,
-                name,
-                consumer_pods: pods,
-                devices: Vec::new(),
-                cpus: cpus.into_iter().collect(),
-                prepared_at_unix_ms: at,
-                pod_claim_name: None,
+            .prop_map(
+                |(uid, namespace, name, pods, cpus, at, tuning)| ClaimAssignment {
+                    claim_uid: uid,
+                    namespace,
+                    name,
+                    consumer_pods: pods,
+                    devices: Vec::new(),
+                    cpus: cpus.into_iter().collect(),
+                    prepared_at_unix_ms: at,
+                    pod_claim_name: None,
+                    tuning,
+                },
+            )
+    }
+
+    fn tuning() -> impl Strategy<Value = Tuning> {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            proptest::option::of(0u32..2_000_000),
+            proptest::option::of("[a-z_]{1,15}"),
+        )
+            .prop_map(|(irqs, quota, balancing, idle, governor)| Tuning {
+                isolate_irqs: irqs,
+                cfs_quota_off: quota,
+                load_balancing_off: balancing,
+                max_idle_latency_us: idle,
+                governor,
             })
     }
 

@@ -620,6 +620,7 @@ fn claim(uid: &str, cpus: &str, pod: &str) -> coord::Claim {
         consumer_pod_uids: vec![pod.into()],
         cpus: cpus.into(),
         prepared_at_unix_ms: 1_733_000_000_000,
+        tuning: None,
     }
 }
 

@@ -241,6 +241,7 @@ fn sample_claim() -> coord::Claim {
         name: "c1".into(),
         consumer_pod_uids: vec!["pod-1".into()],
         cpus: "2-3".into(),
+        tuning: None,
         prepared_at_unix_ms: 1_733_000_000_000,
     }
 }

@@ -30,6 +30,7 @@ fn claim(i: u32) -> ClaimAssignment {
         cpus: (base..base + CPUS_PER_CLAIM).collect(),
         prepared_at_unix_ms: 0,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

@@ -31,6 +31,7 @@ fn record(i: usize) -> ClaimAssignment {
         cpus: (base..base + 4).collect::<CpuSet>(),
         prepared_at_unix_ms: 1_700_000_000_000,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

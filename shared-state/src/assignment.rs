@@ -2,6 +2,7 @@
 //! sends to nri-plugin.
 
 use crate::cpuset::CpuSet;
+use crate::tuning::Tuning;
 use serde::{Deserialize, Serialize};
 
 /// The consumable capacity of a grouped device, in whole CPUs: what a
@@ -39,4 +40,8 @@ pub struct ClaimAssignment {
     /// was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_claim_name: Option<String>,
+    /// What the claim asked of its CPUs beyond exclusivity (its opaque
+    /// `tuning` config); empty in records written before tuning existed.
+    #[serde(default, skip_serializing_if = "Tuning::is_empty")]
+    pub tuning: Tuning,
 }

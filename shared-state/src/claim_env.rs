@@ -224,6 +224,7 @@ mod tests {
             cpus: set(cpus),
             prepared_at_unix_ms: 0,
             pod_claim_name: None,
+            tuning: Default::default(),
         }
     }
 

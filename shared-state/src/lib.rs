@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod store;
 pub mod sync;
 pub mod topology;
+pub mod tuning;
 pub mod upstream_metrics;
 
 pub use assignment::{AllocatedDevice, ClaimAssignment};

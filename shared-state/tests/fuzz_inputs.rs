@@ -138,6 +138,7 @@ proptest! {
                 cpus: prepared_set.clone(),
                 prepared_at_unix_ms: 0,
                 pod_claim_name: None,
+                tuning: Default::default(),
             });
         }
         let env = vec![format!("{CPUSET_ENV_PREFIX}{uid}={env_cpus}")];

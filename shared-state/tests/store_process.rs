@@ -38,6 +38,7 @@ fn record(uid: String, seq: u64) -> ClaimAssignment {
         cpus: [(seq % 64) as u32].into_iter().collect::<CpuSet>(),
         prepared_at_unix_ms: seq,
         pod_claim_name: None,
+        tuning: Default::default(),
         claim_uid: uid,
     }
 }

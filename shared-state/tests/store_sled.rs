@@ -27,6 +27,7 @@ fn record(uid: &str, cpus: &str) -> ClaimAssignment {
         cpus: CpuSet::parse_cpulist(cpus).unwrap(),
         prepared_at_unix_ms: 1_700_000_000_000,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

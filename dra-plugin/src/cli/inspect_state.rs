@@ -507,6 +507,7 @@ mod tests {
             name: format!("claim-{uid}"),
             consumer_pod_uids: vec![format!("pod-{uid}")],
             cpus: cpus.into(),
+            tuning: None,
             prepared_at_unix_ms: 5,
         }
     }

@@ -459,6 +459,7 @@ pub(crate) mod test_support {
             cpus: set(cpus),
             prepared_at_unix_ms: 0,
             pod_claim_name: None,
+            tuning: Default::default(),
         }
     }
 

@@ -55,7 +55,7 @@ impl Driver {
         let ops: Vec<StoreOp> = to_commit
             .iter()
             .map(|&i| match &batch[i].change {
-                Change::Prepare(assignment) => StoreOp::Put(assignment.clone()),
+                Change::Prepare(assignment) => StoreOp::Put((**assignment).clone()),
                 Change::Unprepare => StoreOp::Remove(batch[i].claim.uid.clone()),
             })
             .collect();
@@ -84,21 +84,52 @@ impl Driver {
             .iter()
             .zip(&revisions)
             .filter_map(|(&i, &revision)| match &batch[i].change {
-                Change::Prepare(assignment) => Some((i, assignment, revision)),
+                Change::Prepare(assignment) => Some((i, &**assignment, revision)),
                 Change::Unprepare => {
                     settled[i] = Some(Settled::Unprepared(revision));
                     None
                 }
             })
             .collect();
-        let written = in_parallel(&writes, |(_, a, _)| self.write_claim(a));
+        for (i, settled) in settled.iter().enumerate() {
+            if matches!(settled, Some(Settled::Unprepared(_))) {
+                self.untune(&batch[i].claim.uid);
+            }
+        }
+        // The node is tuned before the spec exists, so no container of the
+        // claim starts on CPUs not tuned yet.
         let mut failed_writes = Vec::new();
-        for ((i, _, revision), result) in writes.iter().zip(written) {
+        let mut to_write = Vec::with_capacity(writes.len());
+        for &(i, assignment, revision) in &writes {
+            match self.tune(assignment) {
+                Ok(()) => to_write.push((i, assignment, revision)),
+                Err(reason) => failed_writes.push((
+                    i,
+                    revision.unwrap_or_default(),
+                    PrepareError::Tuning {
+                        claim: batch[i].claim.to_string(),
+                        reason,
+                    },
+                )),
+            }
+        }
+        let written = in_parallel(&to_write, |(_, a, _)| self.write_claim(a));
+        for ((i, _, revision), result) in to_write.iter().zip(written) {
             // A put always changes the store, so it always has a revision.
             let revision = revision.unwrap_or_default();
             match result {
                 Ok(()) => settled[*i] = Some(Settled::Prepared(revision)),
-                Err(reason) => failed_writes.push((*i, revision, reason)),
+                Err(reason) => {
+                    self.untune(&batch[*i].claim.uid);
+                    failed_writes.push((
+                        *i,
+                        revision,
+                        PrepareError::Cdi {
+                            claim: batch[*i].claim.to_string(),
+                            reason,
+                        },
+                    ));
+                }
             }
         }
         if has_prepares && failed_writes.len() < writes.len() {
@@ -116,15 +147,11 @@ impl Driver {
             if let Ok(revisions) = &undo_result {
                 undone = revisions.iter().flatten().max().copied();
             }
-            for (i, revision, reason) in failed_writes {
-                let error = PrepareError::Cdi {
-                    claim: batch[i].claim.to_string(),
-                    reason,
-                };
+            for (i, revision, error) in failed_writes {
                 settled[i] = Some(match &undo_result {
                     Ok(_) => Settled::Failed(error),
                     Err(undo) => {
-                        tracing::error!(claim = %batch[i].claim, error = %undo, "cannot undo the store commit of a claim whose CDI spec failed");
+                        tracing::error!(claim = %batch[i].claim, error = %undo, "cannot undo the store commit of a claim whose tuning or CDI spec failed");
                         Settled::FailedButCommitted(revision, error)
                     }
                 });
@@ -163,6 +190,7 @@ impl Driver {
             let committed = |state: &mut State, revision: u64, change: Change| {
                 state.revision = state.revision.max(revision);
                 if let Change::Prepare(assignment) = change {
+                    let assignment = *assignment;
                     state
                         .claims
                         .insert(assignment.claim_uid.clone(), assignment.clone());

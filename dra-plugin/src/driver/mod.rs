@@ -19,11 +19,15 @@ use crate::devices::DeviceCatalog;
 use crate::metrics::Metrics;
 use crate::prepare::shared_pool::check_shared_pool_floor;
 use crate::prepare::validation::parse_claim;
-use crate::prepare::{opaque_cpusets, resolve_cpus_configured, ClaimRef, PrepareError};
+use crate::prepare::{
+    opaque_cpusets, requested_tuning, resolve_cpus_configured, ClaimRef, PrepareError,
+};
+use crate::tuning::{NodeTuner, Pass as TuningPass, TuningError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::store::{AssignmentStore, StoreError};
 use shared_state::topology::Topology;
+use shared_state::tuning::{NodeSupport, TunedClaim};
 use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
@@ -91,7 +95,8 @@ struct Pending {
 
 #[derive(Debug)]
 enum Change {
-    Prepare(ClaimAssignment),
+    /// Boxed: an assignment is large beside an unprepare.
+    Prepare(Box<ClaimAssignment>),
     Unprepare,
 }
 
@@ -149,6 +154,10 @@ pub struct Driver {
     events: broadcast::Sender<StateEvent>,
     metrics: Arc<Metrics>,
     store_fault: Arc<StoreFault>,
+    /// Sets the node's side of claims' tuning; `None` in tools and tests
+    /// that leave the kernel alone, where no tuning is honoured.
+    tuner: Option<Arc<NodeTuner>>,
+    tuning_support: NodeSupport,
 }
 
 impl std::fmt::Debug for Driver {
@@ -157,6 +166,14 @@ impl std::fmt::Debug for Driver {
             .field("options", &self.options)
             .field("cdi", &self.cdi)
             .finish()
+    }
+}
+
+fn tuned_claim(assignment: &ClaimAssignment) -> TunedClaim {
+    TunedClaim {
+        claim_uid: assignment.claim_uid.clone(),
+        cpus: assignment.cpus.clone(),
+        tuning: assignment.tuning.clone(),
     }
 }
 
@@ -209,6 +226,10 @@ impl Driver {
             events,
             metrics,
             store_fault: Arc::default(),
+            tuner: None,
+            tuning_support: NodeSupport::none(
+                "low-latency tuning is off on this node (dra-plugin --low-latency-tuning)",
+            ),
         };
         driver.update_gauges(&driver.lock());
         Ok(driver)
@@ -219,6 +240,61 @@ impl Driver {
     pub fn with_device_metadata(mut self, metadata: Option<DeviceMetadata>) -> Driver {
         self.metadata = metadata;
         self
+    }
+
+    /// Tune the node for claims that ask for it (see [`crate::tuning`]).
+    pub fn with_tuner(mut self, tuner: Arc<NodeTuner>) -> Driver {
+        self.tuning_support = tuner.support().clone();
+        self.tuner = Some(tuner);
+        self
+    }
+
+    /// What this node honours of claims' tuning.
+    pub fn tuning_support(&self) -> &NodeSupport {
+        &self.tuning_support
+    }
+
+    /// Start-up: the node tuned for exactly the stored claims, and what an
+    /// earlier run tuned for claims no longer stored put back.
+    pub fn reconcile_tuning(&self) -> Result<TuningPass, TuningError> {
+        let Some(tuner) = &self.tuner else {
+            return Ok(TuningPass::default());
+        };
+        let claims = self.lock().claims.values().map(tuned_claim).collect();
+        tuner.reconcile(claims)
+    }
+
+    /// Tune the node for a claim being prepared.
+    fn tune(&self, assignment: &ClaimAssignment) -> Result<(), String> {
+        match &self.tuner {
+            Some(tuner) if assignment.tuning.touches_node() => tuner
+                .add(tuned_claim(assignment))
+                .map(|pass| {
+                    tracing::info!(claim_uid = %assignment.claim_uid, knobs = ?assignment.tuning.knobs(), tuned = pass.tuned, unmovable_irqs = ?pass.unmovable_irqs, "claim's CPUs tuned");
+                })
+                .map_err(|e| e.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Put back what was tuned for a claim no longer prepared. A failure is
+    /// logged: the record keeps the values and the repair pass retries.
+    fn untune(&self, claim_uid: &str) {
+        if let Some(tuner) = &self.tuner {
+            match tuner.remove(claim_uid) {
+                Ok(pass) if pass.restored > 0 => {
+                    tracing::info!(
+                        claim_uid,
+                        restored = pass.restored,
+                        "claim's tuning put back"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(claim_uid, error = %e, "cannot put back the claim's tuning; retried by the repair pass");
+                }
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -413,6 +489,13 @@ impl Driver {
             .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
             .collect();
         let cpusets = opaque_cpusets(claim, object, &parsed, &self.options.driver_name)?;
+        let tuning = requested_tuning(
+            claim,
+            object,
+            &parsed,
+            &self.options.driver_name,
+            &self.tuning_support,
+        )?;
         let cpus = resolve_cpus_configured(
             claim,
             &parsed,
@@ -438,6 +521,7 @@ impl Driver {
             cpus,
             prepared_at_unix_ms: now_unix_ms(),
             pod_claim_name: parsed.pod_claim_name,
+            tuning,
         };
         // A name that cannot be a metadata path is refused before anything
         // is committed.
@@ -450,7 +534,7 @@ impl Driver {
         state
             .in_flight
             .insert(claim.uid.clone(), assignment.cpus.clone());
-        self.submit(state, claim, Change::Prepare(assignment.clone()))?;
+        self.submit(state, claim, Change::Prepare(Box::new(assignment.clone())))?;
         self.metrics
             .upstream
             .record_claim_allocated_cpus(assignment.cpus.len());

@@ -397,6 +397,7 @@ mod tests {
                 cpus: CpuSet::new(),
                 prepared_at_unix_ms: 0,
                 pod_claim_name: None,
+                tuning: Default::default(),
             },
             cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
         };

@@ -12,9 +12,10 @@ use crate::devices::{DeviceCatalog, DeviceMode};
 pub mod shared_pool;
 pub mod validation;
 
-use crate::opaque_config::{cpusets_by_request, validate, OpaqueConfigError};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use crate::opaque_config::{claim_tuning, cpusets_by_request, validate, OpaqueConfigError};
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use shared_state::alloc::{AllocError, Allocator, Policy};
+use shared_state::tuning::{NodeSupport, Tuning, Unsupported};
 use shared_state::{AllocatedDevice, CpuSet};
 use std::collections::BTreeMap;
 
@@ -161,6 +162,14 @@ pub enum PrepareError {
         left: CpuSet,
         min: u32,
     },
+    #[error("claim {claim}: {source}")]
+    TuningUnsupported {
+        claim: String,
+        #[source]
+        source: Unsupported,
+    },
+    #[error("claim {claim}: tuning its CPUs failed: {reason}")]
+    Tuning { claim: String, reason: String },
     #[error("claim {claim}: store failure: {reason}")]
     Store { claim: String, reason: String },
     #[error("claim {claim}: writing its CDI spec failed: {reason}")]
@@ -190,6 +199,8 @@ impl PrepareError {
             PrepareError::TooManyDevices { .. } => "too_many_devices",
             PrepareError::OpaqueConfig { .. } => "opaque_config",
             PrepareError::SharedPoolFloor { .. } => "shared_pool_floor",
+            PrepareError::TuningUnsupported { .. } => "tuning_unsupported",
+            PrepareError::Tuning { .. } => "tuning",
             PrepareError::Store { .. } => "store",
             PrepareError::Cdi { .. } => "cdi",
             PrepareError::Internal { .. } => "internal",
@@ -230,13 +241,7 @@ pub fn opaque_cpusets(
     parsed: &ParsedClaim,
     driver: &str,
 ) -> Result<BTreeMap<String, CpuSet>, PrepareError> {
-    let configs = object
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.config.as_deref())
-        .unwrap_or_default();
+    let configs = allocation_configs(object);
     let mut requests: Vec<&str> = parsed.devices.iter().map(|d| d.request.as_str()).collect();
     requests.sort_unstable();
     requests.dedup();
@@ -244,6 +249,44 @@ pub fn opaque_cpusets(
         claim: claim.to_string(),
         source: Box::new(source),
     })
+}
+
+/// The tuning the claim's configs ask for (see
+/// [`crate::opaque_config::claim_tuning`]), refused by name when this node
+/// cannot honour a knob of it.
+pub fn requested_tuning(
+    claim: &ClaimRef,
+    object: &ResourceClaim,
+    parsed: &ParsedClaim,
+    driver: &str,
+    support: &NodeSupport,
+) -> Result<Tuning, PrepareError> {
+    let mut requests: Vec<&str> = parsed.devices.iter().map(|d| d.request.as_str()).collect();
+    requests.sort_unstable();
+    requests.dedup();
+    let tuning = claim_tuning(allocation_configs(object), driver, &requests).map_err(|source| {
+        PrepareError::OpaqueConfig {
+            claim: claim.to_string(),
+            source: Box::new(source),
+        }
+    })?;
+    support
+        .check(&tuning)
+        .map_err(|source| PrepareError::TuningUnsupported {
+            claim: claim.to_string(),
+            source,
+        })?;
+    Ok(tuning)
+}
+
+fn allocation_configs(object: &ResourceClaim) -> &[DeviceAllocationConfiguration] {
+    object
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default()
 }
 
 /// [`resolve_cpus`], with the CPUs of requests that an opaque config sets

@@ -4,9 +4,10 @@
 //! the API server's attribute limits.
 
 use super::{
-    ATTR_CACHE_L3_ID, ATTR_CORE_ID, ATTR_CORE_TYPE, ATTR_CPU_ID, ATTR_NUMA_NODE,
-    ATTR_NUMA_NODE_COMPAT, ATTR_NUMA_NODE_ID, ATTR_NUM_CPUS, ATTR_PCIE_ROOT, ATTR_SMT_ENABLED,
-    ATTR_SOCKET_ID, CPU_CAPACITY, MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+    ATTR_CACHE_L3_ID, ATTR_CFS_QUOTA_CONTROL, ATTR_CORE_ID, ATTR_CORE_TYPE, ATTR_CPU_ID,
+    ATTR_GOVERNORS, ATTR_IDLE_LATENCY_CONTROL, ATTR_IRQ_ISOLATION, ATTR_ISOLATED_PARTITION,
+    ATTR_NUMA_NODE, ATTR_NUMA_NODE_COMPAT, ATTR_NUMA_NODE_ID, ATTR_NUM_CPUS, ATTR_PCIE_ROOT,
+    ATTR_SMT_ENABLED, ATTR_SOCKET_ID, CPU_CAPACITY, MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
     MAX_ATTRIBUTE_VALUES_PER_DEVICE, NO_L3_CACHE_ID,
 };
 use crate::devices::{DeviceCpus, DeviceScope};
@@ -16,6 +17,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
+use shared_state::tuning::NodeSupport;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 
@@ -134,6 +136,52 @@ pub fn build_devices(
             }
         })
         .collect()
+}
+
+/// The longest string attribute value the API server takes.
+const MAX_STRING_ATTRIBUTE_LEN: usize = 64;
+
+/// Adds the tuning this node supports to every device (see
+/// [`ATTR_IRQ_ISOLATION`]). A device without room for them (its PCIe roots
+/// filled its limits) is left without and named in the result.
+pub fn add_tuning_attributes(devices: &mut [Device], support: &NodeSupport) -> Vec<String> {
+    let mut tuning = vec![
+        (ATTR_IRQ_ISOLATION, boolean(support.irqs.is_none())),
+        (ATTR_CFS_QUOTA_CONTROL, boolean(support.cfs_quota.is_none())),
+        (
+            ATTR_ISOLATED_PARTITION,
+            boolean(support.load_balancing.is_none()),
+        ),
+        (ATTR_IDLE_LATENCY_CONTROL, boolean(support.idle.is_none())),
+    ];
+    if support.governor.is_none() {
+        let mut governors = support.governors_text();
+        while governors.len() > MAX_STRING_ATTRIBUTE_LEN {
+            match governors.rfind(',') {
+                Some(cut) => governors.truncate(cut),
+                None => governors.clear(),
+            }
+        }
+        if !governors.is_empty() {
+            tuning.push((ATTR_GOVERNORS, string(&governors)));
+        }
+    }
+    let mut left_out = Vec::new();
+    for device in devices.iter_mut() {
+        let attributes = device.attributes.get_or_insert_with(BTreeMap::new);
+        let entries = attributes.len() + device.capacity.as_ref().map_or(0, BTreeMap::len);
+        let values: usize = attributes.values().map(attribute_values).sum();
+        if entries + tuning.len() > MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE
+            || values + tuning.len() > MAX_ATTRIBUTE_VALUES_PER_DEVICE
+        {
+            left_out.push(device.name.clone());
+            continue;
+        }
+        for (name, value) in &tuning {
+            attributes.insert(name.to_string(), value.clone());
+        }
+    }
+    left_out
 }
 
 /// Whether `attribute` holds a list (`bools`, `ints`, `strings`, `versions`).
@@ -628,5 +676,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn tuning_attributes_say_what_the_node_honours() {
+        let t = machine();
+        let opts = options(DeviceMode::Individual, GroupBy::Numanode, "");
+        let mut devices = devices_for(&t, &opts).unwrap();
+        let support = NodeSupport {
+            load_balancing: Some("not yet".into()),
+            governor: None,
+            governors: ["performance".to_string(), "powersave".to_string()].into(),
+            ..NodeSupport::default()
+        };
+        assert_eq!(
+            add_tuning_attributes(&mut devices, &support),
+            Vec::<String>::new()
+        );
+        for device in &devices {
+            let attributes = device.attributes.as_ref().unwrap();
+            assert_eq!(attributes[ATTR_IRQ_ISOLATION].bool, Some(true));
+            assert_eq!(attributes[ATTR_CFS_QUOTA_CONTROL].bool, Some(true));
+            assert_eq!(attributes[ATTR_ISOLATED_PARTITION].bool, Some(false));
+            assert_eq!(attributes[ATTR_IDLE_LATENCY_CONTROL].bool, Some(true));
+            assert_eq!(
+                attributes[ATTR_GOVERNORS].string.as_deref(),
+                Some("performance,powersave")
+            );
+        }
+        // Without cpufreq there is no governors attribute; everything is false when off.
+        let mut devices = devices_for(&t, &opts).unwrap();
+        add_tuning_attributes(&mut devices, &NodeSupport::none("off"));
+        let attributes = devices[0].attributes.as_ref().unwrap();
+        assert_eq!(attributes[ATTR_IRQ_ISOLATION].bool, Some(false));
+        assert!(!attributes.contains_key(ATTR_GOVERNORS));
+        // A governors list longer than an attribute value is cut at a comma.
+        let many = NodeSupport {
+            governor: None,
+            governors: (0..12).map(|i| format!("governor{i:02}")).collect(),
+            ..NodeSupport::default()
+        };
+        let mut devices = devices_for(&t, &opts).unwrap();
+        add_tuning_attributes(&mut devices, &many);
+        let text = devices[0].attributes.as_ref().unwrap()[ATTR_GOVERNORS]
+            .string
+            .clone()
+            .unwrap();
+        assert!(
+            text.len() <= 64 && text.ends_with(|c: char| c.is_ascii_digit()),
+            "{text}"
+        );
     }
 }

@@ -64,6 +64,15 @@ pub const ATTR_NUM_CPUS: &str = "dra.cpu/numCPUs";
 /// The standard PCIe root attribute, list-typed as the upstream driver
 /// publishes it (`strings`; the `DRAListTypeAttributes` gate, 1.36+).
 pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// Tuning a claim may ask for on this node (with `--low-latency-tuning`),
+/// so that a selector can require it: device interrupts kept off its CPUs,
+/// CFS quota off, load balancing off, an idle-state bound, and the cpufreq
+/// governors offered (comma-separated; absent without cpufreq).
+pub const ATTR_IRQ_ISOLATION: &str = "dra.cpu/irqIsolation";
+pub const ATTR_CFS_QUOTA_CONTROL: &str = "dra.cpu/cfsQuotaControl";
+pub const ATTR_ISOLATED_PARTITION: &str = "dra.cpu/isolatedPartition";
+pub const ATTR_IDLE_LATENCY_CONTROL: &str = "dra.cpu/idleLatencyControl";
+pub const ATTR_GOVERNORS: &str = "dra.cpu/governors";
 
 /// `cacheL3ID` of a CPU without an L3 cache (some Arm parts), as the upstream
 /// driver publishes it, so selectors written for it keep working.

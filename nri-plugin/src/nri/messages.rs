@@ -57,25 +57,44 @@ pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
 /// memory nodes when its kind change moved them.
 pub fn update_reply(container_id: &str, decision: &UpdateDecision) -> Vec<ContainerUpdate> {
     let mut reply = to_nri_updates(&decision.updates);
-    if let Some(mems) = &decision.mems {
-        for u in reply.iter_mut().filter(|u| u.container_id == container_id) {
-            if let Some(cpu) = u
-                .linux
-                .as_mut()
-                .and_then(|l| l.resources.as_mut())
-                .and_then(|r| r.cpu.as_mut())
-            {
+    for u in reply.iter_mut().filter(|u| u.container_id == container_id) {
+        if let Some(cpu) = u
+            .linux
+            .as_mut()
+            .and_then(|l| l.resources.as_mut())
+            .and_then(|r| r.cpu.as_mut())
+        {
+            if let Some(mems) = &decision.mems {
                 cpu.mems = mems.to_cpulist();
+            }
+            if decision.cfs_quota_off {
+                cpu.quota = Some(no_quota()).into();
             }
         }
     }
     reply
 }
 
+fn no_quota() -> api::OptionalInt64 {
+    let mut quota = api::OptionalInt64::new();
+    quota.value = NO_CFS_QUOTA;
+    quota
+}
+
+/// The CFS quota that means "none" to the runtime: runc writes `max` to
+/// cgroup v2's `cpu.max` and -1 to v1's `cpu.cfs_quota_us`.
+pub const NO_CFS_QUOTA: i64 = -1;
+
 /// The CreateContainer reply of a decision.
 pub fn creation_reply(decision: &CreateDecision) -> ContainerCreation {
     let mut linux = LinuxContainerAdjustment::new();
-    linux.resources = Some(cpu_resources(&decision.cpuset, decision.mems.as_ref())).into();
+    let mut resources = cpu_resources(&decision.cpuset, decision.mems.as_ref());
+    if decision.cfs_quota_off {
+        if let Some(cpu) = resources.cpu.as_mut() {
+            cpu.quota = Some(no_quota()).into();
+        }
+    }
+    linux.resources = Some(resources).into();
     let mut adjust = ContainerAdjustment::new();
     adjust.linux = Some(linux).into();
     ContainerCreation {
@@ -172,6 +191,7 @@ mod tests {
             kinds: Some((ContainerKind::Exclusive, ContainerKind::Mixed)),
             mems: Some(set("0-1")),
             updates: vec![("a".into(), set("0-5")), ("c".into(), set("0-7"))],
+            cfs_quota_off: true,
         };
         let reply = update_reply("c", &decision);
         let cpu = |i: usize| {
@@ -185,6 +205,9 @@ mod tests {
         };
         assert_eq!((cpu(0).cpus.as_str(), cpu(0).mems.as_str()), ("0-5", ""));
         assert_eq!((cpu(1).cpus.as_str(), cpu(1).mems.as_str()), ("0-7", "0-1"));
+        // The quota stays off on the updated container, and only there.
+        assert!(cpu(0).quota.is_none());
+        assert_eq!(cpu(1).quota.as_ref().map(|q| q.value), Some(NO_CFS_QUOTA));
     }
 
     #[test]
@@ -195,7 +218,26 @@ mod tests {
             mems: Some(set("0")),
             updates: vec![("other".into(), set("1,4-7"))],
             claims: vec!["c".into()],
+            cfs_quota_off: false,
         };
+        let quota_off = creation_reply(&CreateDecision {
+            cfs_quota_off: true,
+            ..decision.clone()
+        });
+        let adjusted = quota_off
+            .adjust
+            .expect("adjust")
+            .linux
+            .resources
+            .cpu
+            .clone();
+        assert_eq!(
+            adjusted
+                .into_option()
+                .and_then(|c| c.quota.into_option())
+                .map(|q| q.value),
+            Some(NO_CFS_QUOTA)
+        );
         let reply = creation_reply(&decision);
         let adjust = reply.adjust.expect("adjust");
         let cpu = adjust
@@ -212,6 +254,7 @@ mod tests {
         let cpu = u.linux.resources.cpu.clone().into_option().expect("cpu");
         assert_eq!((cpu.cpus.as_str(), cpu.mems.as_str()), ("1,4-7", ""));
         assert!(cpu.shares.is_none(), "only the cpuset is touched");
+        assert!(cpu.quota.is_none(), "only the cpuset is touched");
         assert!(u.ignore_failure);
     }
 

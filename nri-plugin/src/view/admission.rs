@@ -30,6 +30,7 @@ pub fn cdi_claim(claim_uid: &str, cpus: CpuSet) -> ClaimAssignment {
         cpus,
         prepared_at_unix_ms: 0,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

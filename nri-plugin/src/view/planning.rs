@@ -43,6 +43,9 @@ pub struct CreateDecision {
     pub updates: Vec<Update>,
     /// The claims the container holds.
     pub claims: Vec<String>,
+    /// One of its claims asked for no CFS quota (`tuning.cfsQuota: off`):
+    /// the container gets none, whatever its CPU limit.
+    pub cfs_quota_off: bool,
 }
 
 /// The decision for a container whose resources the runtime is updating.
@@ -56,6 +59,9 @@ pub struct UpdateDecision {
     pub mems: Option<CpuSet>,
     /// Cpusets to apply, the container's own included, sorted by id.
     pub updates: Vec<Update>,
+    /// The container's claims asked for no CFS quota: the update keeps it
+    /// off (the runtime would otherwise apply the CRI request's quota).
+    pub cfs_quota_off: bool,
 }
 
 impl NodeView {
@@ -92,12 +98,18 @@ impl NodeView {
             (ContainerKind::Shared, _) | (_, None) => None,
             (_, Some(numa)) => numa.nodes_of(&admission.placement.cpuset),
         };
+        let cfs_quota_off = refs.iter().any(|r| {
+            self.pool
+                .claim(&r.claim_uid)
+                .is_some_and(|claim| claim.tuning.cfs_quota_off)
+        });
         CreateOutcome::Decided(CreateDecision {
             kind: admission.placement.kind,
             cpuset: admission.placement.cpuset,
             mems,
             updates: admission.updates,
             claims: refs.into_iter().map(|r| r.claim_uid).collect(),
+            cfs_quota_off,
         })
     }
 
@@ -125,7 +137,13 @@ impl NodeView {
     /// so a cpuset in that request (or none) cannot unpin the container.
     pub fn update_container(&mut self, info: &ContainerInfo) -> UpdateDecision {
         let mut kinds = None;
+        let mut cfs_quota_off = false;
         if let Some(entry) = self.pool.container(&info.id).cloned() {
+            cfs_quota_off = entry.claims.iter().any(|uid| {
+                self.pool
+                    .claim(uid)
+                    .is_some_and(|claim| claim.tuning.cfs_quota_off)
+            });
             let refs: Vec<EnvClaim> = entry
                 .claims
                 .iter()
@@ -169,6 +187,7 @@ impl NodeView {
             kinds,
             mems,
             updates,
+            cfs_quota_off,
         }
     }
 }
@@ -286,6 +305,41 @@ mod tests {
         assert_eq!(
             v.create(&info),
             CreateOutcome::UnknownClaim(CLAIM_2.to_string())
+        );
+    }
+
+    #[test]
+    fn a_claim_asking_no_cfs_quota_gives_its_containers_none_and_only_them() {
+        let mut v = view(true);
+        let mut quota_off = claim(CLAIM_1, "2-3", POD_A);
+        quota_off.tuning.cfs_quota_off = true;
+        v.apply_prepared(1, quota_off).expect("claim 1");
+        v.apply_prepared(2, claim(CLAIM_2, "4", POD_B))
+            .expect("claim 2");
+        let created = |v: &mut NodeView, id: &str, pod: &str, env: &[&str], shares| {
+            v.create(&container(id, pod, env, shares))
+                .decided()
+                .expect("decided")
+                .cfs_quota_off
+        };
+        let e1 = env(CLAIM_1, "2-3");
+        assert!(created(&mut v, "e", POD_A, &[&e1], None), "exclusive");
+        // A claim has one container at a time.
+        v.remove_container("e");
+        assert!(created(&mut v, "m", POD_A, &[&e1], Some(100)), "mixed");
+        assert!(
+            !created(&mut v, "o", POD_B, &[&env(CLAIM_2, "4")], None),
+            "untuned claim"
+        );
+        assert!(!created(&mut v, "s", POD_B, &[], None), "shared");
+        // A resize keeps it off.
+        assert!(
+            v.update_container(&container("m", POD_A, &[&e1], Some(200)))
+                .cfs_quota_off
+        );
+        assert!(
+            !v.update_container(&container("s", POD_B, &[], Some(200)))
+                .cfs_quota_off
         );
     }
 

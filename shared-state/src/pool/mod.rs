@@ -111,6 +111,7 @@ mod fixtures {
             cpus: set(cpus),
             prepared_at_unix_ms: 0,
             pod_claim_name: None,
+            tuning: Default::default(),
         }
     }
 

@@ -331,6 +331,7 @@ mod tests {
             cpus: CpuSet::parse_cpulist(cpus).unwrap_or_default(),
             prepared_at_unix_ms: 1_700_000_000_000,
             pod_claim_name: None,
+            tuning: Default::default(),
         }
     }
 

@@ -318,6 +318,7 @@ fn assignment(n: u32, cpus: CpuSet) -> ClaimAssignment {
         cpus,
         prepared_at_unix_ms: 0,
         pod_claim_name: None,
+        tuning: Default::default(),
     }
 }
 

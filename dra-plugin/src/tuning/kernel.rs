@@ -1,0 +1,198 @@
+//! The kernel files tuning reads and writes, and what this node supports,
+//! found from them.
+
+use shared_state::tuning::NodeSupport;
+use shared_state::CpuSet;
+use std::collections::BTreeSet;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Where the host's `/proc` and `/sys` are seen from this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPaths {
+    /// The host's `/proc` (holding `irq/`).
+    pub procfs: PathBuf,
+    /// The host's `/` (holding `sys/devices/system/cpu`), as `--sysfs-root`.
+    pub host_root: PathBuf,
+}
+
+impl KernelPaths {
+    fn irq_dir(&self) -> PathBuf {
+        self.procfs.join("irq")
+    }
+
+    /// `/proc/irq/<n>/smp_affinity_list`.
+    pub fn irq_affinity(&self, irq: u32) -> PathBuf {
+        self.irq_dir()
+            .join(irq.to_string())
+            .join("smp_affinity_list")
+    }
+
+    /// `/proc/irq/default_smp_affinity`: the affinity a new interrupt gets.
+    pub fn default_irq_affinity(&self) -> PathBuf {
+        self.irq_dir().join("default_smp_affinity")
+    }
+
+    fn cpu_dir(&self, cpu: u32) -> PathBuf {
+        self.host_root
+            .join("sys/devices/system/cpu")
+            .join(format!("cpu{cpu}"))
+    }
+
+    /// The CPU's PM QoS resume latency bound, which cpuidle governors obey.
+    pub fn idle_latency(&self, cpu: u32) -> PathBuf {
+        self.cpu_dir(cpu).join("power/pm_qos_resume_latency_us")
+    }
+
+    pub fn governor(&self, cpu: u32) -> PathBuf {
+        self.cpu_dir(cpu).join("cpufreq/scaling_governor")
+    }
+
+    fn available_governors(&self, cpu: u32) -> PathBuf {
+        self.cpu_dir(cpu)
+            .join("cpufreq/scaling_available_governors")
+    }
+
+    /// The interrupts of the node, by number.
+    pub fn irqs(&self) -> io::Result<Vec<u32>> {
+        let mut irqs: Vec<u32> = std::fs::read_dir(self.irq_dir())?
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect();
+        irqs.sort_unstable();
+        Ok(irqs)
+    }
+
+    /// What this node can honour for claims on `cpus`.
+    pub fn support(&self, cpus: &CpuSet) -> NodeSupport {
+        let mut support = NodeSupport::default();
+        if let Err(why) = writable(&self.default_irq_affinity()) {
+            support.irqs = Some(why);
+        }
+        if let Some(why) = cpus
+            .iter()
+            .find_map(|cpu| writable(&self.idle_latency(cpu)).err())
+        {
+            support.idle = Some(why);
+        }
+        match self.governors_of(cpus) {
+            Ok(governors) if governors.is_empty() => {
+                support.governor = Some("the CPUs share no cpufreq governor".into());
+            }
+            Ok(governors) => support.governors = governors,
+            Err(why) => support.governor = Some(why),
+        }
+        support.load_balancing = Some(
+            "turning the scheduler's load balancing off is not supported by this driver yet".into(),
+        );
+        support
+    }
+
+    /// The governors every CPU of `cpus` offers and can be set to.
+    fn governors_of(&self, cpus: &CpuSet) -> Result<BTreeSet<String>, String> {
+        let mut common: Option<BTreeSet<String>> = None;
+        for cpu in cpus.iter() {
+            let path = self.available_governors(cpu);
+            let text = match read_value(&path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "the node has no cpufreq ({} is missing)",
+                        path.display()
+                    ))
+                }
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            };
+            writable(&self.governor(cpu))?;
+            let offered: BTreeSet<String> = text.split_whitespace().map(str::to_string).collect();
+            common = Some(match common {
+                Some(common) => common.intersection(&offered).cloned().collect(),
+                None => offered,
+            });
+        }
+        Ok(common.unwrap_or_default())
+    }
+}
+
+/// Whether this process may write `path`, and why not.
+fn writable(path: &Path) -> Result<(), String> {
+    nix::unistd::access(path, nix::unistd::AccessFlags::W_OK)
+        .map_err(|errno| format!("{} is not writable: {}", path.display(), errno.desc()))
+}
+
+/// A kernel value's text, trimmed.
+pub fn read_value(path: &Path) -> io::Result<String> {
+    Ok(std::fs::read_to_string(path)?.trim().to_string())
+}
+
+/// Writes a kernel value in one write, as sysfs and procfs want it (opened
+/// as a shell's `>` opens it; the kernel ignores the truncation).
+pub fn write_value(path: &Path, text: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(path: &Path, text: &str) {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+
+    #[test]
+    fn support_follows_the_files_the_node_has() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = KernelPaths {
+            procfs: dir.path().join("proc"),
+            host_root: dir.path().to_path_buf(),
+        };
+        let cpus = CpuSet::parse_cpulist("0-1").expect("cpus");
+        // A node without any of the files.
+        let bare = paths.support(&cpus);
+        assert!(bare
+            .irqs
+            .as_deref()
+            .is_some_and(|why| why.contains("default_smp_affinity")));
+        assert!(bare.idle.as_deref().is_some_and(|why| why.contains("cpu0")));
+        assert!(bare
+            .governor
+            .as_deref()
+            .is_some_and(|why| why.contains("no cpufreq")));
+        assert!(bare.load_balancing.is_some());
+
+        put(&paths.default_irq_affinity(), "3\n");
+        for cpu in 0..2 {
+            put(&paths.idle_latency(cpu), "0\n");
+            put(&paths.governor(cpu), "powersave\n");
+        }
+        put(&paths.available_governors(0), "performance powersave\n");
+        put(
+            &paths.available_governors(1),
+            "performance schedutil powersave\n",
+        );
+        let full = paths.support(&cpus);
+        assert_eq!(full.irqs, None);
+        assert_eq!(full.idle, None);
+        assert_eq!(full.governor, None);
+        assert_eq!(full.governors_text(), "performance,powersave");
+    }
+
+    #[test]
+    fn irqs_are_the_numbered_directories() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = KernelPaths {
+            procfs: dir.path().to_path_buf(),
+            host_root: dir.path().to_path_buf(),
+        };
+        for irq in ["10", "2", "default_smp_affinity_dir", "0"] {
+            std::fs::create_dir_all(dir.path().join("irq").join(irq)).expect("mkdir");
+        }
+        assert_eq!(paths.irqs().expect("irqs"), vec![0, 2, 10]);
+    }
+}

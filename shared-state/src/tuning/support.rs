@@ -1,0 +1,151 @@
+//! Which tuning knobs a node can honour, found once at start-up by
+//! dra-plugin, published as device attributes (so a selector can require
+//! them) and checked at prepare (so a claim sent here anyway is refused by
+//! name, with nothing applied).
+
+use super::request::Tuning;
+use std::collections::BTreeSet;
+
+/// Why a knob cannot be honoured on this node; `None` where it can.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeSupport {
+    /// `irqs: isolate`: `/proc/irq` is writable.
+    pub irqs: Option<String>,
+    /// `cfsQuota: off`: set through NRI by nri-plugin.
+    pub cfs_quota: Option<String>,
+    /// `loadBalancing: off`.
+    pub load_balancing: Option<String>,
+    /// `idle`: each CPU's `power/pm_qos_resume_latency_us` is writable.
+    pub idle: Option<String>,
+    /// `governor`: the governors every allocatable CPU offers (empty: no
+    /// cpufreq), and why none can be set when that is so.
+    pub governors: BTreeSet<String>,
+    pub governor: Option<String>,
+}
+
+/// A knob a claim asked for that this node cannot honour.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tuning.{knob} cannot be honoured on this node: {reason}")]
+pub struct Unsupported {
+    pub knob: &'static str,
+    pub reason: String,
+}
+
+impl NodeSupport {
+    /// A node that honours nothing, each knob for the same reason.
+    pub fn none(reason: &str) -> NodeSupport {
+        NodeSupport {
+            irqs: Some(reason.to_string()),
+            cfs_quota: Some(reason.to_string()),
+            load_balancing: Some(reason.to_string()),
+            idle: Some(reason.to_string()),
+            governors: BTreeSet::new(),
+            governor: Some(reason.to_string()),
+        }
+    }
+
+    /// Every knob the claim asks for that this node cannot honour, the
+    /// first one as the error.
+    pub fn check(&self, tuning: &Tuning) -> Result<(), Unsupported> {
+        let refuse = |knob: &'static str, reason: &Option<String>| match reason {
+            Some(reason) => Err(Unsupported {
+                knob,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        };
+        if tuning.isolate_irqs {
+            refuse("irqs", &self.irqs)?;
+        }
+        if tuning.cfs_quota_off {
+            refuse("cfsQuota", &self.cfs_quota)?;
+        }
+        if tuning.load_balancing_off {
+            refuse("loadBalancing", &self.load_balancing)?;
+        }
+        if tuning.max_idle_latency_us.is_some() {
+            refuse("idle", &self.idle)?;
+        }
+        if let Some(governor) = &tuning.governor {
+            refuse("governor", &self.governor)?;
+            if !self.governors.contains(governor) {
+                return Err(Unsupported {
+                    knob: "governor",
+                    reason: format!(
+                        "governor {governor:?} is not offered (the CPUs offer {})",
+                        self.governors_text()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The governors, comma-separated, as the device attribute carries them.
+    pub fn governors_text(&self) -> String {
+        self.governors
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn everything() -> NodeSupport {
+        NodeSupport {
+            governors: ["performance".to_string(), "powersave".to_string()].into(),
+            ..NodeSupport::default()
+        }
+    }
+
+    #[test]
+    fn check_table() {
+        let irqs = Tuning {
+            isolate_irqs: true,
+            ..Tuning::default()
+        };
+        let governor = |name: &str| Tuning {
+            governor: Some(name.into()),
+            ..Tuning::default()
+        };
+        let no_cpufreq = NodeSupport {
+            governor: Some("the node has no cpufreq".into()),
+            governors: BTreeSet::new(),
+            ..NodeSupport::default()
+        };
+        let cases: Vec<(&str, NodeSupport, Tuning, Result<(), String>)> = vec![
+            ("nothing asked, nothing offered", NodeSupport::none("off"), Tuning::default(), Ok(())),
+            ("everything offered", everything(), irqs.clone(), Ok(())),
+            (
+                "interrupts not writable",
+                NodeSupport { irqs: Some("/proc/irq is read-only".into()), ..everything() },
+                irqs,
+                Err("tuning.irqs cannot be honoured on this node: /proc/irq is read-only".into()),
+            ),
+            ("an offered governor", everything(), governor("performance"), Ok(())),
+            (
+                "a governor not offered",
+                everything(),
+                governor("ondemand"),
+                Err("tuning.governor cannot be honoured on this node: governor \"ondemand\" is not offered (the CPUs offer performance,powersave)".into()),
+            ),
+            (
+                "no cpufreq",
+                no_cpufreq,
+                governor("performance"),
+                Err("tuning.governor cannot be honoured on this node: the node has no cpufreq".into()),
+            ),
+        ];
+        for (name, support, tuning, want) in cases {
+            assert_eq!(
+                support.check(&tuning).map_err(|e| e.to_string()),
+                want,
+                "{name}"
+            );
+        }
+    }
+}
