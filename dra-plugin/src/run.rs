@@ -281,11 +281,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_device_metadata(device_metadata)
         .with_tuner(tuner.clone()),
     );
-    let tuned = driver
-        .reconcile_tuning()
-        .context("tuning the node for the stored claims (and putting back what no claim holds)")?;
-    if tuned != Default::default() {
-        tracing::info!(tuned = tuned.tuned, restored = tuned.restored, unmovable_irqs = ?tuned.unmovable_irqs, "node tuning reconciled with the store");
+    // Not fatal: the claims' CPUs are right without it, the record keeps
+    // what is to be put back, and the repair pass retries.
+    match driver.reconcile_tuning() {
+        Ok(tuned) if tuned != Default::default() => tracing::info!(
+            tuned = tuned.tuned, restored = tuned.restored, unmovable_irqs = ?tuned.unmovable_irqs,
+            "node tuning reconciled with the store"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "tuning the node for the stored claims (and putting back what no claim holds) failed; retried every {TUNING_REPAIR_PERIOD:?}")
+        }
     }
     let plan = driver
         .reconcile_cdi()

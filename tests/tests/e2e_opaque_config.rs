@@ -15,13 +15,9 @@ mod e2e_common;
 
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::Claim;
-use dra_cpu_tests::node::{
-    allocated_claim_on, Node, NodeError, NodeOptions, PodIdentity, DRIVER_NAME, GROUPED_DEVICE,
-    NAMESPACE,
-};
+use dra_cpu_tests::node::{Node, NodeError, NodeOptions, PodIdentity, GROUPED_DEVICE};
 use e2e_common::{node, Must};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use serde_json::{json, Value};
+use serde_json::json;
 use shared_state::CpuSet;
 
 /// The allocatable CPUs of NUMA node 0, which the first grouped device
@@ -46,38 +42,13 @@ fn claim_with_cpuset(
     cpus: &str,
     count: u32,
 ) -> Result<Claim, NodeError> {
-    let object = allocated_claim_on(
+    node.allocate_claim_with_parameters(
         name,
-        &node.options().node_name,
         GROUPED_DEVICE,
         count,
-        &pod.name,
-        &pod.uid,
+        pod,
+        json!({"apiVersion": "v1alpha1", "cpuConfig": {"cpuset": cpus}}),
     )
-    .must("claim object");
-    let mut value = serde_json::to_value(object).must("claim as JSON");
-    let devices = value
-        .pointer_mut("/status/allocation/devices")
-        .and_then(Value::as_object_mut)
-        .must_some("allocation devices");
-    devices.insert(
-        "config".into(),
-        json!([{
-            "source": "FromClaim",
-            "requests": ["cpus"],
-            "opaque": {
-                "driver": DRIVER_NAME,
-                "parameters": {"apiVersion": "v1alpha1", "cpuConfig": {"cpuset": cpus}}
-            }
-        }]),
-    );
-    let object: ResourceClaim = serde_json::from_value(value).must("claim with config");
-    let stored = node.api().insert_claim(object).must("storing the claim");
-    Ok(Claim {
-        namespace: NAMESPACE.to_string(),
-        name: name.to_string(),
-        uid: stored.metadata.uid.must_some("stored claim uid"),
-    })
 }
 
 trait MustSome<T> {

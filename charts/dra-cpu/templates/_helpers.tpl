@@ -89,6 +89,8 @@ disable-node-allocatable-mapping: {{ $p.disableNodeAllocatableMapping }}
 disable-device-metadata: {{ $p.disableDeviceMetadata }}
 device-metadata-dir: {{ $p.deviceMetadataDir | quote }}
 expose-pcie-roots: {{ $p.exposePcieRoots }}
+low-latency-tuning: {{ $p.lowLatencyTuning }}
+procfs-root: {{ printf "%s/proc" (include "dra-cpu.hostRoot" .) | quote }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
 metrics-address: "0.0.0.0:{{ $p.metricsPort }}"

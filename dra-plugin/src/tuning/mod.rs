@@ -27,6 +27,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// This boot's id, under a `/proc`.
+const BOOT_ID: &str = "sys/kernel/random/boot_id";
+
 /// Why a tuning pass or the record failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TuningError {
@@ -97,8 +100,11 @@ impl NodeTuner {
         allocatable: &CpuSet,
         enabled: bool,
     ) -> Result<NodeTuner, TuningError> {
-        let boot_id =
-            read_value(&paths.procfs.join("sys/kernel/random/boot_id")).unwrap_or_default();
+        // The host's /proc may be mounted for irq/ alone; every /proc of a
+        // kernel shows its boot id.
+        let boot_id = read_value(&paths.procfs.join(BOOT_ID))
+            .or_else(|_| read_value(&Path::new("/proc").join(BOOT_ID)))
+            .unwrap_or_default();
         let mut baseline = Baseline::default();
         if let Some(record) = read_record(&record_path)? {
             if record.boot_id == boot_id && !boot_id.is_empty() {

@@ -46,7 +46,9 @@ pub use removal::{
     existing_dirs, remove_cgroup_tree, remove_cgroup_tree_with, remove_everywhere, CgroupTreeFs,
     RealCgroupFs,
 };
-pub use weight::{cpu_weight_of, shares_to_weight_linear, shares_to_weight_quadratic, CpuWeight};
+pub use weight::{
+    cfs_quota_of, cpu_weight_of, shares_to_weight_linear, shares_to_weight_quadratic, CpuWeight,
+};
 
 use std::path::{Path, PathBuf};
 

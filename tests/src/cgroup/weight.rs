@@ -1,4 +1,5 @@
-//! A container's CPU weight: v1 `cpu.shares` or v2 `cpu.weight`.
+//! A container's CPU weight (v1 `cpu.shares` or v2 `cpu.weight`) and CFS
+//! quota (v1 `cpu.cfs_quota_us` or v2 `cpu.max`).
 
 use std::path::PathBuf;
 
@@ -48,19 +49,12 @@ pub fn shares_to_weight_quadratic(shares: u64) -> u64 {
     10f64.powf(exponent).ceil() as u64
 }
 
-/// The CPU weight of process `pid`'s cgroup: `cpu.shares` of its v1 `cpu`
-/// hierarchy, or `cpu.weight` of its cgroup v2 directory.
-pub fn cpu_weight_of(pid: u32) -> Result<CpuWeight, CgroupError> {
+/// The directory of process `pid`'s cgroup that holds the `cpu`
+/// controller's files, and whether it is a cgroup v2 one.
+fn cpu_controller_dir_of(pid: u32) -> Result<(PathBuf, bool), CgroupError> {
     let source = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let entries = parse_proc_cgroup(&read_to_string(&source)?, &source)?;
     let mounts = cgroup_mounts()?;
-    let parse = |path: PathBuf| -> Result<u64, CgroupError> {
-        let text = read_to_string(&path)?;
-        text.trim().parse().map_err(|_| CgroupError::Malformed {
-            path,
-            line: text.trim().to_string(),
-        })
-    };
     let v1_cpu = mounts
         .iter()
         .find(|m| !m.unified && m.controllers.iter().any(|c| c == "cpu"));
@@ -73,8 +67,10 @@ pub fn cpu_weight_of(pid: u32) -> Result<CpuWeight, CgroupError> {
                 controller: "cpu",
                 wanted: "`N:cpu,...:/path`",
             })?;
-        let dir = mount.mount_point.join(entry.path.trim_start_matches('/'));
-        return Ok(CpuWeight::Shares(parse(dir.join("cpu.shares"))?));
+        return Ok((
+            mount.mount_point.join(entry.path.trim_start_matches('/')),
+            false,
+        ));
     }
     let unified = mounts
         .iter()
@@ -88,8 +84,44 @@ pub fn cpu_weight_of(pid: u32) -> Result<CpuWeight, CgroupError> {
             controller: "cgroup v2",
             wanted: "`0::/path`",
         })?;
-    let dir = unified.mount_point.join(entry.path.trim_start_matches('/'));
-    Ok(CpuWeight::Weight(parse(dir.join("cpu.weight"))?))
+    Ok((
+        unified.mount_point.join(entry.path.trim_start_matches('/')),
+        true,
+    ))
+}
+
+fn malformed(path: PathBuf, text: &str) -> CgroupError {
+    CgroupError::Malformed {
+        path,
+        line: text.trim().to_string(),
+    }
+}
+
+/// The CPU weight of process `pid`'s cgroup: `cpu.shares` of its v1 `cpu`
+/// hierarchy, or `cpu.weight` of its cgroup v2 directory.
+pub fn cpu_weight_of(pid: u32) -> Result<CpuWeight, CgroupError> {
+    let (dir, v2) = cpu_controller_dir_of(pid)?;
+    let path = dir.join(if v2 { "cpu.weight" } else { "cpu.shares" });
+    let text = read_to_string(&path)?;
+    let value = text.trim().parse().map_err(|_| malformed(path, &text))?;
+    Ok(if v2 {
+        CpuWeight::Weight(value)
+    } else {
+        CpuWeight::Shares(value)
+    })
+}
+
+/// The CFS quota of process `pid`'s cgroup in microseconds per period:
+/// `None` when it has none (v1 `cpu.cfs_quota_us` -1, v2 `cpu.max` `max`).
+pub fn cfs_quota_of(pid: u32) -> Result<Option<u64>, CgroupError> {
+    let (dir, v2) = cpu_controller_dir_of(pid)?;
+    let path = dir.join(if v2 { "cpu.max" } else { "cpu.cfs_quota_us" });
+    let text = read_to_string(&path)?;
+    let quota = text.split_whitespace().next().unwrap_or_default();
+    match quota {
+        "max" | "-1" => Ok(None),
+        number => number.parse().map(Some).map_err(|_| malformed(path, &text)),
+    }
 }
 
 #[cfg(test)]

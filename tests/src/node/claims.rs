@@ -3,7 +3,7 @@
 
 use super::{
     allocated_claim_on, allocated_individual_claim, cdi_spec_cpus, first_available_claim, Node,
-    NodeError, PodIdentity, RunningPod, GROUPED_DEVICE, NAMESPACE,
+    NodeError, PodIdentity, RunningPod, DRIVER_NAME, GROUPED_DEVICE, NAMESPACE,
 };
 use crate::cri::ContainerSpec;
 use crate::kubelet_dra::{cdi_ids_for_container, Claim, KubeletDra, KubeletDraError};
@@ -75,6 +75,45 @@ impl Node {
             &pod.name,
             &pod.uid,
         );
+        self.store_claim(name, object)
+    }
+
+    /// [`Node::allocate_claim_on`], with one opaque config of this driver
+    /// from the claim for all its requests, whose parameters are
+    /// `parameters` (as an external scheduler or the claim's author writes
+    /// them: a cpuset, a tuning, both, or something malformed).
+    pub fn allocate_claim_with_parameters(
+        &self,
+        name: &str,
+        device: &str,
+        cpus: u32,
+        pod: &PodIdentity,
+        parameters: Value,
+    ) -> Result<Claim, NodeError> {
+        let object = allocated_claim_on(
+            name,
+            &self.options.node_name,
+            device,
+            cpus,
+            &pod.name,
+            &pod.uid,
+        )
+        .and_then(|object| {
+            let mut value = serde_json::to_value(object)?;
+            if let Some(devices) = value
+                .pointer_mut("/status/allocation/devices")
+                .and_then(Value::as_object_mut)
+            {
+                devices.insert(
+                    "config".into(),
+                    serde_json::json!([{
+                        "source": "FromClaim",
+                        "opaque": {"driver": DRIVER_NAME, "parameters": parameters}
+                    }]),
+                );
+            }
+            serde_json::from_value(value)
+        });
         self.store_claim(name, object)
     }
 

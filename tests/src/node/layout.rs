@@ -39,6 +39,9 @@ pub struct NodeOptions {
     pub host_cgroups: Vec<String>,
     /// KEP-5304 device metadata (off: `--disable-device-metadata`).
     pub device_metadata: bool,
+    /// `--low-latency-tuning` of dra-plugin: claims' tuning is honoured on
+    /// this host's kernel (its `/proc/irq` and `/sys/devices/system/cpu`).
+    pub low_latency_tuning: bool,
 }
 
 impl Default for NodeOptions {
@@ -59,6 +62,7 @@ impl Default for NodeOptions {
             min_shared_cpus: None,
             host_cgroups: Vec::new(),
             device_metadata: true,
+            low_latency_tuning: false,
         }
     }
 }
@@ -151,6 +155,7 @@ pub fn dra_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
         args.extend(["--min-shared-cpus".to_string(), min.to_string()]);
     }
     args.extend(flag(!options.device_metadata, "--disable-device-metadata"));
+    args.extend(flag(options.low_latency_tuning, "--low-latency-tuning"));
     args
 }
 

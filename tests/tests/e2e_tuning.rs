@@ -1,0 +1,175 @@
+//! Claims' tuning on a real containerd, on this host's kernel: the CFS quota
+//! of a claim's container read back from its cgroup (v1 `cpu.cfs_quota_us`
+//! or v2 `cpu.max`), refusals by name with nothing applied, and the device
+//! attributes that say what the node honours. The knobs of the node
+//! itself (interrupts, idle states) are shown on the VM node's kernel
+//! (`tests/tests/vm_node.rs`), where changing them harms no other work.
+//! Needs root and containerd, as every `e2e_*` test.
+
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod e2e_common;
+
+use dra_cpu_tests::cgroup::cfs_quota_of;
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::kubelet_dra::Claim;
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod, GROUPED_DEVICE};
+use e2e_common::{devices, node, Must};
+use serde_json::{json, Value};
+
+/// A pod whose container `app` asks 1 CPU and is limited to 1 CPU, with a
+/// claim of one CPU whose opaque config asks `tuning`.
+async fn limited_claim_pod(
+    node: &mut Node,
+    name: &str,
+    tuning: Value,
+) -> (Claim, RunningPod, String) {
+    let pod = PodIdentity::new(name);
+    let claim = node
+        .allocate_claim_with_parameters(
+            &format!("{name}-cpu"),
+            GROUPED_DEVICE,
+            1,
+            &pod,
+            json!({"apiVersion": "v1alpha1", "tuning": tuning}),
+        )
+        .must("allocating the claim");
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(1000), Some(1000));
+    let running = node.start_pod(&pod, &[spec]).await.must("starting the pod");
+    let id = running.id("app").to_string();
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the claim container on its CPU");
+    (claim, running, id)
+}
+
+async fn quota(node: &mut Node, id: &str) -> Option<u64> {
+    let pid = node.cri.container_pid(id).await.must("container pid");
+    cfs_quota_of(pid).must("reading the container's CFS quota")
+}
+
+fn tuning_node() -> NodeOptions {
+    NodeOptions {
+        low_latency_tuning: true,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn cfs_quota_off_leaves_the_claim_container_without_quota_despite_its_limit() {
+    let mut node = node(tuning_node()).await;
+    let (claim, tuned, id) =
+        limited_claim_pod(&mut node, "tuned", json!({"cfsQuota": "off"})).await;
+    assert_eq!(
+        quota(&mut node, &id).await,
+        None,
+        "the tuned container has a quota"
+    );
+    node.delete_pod(&tuned).await.must("deleting the tuned pod");
+    node.unprepare(&claim).await.must("unpreparing its claim");
+
+    // The control: the same pod and claim without the tuning keeps the
+    // quota its CPU limit gives (1 CPU: 100 ms per 100 ms period).
+    let (_claim, _plain, id) =
+        limited_claim_pod(&mut node, "plain", json!({"cfsQuota": "default"})).await;
+    assert_eq!(
+        quota(&mut node, &id).await,
+        Some(100_000),
+        "the untuned container's quota"
+    );
+}
+
+#[tokio::test]
+async fn tuning_the_node_cannot_honour_is_refused_by_name_with_nothing_applied() {
+    let mut node = node(NodeOptions::default()).await;
+    let irq_default = std::fs::read_to_string("/proc/irq/default_smp_affinity").ok();
+    let cases = [
+        (
+            "irqs",
+            json!({"irqs": "isolate"}),
+            "tuning.irqs cannot be honoured on this node: low-latency tuning is off on this node",
+        ),
+        (
+            "typo",
+            json!({"irq": "isolate"}),
+            "unknown key tuning.irq (known: irqs, cfsQuota, loadBalancing, idle, governor)",
+        ),
+        (
+            "value",
+            json!({"cfsQuota": "disable"}),
+            "tuning.cfsQuota: \"disable\" is not one of \"off\", \"default\"",
+        ),
+    ];
+    for (name, tuning, want) in cases {
+        let pod = PodIdentity::new(name);
+        let claim = node
+            .allocate_claim_with_parameters(
+                &format!("{name}-cpu"),
+                GROUPED_DEVICE,
+                1,
+                &pod,
+                json!({"apiVersion": "v1alpha1", "tuning": tuning}),
+            )
+            .must("allocating the claim");
+        let error = match node.prepare(&claim).await {
+            Ok(prepared) => panic!("{name}: prepared on CPUs {}", prepared.cpus),
+            Err(e) => e.to_string(),
+        };
+        assert!(error.contains(want), "{name}: {error}");
+    }
+    assert!(
+        node.stored_claims().await.must("stored claims").is_empty(),
+        "a refused claim was stored"
+    );
+    assert!(
+        !node
+            .layout()
+            .state_dir()
+            .join("tuning-baseline.json")
+            .exists(),
+        "a refused claim left a tuning record"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/irq/default_smp_affinity").ok(),
+        irq_default,
+        "interrupts moved for a refused claim"
+    );
+    // Without --low-latency-tuning no tuning attribute is published.
+    let slices = node.wait_slices().await.must("slices");
+    for device in devices(&slices) {
+        assert!(
+            device
+                .pointer("/attributes/dra.cpu~1cfsQuotaControl")
+                .is_none(),
+            "a tuning attribute without --low-latency-tuning: {device}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_devices_say_which_tuning_the_node_honours() {
+    let mut node = node(tuning_node()).await;
+    let slices = node.wait_slices().await.must("slices");
+    let all = devices(&slices);
+    assert!(!all.is_empty());
+    for device in all {
+        let attribute = |name: &str| {
+            device
+                .pointer(&format!("/attributes/dra.cpu~1{name}/bool"))
+                .cloned()
+        };
+        assert_eq!(attribute("cfsQuotaControl"), Some(json!(true)), "{device}");
+        // Not offered by this driver yet, and said so.
+        assert_eq!(
+            attribute("isolatedPartition"),
+            Some(json!(false)),
+            "{device}"
+        );
+        assert!(attribute("irqIsolation").is_some(), "{device}");
+        assert!(attribute("idleLatencyControl").is_some(), "{device}");
+    }
+}
