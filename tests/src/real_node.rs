@@ -554,6 +554,8 @@ pub struct PodSpec<'a> {
     pub name: &'a str,
     pub containers: Vec<&'a str>,
     pub cpu_request: Option<&'a str>,
+    /// `resources.limits.cpu` of each container.
+    pub cpu_limit: Option<&'a str>,
     pub templates: Vec<(&'a str, &'a str)>,
     pub claims: Vec<(&'a str, &'a str)>,
     pub env: Vec<(&'a str, &'a str)>,
@@ -567,6 +569,7 @@ impl<'a> PodSpec<'a> {
             name,
             containers: vec!["app"],
             cpu_request: None,
+            cpu_limit: None,
             templates: Vec::new(),
             claims: Vec::new(),
             env: Vec::new(),
@@ -615,6 +618,9 @@ impl<'a> PodSpec<'a> {
             y.push_str("      resources:\n");
             if let Some(cpu) = self.cpu_request {
                 y.push_str(&format!("        requests:\n          cpu: {cpu}\n"));
+            }
+            if let Some(cpu) = self.cpu_limit {
+                y.push_str(&format!("        limits:\n          cpu: {cpu}\n"));
             }
             if !claim_names.is_empty() {
                 y.push_str("        claims:\n");

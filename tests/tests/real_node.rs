@@ -1131,3 +1131,163 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
     }
     wait_gauges(&node, "one claim after dra-plugin's restart", one_claim);
 }
+
+/// Every interrupt's affinity, new interrupts' affinity, and each online
+/// CPU's idle bound, as the host's kernel says now.
+fn kernel_tuning(online: &CpuSet) -> (Vec<(u32, CpuSet)>, CpuSet, Vec<String>) {
+    let mut irqs = Vec::new();
+    for entry in std::fs::read_dir("/proc/irq").unwrap().flatten() {
+        let Some(irq) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
+            irqs.push((irq, CpuSet::parse_cpulist(text.trim()).unwrap()));
+        }
+    }
+    irqs.sort_by_key(|(irq, _)| *irq);
+    let default = std::fs::read_to_string("/proc/irq/default_smp_affinity").unwrap();
+    let idle = online
+        .iter()
+        .map(|cpu| {
+            std::fs::read_to_string(format!(
+                "/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
+            ))
+            .map(|t| t.trim().to_string())
+            .unwrap_or_default()
+        })
+        .collect();
+    (irqs, CpuSet::parse_hex_mask(default.trim()).unwrap(), idle)
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "tuning").unwrap();
+    let online = online_cpus().unwrap();
+    let grouped = grouped(&node);
+    let before = kernel_tuning(&online);
+    let has_cpufreq = std::path::Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists();
+    for device in devices(&slices(&node)) {
+        assert_eq!(
+            device["attributes"]["dra.cpu/irqIsolation"]["bool"], true,
+            "{device}"
+        );
+        assert_eq!(
+            device["attributes"]["dra.cpu/cfsQuotaControl"]["bool"], true,
+            "{device}"
+        );
+    }
+    // A claim that selects on the node's tuning attributes and asks for
+    // interrupts off its CPUs, no CFS quota and no idle latency.
+    let selected = |template: String, expression: &str| {
+        template.replace(
+            "            deviceClassName: dra.cpu\n",
+            &format!("            deviceClassName: dra.cpu\n            selectors:\n              - cel:\n                  expression: '{expression}'\n"),
+        )
+    };
+    let tuning = "      config:\n        - requests: [cpus]\n          opaque:\n            driver: dra.cpu\n            parameters:\n              apiVersion: v1alpha1\n              tuning:\n                irqs: isolate\n                cfsQuota: \"off\"\n                idle: {maxLatencyMicroseconds: 0}\n";
+    let template = format!(
+        "{}{tuning}",
+        selected(
+            claim_template_yaml(&ns.name, "quiet-cpu", 1, grouped),
+            r#"device.attributes["dra.cpu"].irqIsolation == true && device.attributes["dra.cpu"].idleLatencyControl == true"#,
+        )
+    );
+    node.apply(&template).unwrap();
+    let mut pod = PodSpec::new(&ns.name, "quiet");
+    pod.cpu_request = Some("500m");
+    pod.cpu_limit = Some("500m");
+    pod.templates = vec![("cpus", "quiet-cpu")];
+    node.apply(&pod.yaml()).unwrap();
+    node.wait_running(&ns.name, "quiet", POD_START).unwrap();
+    let cpus = claim_cpus(&node, &ns.name, "quiet");
+    let (irqs, default, idle) = kernel_tuning(&online);
+    assert!(
+        default.is_disjoint(&cpus),
+        "new interrupts may target {default}, the claim holds {cpus}"
+    );
+    let moved = irqs
+        .iter()
+        .filter(|(irq, affinity)| before.0.iter().any(|(i, a)| i == irq && a != affinity))
+        .count();
+    let left: Vec<u32> = irqs
+        .iter()
+        .filter(|(_, affinity)| !affinity.is_disjoint(&cpus))
+        // The kernel lets nobody move it: writing its own value back fails.
+        .filter(|(irq, affinity)| {
+            std::fs::write(
+                format!("/proc/irq/{irq}/smp_affinity_list"),
+                affinity.to_cpulist(),
+            )
+            .is_ok()
+        })
+        .map(|(irq, _)| *irq)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "interrupts {left:?} still target the claim's CPUs {cpus}"
+    );
+    assert!(moved > 0, "no interrupt moved off {cpus}");
+    for cpu in cpus.iter() {
+        let index = online.iter().position(|c| c == cpu).unwrap();
+        if !before.2[index].is_empty() {
+            assert_eq!(idle[index], "n/a", "CPU {cpu} may still idle");
+        }
+    }
+    let id = node.container_id(&ns.name, "quiet", "app").unwrap();
+    let pid = node.container_pid(&id).unwrap();
+    assert_eq!(
+        dra_cpu_tests::cgroup::cfs_quota_of(pid).unwrap(),
+        None,
+        "the container of a claim asking cfsQuota off has a quota"
+    );
+
+    // A selector the node's attributes cannot meet (no cpufreq here): the
+    // real scheduler leaves the pod unscheduled instead of failing a prepare.
+    if !has_cpufreq {
+        let governed = selected(
+            claim_template_yaml(&ns.name, "governed-cpu", 1, grouped),
+            r#"has(device.attributes["dra.cpu"].governors)"#,
+        );
+        node.apply(&governed).unwrap();
+        let mut pod = PodSpec::new(&ns.name, "governed");
+        pod.templates = vec![("cpus", "governed-cpu")];
+        node.apply(&pod.yaml()).unwrap();
+        let message = node
+            .wait("the governed pod unschedulable", POD_START, || {
+                let object = node.get_json(&["pod", "-n", &ns.name, "governed"])?;
+                let scheduled = object["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled").cloned())
+                    .unwrap_or_default();
+                match (scheduled["status"].as_str(), scheduled["message"].as_str()) {
+                    (Some("False"), Some(message)) if !message.is_empty() => {
+                        Ok(Ok(message.to_string()))
+                    }
+                    _ => Ok(Err(format!("{scheduled}"))),
+                }
+            })
+            .unwrap();
+        eprintln!("the governed pod: {message}");
+        node.kubectl(&["delete", "pod", "-n", &ns.name, "governed", "--wait=true"])
+            .unwrap();
+    }
+
+    // Deleted: kubelet unprepares the claim and the host is as before.
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "quiet", "--wait=true"])
+        .unwrap();
+    node.wait("the host's tuning put back", POD_START, || {
+        let now = kernel_tuning(&online);
+        Ok(if now == before {
+            Ok(())
+        } else {
+            Err(format!("{now:?}, was {before:?}"))
+        })
+    })
+    .unwrap();
+}

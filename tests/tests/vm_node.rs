@@ -773,6 +773,303 @@ async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
     timed("g (host cgroups)", started);
 }
 
+/// The node-wide values claims' tuning may change, as the kernel reports
+/// them: every interrupt's affinity, new interrupts' affinity, and each
+/// CPU's idle-state bound (`None` where the kernel has no such file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KernelTuning {
+    irq_affinity: BTreeMap<u32, CpuSet>,
+    default_irq_affinity: CpuSet,
+    idle_latency: BTreeMap<u32, Option<String>>,
+}
+
+impl KernelTuning {
+    fn read(online: &CpuSet) -> Self {
+        let mut irq_affinity = BTreeMap::new();
+        for entry in std::fs::read_dir("/proc/irq").must("/proc/irq").flatten() {
+            let Some(irq) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
+                irq_affinity.insert(irq, CpuSet::parse_cpulist(text.trim()).must("affinity"));
+            }
+        }
+        let default_irq_affinity =
+            CpuSet::parse_hex_mask(&read("/proc/irq/default_smp_affinity")).must("default mask");
+        let idle_latency = online
+            .iter()
+            .map(|cpu| {
+                let path = idle_latency_path(cpu);
+                (
+                    cpu,
+                    std::fs::read_to_string(path)
+                        .ok()
+                        .map(|t| t.trim().to_string()),
+                )
+            })
+            .collect();
+        KernelTuning {
+            irq_affinity,
+            default_irq_affinity,
+            idle_latency,
+        }
+    }
+
+    /// Interrupts that still target one of `cpus`, leaving out those the
+    /// kernel lets nobody move (writing their own affinity back fails).
+    fn movable_irqs_on(&self, cpus: &CpuSet) -> Vec<u32> {
+        self.irq_affinity
+            .iter()
+            .filter(|(_, affinity)| !affinity.is_disjoint(cpus))
+            .filter(|(irq, affinity)| {
+                std::fs::write(
+                    format!("/proc/irq/{irq}/smp_affinity_list"),
+                    affinity.to_cpulist(),
+                )
+                .is_ok()
+            })
+            .map(|(irq, _)| *irq)
+            .collect()
+    }
+}
+
+fn idle_latency_path(cpu: u32) -> String {
+    format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us")
+}
+
+/// Checks the kernel holds what a claim on `cpus` asking `irqs: isolate` and
+/// `idle: {maxLatencyMicroseconds: 0}` should give, against `before`.
+fn assert_tuned(before: &KernelTuning, cpus: &CpuSet, step: &str) {
+    let online: CpuSet = before.idle_latency.keys().copied().collect();
+    let now = KernelTuning::read(&online);
+    let left = now.movable_irqs_on(cpus);
+    assert!(
+        left.is_empty(),
+        "{step}: interrupts {left:?} still target the claim's CPUs {cpus}: {:?}",
+        now.irq_affinity
+    );
+    assert!(
+        now.default_irq_affinity.is_disjoint(cpus),
+        "{step}: new interrupts may target {}",
+        now.default_irq_affinity
+    );
+    for cpu in cpus.iter() {
+        if before.idle_latency.get(&cpu).is_some_and(Option::is_some) {
+            assert_eq!(
+                std::fs::read_to_string(idle_latency_path(cpu))
+                    .ok()
+                    .as_deref()
+                    .map(str::trim),
+                Some("n/a"),
+                "{step}: CPU {cpu} may still idle"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let before = KernelTuning::read(&kernel.online);
+    let has_idle_bound = before.idle_latency.values().all(Option::is_some);
+    let has_cpufreq = Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists();
+    eprintln!(
+        "kernel: {} interrupts, default affinity {}, idle bounds {}, cpufreq {}",
+        before.irq_affinity.len(),
+        before.default_irq_affinity,
+        has_idle_bound,
+        has_cpufreq
+    );
+    let (mut node, _all, _shared) = node_with_shared_pod(NodeOptions {
+        low_latency_tuning: true,
+        ..Default::default()
+    })
+    .await;
+
+    // The devices say what the node honours.
+    let slices = node.wait_slices().await.must("slices");
+    for device in devices(&slices) {
+        let attribute = |name: &str| {
+            device
+                .pointer(&format!("/attributes/dra.cpu~1{name}"))
+                .cloned()
+        };
+        assert_eq!(
+            attribute("irqIsolation"),
+            Some(serde_json::json!({"bool": true})),
+            "{device}"
+        );
+        assert_eq!(
+            attribute("idleLatencyControl"),
+            Some(serde_json::json!({"bool": has_idle_bound})),
+            "{device}"
+        );
+        assert_eq!(attribute("governors").is_some(), has_cpufreq, "{device}");
+    }
+    let second = kernel.second_numa_node();
+    let tuning = serde_json::json!({
+        "apiVersion": "v1alpha1",
+        "tuning": {"irqs": "isolate", "idle": {"maxLatencyMicroseconds": 0}, "cfsQuota": "off"}
+    });
+    if !has_cpufreq {
+        // What the node lacks is refused at prepare, by name, with nothing set.
+        let pod = PodIdentity::new("governed");
+        let claim = node
+            .allocate_claim_with_parameters(
+                "governed-cpu",
+                &numa_device(second),
+                1,
+                &pod,
+                serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"irqs": "isolate", "governor": "performance"}}),
+            )
+            .must("allocating the governed claim");
+        let error = node
+            .prepare(&claim)
+            .await
+            .expect_err("a governor without cpufreq")
+            .to_string();
+        assert!(
+            error.contains("tuning.governor cannot be honoured on this node"),
+            "{error}"
+        );
+        assert_eq!(
+            KernelTuning::read(&kernel.online),
+            before,
+            "a refused claim changed the kernel"
+        );
+    }
+    if !has_idle_bound {
+        eprintln!(
+            "this kernel has no per-CPU idle bound: the claim asks interrupts and CFS quota only"
+        );
+    }
+    let tuning = if has_idle_bound {
+        tuning
+    } else {
+        serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"irqs": "isolate", "cfsQuota": "off"}})
+    };
+
+    // Prepared: the kernel holds the tuning; the container runs without quota.
+    let pod = PodIdentity::new("tuned");
+    let claim = node
+        .allocate_claim_with_parameters("tuned-cpu", &numa_device(second), 2, &pod, tuning.clone())
+        .must("allocating the tuned claim");
+    let prepared = node.prepare(&claim).await.must("preparing the tuned claim");
+    let cpus = prepared.cpus.clone();
+    assert_tuned(&before, &cpus, "after prepare");
+    let moved = KernelTuning::read(&kernel.online)
+        .irq_affinity
+        .iter()
+        .filter(|(irq, affinity)| before.irq_affinity.get(irq) != Some(*affinity))
+        .count();
+    assert!(moved > 0, "no interrupt moved for the claim");
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the tuned pod");
+    let id = running.id("app").to_string();
+    node.wait_cpus(&id, &cpus)
+        .await
+        .must("the tuned container on its CPUs");
+    let pid = node.cri.container_pid(&id).await.must("pid");
+    assert_eq!(
+        dra_cpu_tests::cgroup::cfs_quota_of(pid).must("quota"),
+        None,
+        "the container of a claim asking cfsQuota off has a quota"
+    );
+
+    // kill -9 of either process changes nothing; a rewrite is repaired.
+    node.restart_nri_plugin().await.must("nri-plugin kill -9");
+    node.restart_dra_plugin().await.must("dra-plugin kill -9");
+    assert_tuned(&before, &cpus, "after kill -9 of both");
+    let rewritten = before
+        .irq_affinity
+        .keys()
+        .copied()
+        .find(|irq| {
+            std::fs::write(
+                format!("/proc/irq/{irq}/smp_affinity_list"),
+                kernel.online.to_cpulist(),
+            )
+            .is_ok()
+        })
+        .must_some("an interrupt anybody may move");
+    let repaired = Instant::now();
+    loop {
+        let affinity = cpulist(&format!("/proc/irq/{rewritten}/smp_affinity_list"));
+        if affinity.is_disjoint(&cpus) {
+            break;
+        }
+        assert!(
+            repaired.elapsed() < Duration::from_secs(30),
+            "interrupt {rewritten} moved back onto {cpus} and left there: {affinity}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "interrupt {rewritten} rewritten onto the claim's CPUs: repaired in {:.1} s",
+        repaired.elapsed().as_secs_f64()
+    );
+
+    // Unprepared: everything is back.
+    node.delete_pod(&running)
+        .await
+        .must("deleting the tuned pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the tuned claim");
+    assert_eq!(
+        KernelTuning::read(&kernel.online),
+        before,
+        "after unprepare"
+    );
+
+    // A crash between the store commit of an unprepare and putting the
+    // tuning back: the next start puts it back.
+    let pod = PodIdentity::new("crashed");
+    let claim = node
+        .allocate_claim_with_parameters("crashed-cpu", &numa_device(second), 2, &pod, tuning)
+        .must("allocating the second tuned claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    assert_tuned(&before, &prepared.cpus, "second claim prepared");
+    node.arm_dra_crash_point(Some("unprepare-after-store-commit"));
+    node.restart_dra_plugin()
+        .await
+        .must("dra-plugin with the crash point armed");
+    let answer = node.unprepare(&claim).await;
+    assert!(
+        answer.is_err(),
+        "the unprepare was answered: the crash point did not fire"
+    );
+    node.wait_dra_plugin_exit()
+        .await
+        .must("dra-plugin crashing at its crash point");
+    node.arm_dra_crash_point(None);
+    assert_tuned(
+        &before,
+        &prepared.cpus,
+        "crashed before putting the tuning back",
+    );
+    node.start_dra_plugin()
+        .await
+        .must("dra-plugin after the crash");
+    assert_eq!(
+        KernelTuning::read(&kernel.online),
+        before,
+        "after the restart that follows the crash"
+    );
+    timed("h (tuning)", started);
+}
+
 /// `Option` to a value, or a test failure naming what was missing.
 trait MustSome<T> {
     fn must_some(self, what: &str) -> T;

@@ -387,9 +387,15 @@ fn set_per_cpu(
     Ok(())
 }
 
-/// The kernel refuses to move this interrupt (a managed or per-CPU one).
+/// The kernel refuses to move this interrupt: a managed or per-CPU one
+/// (EIO), the timer (EPERM), a mask its chip cannot take (EINVAL), or no
+/// vector left on the target CPUs (ENOSPC, EBUSY). A mount or permission
+/// problem (EROFS, EACCES) is not this: it fails the pass.
 fn unmovable(error: &io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EIO | libc::EPERM | libc::EINVAL | libc::ENOSPC | libc::EBUSY)
+    )
 }
 
 fn read_kernel(path: &Path) -> Result<String, TuningError> {

@@ -8,6 +8,10 @@ use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// dra-plugin's crash point variable (`dra_plugin::driver::crash_points`),
+/// which this crate does not link.
+const DRA_CRASH_AT_ENV: &str = "DRA_CPU_CRASH_AT";
+
 impl Node {
     /// Starts dra-plugin and registers it with the kubelet stand-in.
     pub async fn start_dra_plugin(&mut self) -> Result<(), NodeError> {
@@ -148,6 +152,35 @@ impl Node {
     /// kill -9 of nri-plugin.
     pub fn kill_nri_plugin(&mut self) {
         self.nri.kill();
+    }
+
+    /// Arms a crash point of dra-plugin (`DRA_CPU_CRASH_AT`, see
+    /// `dra_plugin::driver::crash_points`) for its next starts; `None`
+    /// disarms it.
+    pub fn arm_dra_crash_point(&mut self, point: Option<&str>) {
+        self.dra.env.retain(|(k, _)| k != DRA_CRASH_AT_ENV);
+        if let Some(point) = point {
+            self.dra
+                .env
+                .push((DRA_CRASH_AT_ENV.to_string(), point.to_string()));
+        }
+    }
+
+    /// Waits until dra-plugin has exited (a crash point fired); the time
+    /// it took.
+    pub async fn wait_dra_plugin_exit(&mut self) -> Result<Duration, NodeError> {
+        let started = Instant::now();
+        while self.dra.check_running().is_ok() && self.dra.pid().is_some() {
+            if started.elapsed() > SETTLE {
+                return Err(NodeError::Timeout(
+                    "dra-plugin to exit at its crash point".into(),
+                    started.elapsed(),
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        self.kubelet = None;
+        Ok(started.elapsed())
     }
 
     /// kill -9 of dra-plugin, then a fresh start on the same state.

@@ -193,6 +193,7 @@ impl Node {
             bin: dra_bin,
             args: dra_plugin_args(&layout, &options),
             log: layout.dra_log(),
+            env: Vec::new(),
             child: None,
         };
         let nri = Process {
@@ -200,6 +201,7 @@ impl Node {
             bin: nri_bin,
             args: nri_plugin_args(&layout, &options),
             log: layout.nri_log(),
+            env: Vec::new(),
             child: None,
         };
         let mut node = Node {

@@ -14,6 +14,8 @@ pub(super) struct Process {
     pub(super) bin: PathBuf,
     pub(super) args: Vec<String>,
     pub(super) log: PathBuf,
+    /// Set for its next starts (a crash point, for crash tests).
+    pub(super) env: Vec<(String, String)>,
     pub(super) child: Option<Child>,
 }
 
@@ -35,6 +37,7 @@ impl Process {
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
             .env_remove(NRI_SOCKET_INHERIT_ENV)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
