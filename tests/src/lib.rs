@@ -12,6 +12,7 @@ pub mod containerd;
 pub mod cri;
 pub mod docs_check;
 pub mod image;
+pub mod interrupts;
 pub mod kubelet_dra;
 pub mod metrics_doc;
 pub mod metrics_golden;

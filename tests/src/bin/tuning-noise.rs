@@ -1,0 +1,195 @@
+//! What claim tuning buys a busy workload: interrupts on the claim's CPUs
+//! and involuntary context switches of a busy loop pinned there, over a
+//! fixed time, for the same claim with and without `irqs: isolate` (and
+//! the idle bound where the kernel has one), alternated round by round in
+//! one run while the node does disk and console I/O.
+//!
+//! Run it through `scripts/tuning-noise.sh` (inside the VM node, whose
+//! interrupts can be moved without harming other work); it needs root.
+//!
+//!   tuning-noise [--rounds N] [--seconds S]
+
+// A measurement tool: a panic stops it with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use anyhow::{bail, Context};
+use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::interrupts::{involuntary_switches, parse_interrupts, InterruptCounts};
+use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Device and console I/O in the background, so that device interrupts
+/// arrive while a round measures.
+struct Load(Vec<Child>);
+
+impl Load {
+    fn start() -> anyhow::Result<Load> {
+        let scripts = [
+            // Disk: write and sync, over and over (virtio-blk interrupts).
+            "while :; do dd if=/dev/zero of=/var/tmp/noise-load bs=64k count=64 conv=fsync 2>/dev/null; done",
+            // Serial console output (the UART's interrupt).
+            "while :; do echo tuning-noise load > /dev/console; sleep 0.01; done",
+        ];
+        let mut children = Vec::new();
+        for script in scripts {
+            children.push(
+                Command::new("sh")
+                    .args(["-c", script])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting background I/O")?,
+            );
+        }
+        Ok(Load(children))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file("/var/tmp/noise-load");
+    }
+}
+
+fn interrupts() -> anyhow::Result<InterruptCounts> {
+    Ok(parse_interrupts(
+        &std::fs::read_to_string("/proc/interrupts").context("/proc/interrupts")?,
+    ))
+}
+
+fn switches(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("/proc/{pid}/status"))?;
+    involuntary_switches(&status).context("no nonvoluntary_ctxt_switches")
+}
+
+/// One measurement of one variant.
+struct Sample {
+    tuned: bool,
+    device_irqs: u64,
+    all_irqs: u64,
+    switches: u64,
+}
+
+async fn measure(
+    node: &mut Node,
+    round: usize,
+    tuned: bool,
+    seconds: u64,
+) -> anyhow::Result<Sample> {
+    let name = format!("{}-{round}", if tuned { "tuned" } else { "plain" });
+    let pod = PodIdentity::new(&name);
+    let tuning = if tuned {
+        let idle =
+            std::path::Path::new("/sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us")
+                .exists();
+        if idle {
+            json!({"irqs": "isolate", "idle": {"maxLatencyMicroseconds": 0}})
+        } else {
+            json!({"irqs": "isolate"})
+        }
+    } else {
+        json!({"irqs": "default"})
+    };
+    let claim = node.allocate_claim_with_parameters(
+        &format!("{name}-cpu"),
+        "cpudevnuma001",
+        2,
+        &pod,
+        json!({"apiVersion": "v1alpha1", "tuning": tuning}),
+    )?;
+    let prepared = node.prepare(&claim).await?;
+    let mut spec = ContainerSpec::sleeper("busy").with_cdi_device(&prepared.cdi_device);
+    spec.command = vec!["sh".into(), "-c".into(), "while :; do :; done".into()];
+    let running = node.start_pod(&pod, &[spec]).await?;
+    let id = running.id("busy").to_string();
+    node.wait_cpus(&id, &prepared.cpus).await?;
+    let pid = node.cri.container_pid(&id).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (irqs_before, switches_before) = (interrupts()?, switches(pid)?);
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (irqs_after, switches_after) = (interrupts()?, switches(pid)?);
+    let (device_irqs, all_irqs) = irqs_after.since(&irqs_before, &prepared.cpus);
+    node.delete_pod(&running).await?;
+    node.unprepare(&claim).await?;
+    Ok(Sample {
+        tuned,
+        device_irqs,
+        all_irqs,
+        switches: switches_after.saturating_sub(switches_before),
+    })
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let mut rounds = 3usize;
+    let mut seconds = 10u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--rounds" => rounds = args.next().context("--rounds N")?.parse()?,
+            "--seconds" => seconds = args.next().context("--seconds S")?.parse()?,
+            other => bail!("unknown argument {other} (--rounds N, --seconds S)"),
+        }
+    }
+    let mut node = Node::start(NodeOptions {
+        low_latency_tuning: true,
+        ..Default::default()
+    })
+    .await
+    .context("starting the node")?;
+    let _load = Load::start()?;
+    let mut samples = Vec::new();
+    for round in 0..rounds {
+        // Alternate which goes first, so drift hits both alike.
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for tuned in order {
+            let sample = measure(&mut node, round, tuned, seconds).await?;
+            println!(
+                "round {round} {:<7} device interrupts {:>7}  all interrupts {:>7}  involuntary switches {:>7}",
+                if tuned { "tuned" } else { "untuned" },
+                sample.device_irqs,
+                sample.all_irqs,
+                sample.switches
+            );
+            samples.push(sample);
+        }
+    }
+    println!(
+        "\nmedians over {rounds} rounds of {seconds} s, on a claim's 2 CPUs with a busy loop:"
+    );
+    println!("| claim | device interrupts | all interrupts | involuntary switches of the loop |");
+    println!("| --- | --- | --- | --- |");
+    for tuned in [false, true] {
+        let pick = |f: fn(&Sample) -> u64| {
+            median(samples.iter().filter(|s| s.tuned == tuned).map(f).collect())
+        };
+        println!(
+            "| {} | {} | {} | {} |",
+            if tuned {
+                "tuned (irqs: isolate, idle bound 0)"
+            } else {
+                "untuned"
+            },
+            pick(|s| s.device_irqs),
+            pick(|s| s.all_irqs),
+            pick(|s| s.switches)
+        );
+    }
+    Ok(())
+}
