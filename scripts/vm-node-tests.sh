@@ -12,9 +12,11 @@
 # --demo also runs the node demo in the VM first (scripts/demo.sh --vm does
 # only that); --e2e also runs the host's end-to-end tests (tests/tests/e2e_*)
 # in the VM, on cgroup v2 and the VM's topology (about as long again as the
-# scenarios, so CI leaves it out). Builds on the host, runs in the guest; exits non-zero when a
-# scenario fails on either runtime. When containerd 2.x cannot be had (no
-# sid), says why and runs 1.7 only, as scripts/e2e-containerd2.sh does.
+# scenarios, so CI leaves it out). Without a test filter, the containerd
+# 1.7 pass also boots a VM twice for claims' tuning across a power cut.
+# Builds on the host, runs in the guest; exits non-zero when a scenario
+# fails on either runtime. When containerd 2.x cannot be had (no sid),
+# says why and runs 1.7 only, as scripts/e2e-containerd2.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --demo) demo=1; shift ;;
     --e2e) e2e=1; shift ;;
     --power-cuts) power_cuts="$2"; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -51,6 +53,16 @@ for line in sys.stdin:
 }
 test_bin="$(test_binaries vm_node)"
 [ -x "$test_bin" ] || { echo "vm-node-tests: the vm_node test binary was not built" >&2; exit 1; }
+# Claims' tuning across a power cut (dra-plugin/tests/tuning_power_cut.rs):
+# one boot before the cut, one after, on a writable disk.
+tuning_cut_bin="$(cargo test --quiet -p dra-plugin --test tuning_power_cut --no-run --message-format=json |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "tuning_power_cut":
+        print(m["executable"])')"
+[ -x "$tuning_cut_bin" ] || { echo "vm-node-tests: the tuning_power_cut test binary was not built" >&2; exit 1; }
 e2e_bins=()
 if [ "$e2e" -eq 1 ]; then
   e2e_names=()
@@ -115,6 +127,14 @@ if [ "$runtimes" != 2 ]; then
     run "node demo, containerd 1.7" -- "$target_dir/debug/node-demo"
   fi
   run "scenarios, containerd 1.7" -- "${scenarios[@]}"
+  if [ $# -eq 0 ]; then
+    tuning_disk="$target_dir/vm-tuning-cut.img"
+    rm -f "$tuning_disk"
+    run "tuning across a power cut" --disk "$tuning_disk" --reboot -- \
+      "$tuning_cut_bin" --ignored --exact --nocapture --color=never \
+      tuning_is_restored_for_stored_claims_and_put_back_after_a_power_cut
+    rm -f "$tuning_disk"
+  fi
   if [ "$e2e" -eq 1 ]; then
     fresh_schema_dir
     run "end-to-end tests, containerd 1.7" "${schema_env[@]}" -- "${e2e_command[@]}"

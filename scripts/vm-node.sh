@@ -326,7 +326,8 @@ done
 accel_args=(-accel tcg,thread=multi -cpu Skylake-Server)
 [ "$accel" = tcg ] || accel_args=(-accel kvm -cpu host)
 
-stamp_of() { [ -f "$job/times" ] && awk -v what="$1" '$1 == what {print $2}' "$job/times" || true; }
+# The last boot's stamp (a --reboot run writes one per boot).
+stamp_of() { [ -f "$job/times" ] && awk -v what="$1" '$1 == what {v = $2} END {if (v != "") print v}' "$job/times" || true; }
 
 # A guest kernel under multi-threaded TCG now and then dies with "Oops: int3"
 # in code the kernel is patching live (static keys; seen on 6.12 under QEMU

@@ -12,11 +12,13 @@ use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, PrepareOutcome};
 use dra_plugin::config::{Config, DeviceMode, GroupBy, Settings};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
+    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim,
     ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use shared_state::topology::{sysfs_tree, Topology};
 use shared_state::CpuSet;
 use std::path::{Path, PathBuf};
@@ -222,6 +224,28 @@ impl Node {
         results: Option<Vec<RawResult>>,
         pod_uid: Option<&str>,
     ) -> Claim {
+        self.claim_configured(name, results, pod_uid, None)
+    }
+
+    /// [`Node::claim_raw`], with one opaque config of this driver from the
+    /// claim for all its requests, whose parameters are `parameters`.
+    pub fn claim_configured(
+        &self,
+        name: &str,
+        results: Option<Vec<RawResult>>,
+        pod_uid: Option<&str>,
+        parameters: Option<serde_json::Value>,
+    ) -> Claim {
+        let config = parameters.map(|parameters| {
+            vec![DeviceAllocationConfiguration {
+                source: "FromClaim".into(),
+                requests: None,
+                opaque: Some(OpaqueDeviceConfiguration {
+                    driver: DRIVER.into(),
+                    parameters: RawExtension(parameters),
+                }),
+            }]
+        });
         let results = results.map(|rs| {
             rs.into_iter()
                 .enumerate()
@@ -242,7 +266,7 @@ impl Node {
             allocation: Some(AllocationResult {
                 devices: Some(DeviceAllocationResult {
                     results: Some(results),
-                    ..Default::default()
+                    config,
                 }),
                 ..Default::default()
             }),

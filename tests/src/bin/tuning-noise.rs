@@ -21,11 +21,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Device and console I/O in the background, so that device interrupts
-/// arrive while a round measures.
+/// arrive while a round measures. Confined to `cpus` (away from the
+/// claim's), so that only where the interrupts are routed differs.
 struct Load(Vec<Child>);
 
 impl Load {
-    fn start() -> anyhow::Result<Load> {
+    fn start(cpus: &str) -> anyhow::Result<Load> {
         let scripts = [
             // Disk: write and sync, over and over (virtio-blk interrupts).
             "while :; do dd if=/dev/zero of=/var/tmp/noise-load bs=64k count=64 conv=fsync 2>/dev/null; done",
@@ -35,8 +36,8 @@ impl Load {
         let mut children = Vec::new();
         for script in scripts {
             children.push(
-                Command::new("sh")
-                    .args(["-c", script])
+                Command::new("taskset")
+                    .args(["-c", cpus, "sh", "-c", script])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
@@ -116,6 +117,18 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (irqs_after, switches_after) = (interrupts()?, switches(pid)?);
     let (device_irqs, all_irqs) = irqs_after.since(&irqs_before, &prepared.cpus);
+    let sources: Vec<String> = irqs_after
+        .by_source
+        .keys()
+        .filter_map(|source| {
+            let one = InterruptCounts {
+                by_source: [(source.clone(), irqs_after.by_source[source].clone())].into(),
+            };
+            let (_, n) = one.since(&irqs_before, &prepared.cpus);
+            (n > 0).then(|| format!("{source}={n}"))
+        })
+        .collect();
+    println!("  {name} on {}: {}", prepared.cpus, sources.join(" "));
     node.delete_pod(&running).await?;
     node.unprepare(&claim).await?;
     Ok(Sample {
@@ -149,7 +162,10 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .context("starting the node")?;
-    let _load = Load::start()?;
+    // The claims come from NUMA node 1's device; the load runs on node 0.
+    let node0 = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist")
+        .context("NUMA node 0's CPUs")?;
+    let _load = Load::start(node0.trim())?;
     let mut samples = Vec::new();
     for round in 0..rounds {
         // Alternate which goes first, so drift hits both alike.
