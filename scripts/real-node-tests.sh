@@ -46,4 +46,5 @@ scripts/real-node.sh up "${which[@]}"
 # release build where only the behaviour is under test.
 scripts/real-node.sh install
 cargo test -p dra-cpu-tests --test real_node -- --ignored --test-threads=1 "${filters[@]}"
-cargo test -p dra-cpu-tests --test real_node_uninstall -- --ignored
+# One at a time, in name order: the second installs the driver again.
+cargo test -p dra-cpu-tests --test real_node_uninstall -- --ignored --test-threads=1

@@ -10,6 +10,7 @@
 /// read from flags is exactly the one the slices are built for.
 pub use crate::devices::{CpuDeviceMode, DeviceMode, GroupBy};
 use crate::k8s_names::is_driver_name;
+use crate::tuning::owner::DaemonSetRef;
 use shared_state::alloc::Policy;
 use shared_state::config_file::{self, ConfigFileError};
 pub use shared_state::daemon::LogFormat;
@@ -108,6 +109,10 @@ shared_state::layered_settings! {
         pub low_latency_tuning: Option<bool>,
         /// Directory holding the host's `irq/` (its `/proc`); `/proc` by default.
         pub procfs_root: Option<PathBuf>,
+        /// The DaemonSet that runs this plugin (`namespace/name`; the chart
+        /// sets it): when it is deleted (`helm uninstall`), the node's
+        /// tuning is put back as dra-plugin stops.
+        pub daemonset: Option<DaemonSetRef>,
         /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
         /// is refused (default 1). Every container without a claim (this
         /// driver's own among them) runs there; 0 lets claims take every CPU
@@ -168,6 +173,7 @@ pub struct Config {
     pub min_shared_cpus: u32,
     pub low_latency_tuning: bool,
     pub procfs_root: PathBuf,
+    pub daemonset: Option<DaemonSetRef>,
 }
 
 /// Parse a config file's text: this driver's own keys, or the upstream
@@ -275,6 +281,7 @@ impl Settings {
             procfs_root: self
                 .procfs_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PROCFS_ROOT)),
+            daemonset: self.daemonset,
         })
     }
 }

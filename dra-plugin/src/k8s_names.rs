@@ -19,6 +19,11 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_part)
 }
 
+/// `IsDNS1123Label`: namespace names (at most 63 bytes, no dots).
+pub fn is_dns_label(s: &str) -> bool {
+    s.len() <= 63 && is_dns_part(s)
+}
+
 /// A DRA driver name: a DNS subdomain of at most 63 bytes, the limit the
 /// API server puts on `spec.driver` of ResourceSlices and DeviceClasses
 /// (`resource.DriverNameMaxLength`); it also keeps the socket names under
@@ -53,6 +58,8 @@ mod tests {
         assert!(is_dns_subdomain(&long_label));
         assert!(!is_driver_name(&long_label));
         assert!(is_driver_name(&"a".repeat(63)));
+        assert!(is_dns_label("kube-system") && is_dns_label(&"a".repeat(63)));
+        assert!(!is_dns_label(&long_label) && !is_dns_label("a.b") && !is_dns_label("-a"));
         let node = [
             "a".repeat(63),
             "b".repeat(63),

@@ -415,12 +415,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // ResourceSlices, in the background: the API server may be away.
     let (_devices_tx, devices_rx) = watch::channel(desired);
     let publisher = tokio::spawn(
-        Publisher::new(client, &config.driver_name, &config.node_name)
+        Publisher::new(client.clone(), &config.driver_name, &config.node_name)
             .with_reporting(health.publishing.clone(), metrics.clone())
             .run(devices_rx, stop.clone().cancelled_owned()),
     );
 
-    let repair = tokio::spawn(repair_tuning(tuner, stop.clone()));
+    let repair = tokio::spawn(repair_tuning(tuner.clone(), stop.clone()));
+    // Whether `helm uninstall` removes this plugin (see tuning::owner).
+    let uninstalled = Arc::new(AtomicBool::new(false));
+    let owner_watch = match (&config.daemonset, config.low_latency_tuning) {
+        (Some(owner), true) => Some(tokio::spawn(crate::tuning::owner::watch(
+            client.clone(),
+            owner.clone(),
+            uninstalled.clone(),
+            stop.clone(),
+        ))),
+        _ => None,
+    };
 
     health.serving.store(true, Ordering::Relaxed);
     tracing::info!(
@@ -442,8 +453,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let coordination_result = join_server("coordination", coordination).await;
     let _ = publisher.await;
     let _ = repair.await;
+    if let Some(watch) = owner_watch {
+        let _ = watch.await;
+    }
     let _ = http.await;
     remove_sockets(&[&dra_socket, &coordination_socket]);
+    if uninstalled.load(Ordering::SeqCst) {
+        // No kubelet call will unprepare the claims tuned here once the
+        // driver is gone: their tuning goes with it. A later install tunes
+        // the claims still stored again at its start.
+        match tokio::task::spawn_blocking(move || tuner.reconcile(Vec::new())).await {
+            Ok(Ok(pass)) => tracing::info!(
+                restored = pass.restored,
+                "the driver is being removed: the node's tuning is put back"
+            ),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the driver is being removed, but putting the node's tuning back failed")
+            }
+            Err(e) => tracing::error!(error = %e, "putting the node's tuning back failed"),
+        }
+    }
     dra_result.and(coordination_result)
 }
 

@@ -9,6 +9,9 @@
 //! CPUs are tuned again at start (the record of the earlier boot is not
 //! written back); unprepared, every value is the boot's again.
 
+// A panic in test code is a failed test, not a crash on user input.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{pod_uid, prepare_one, unprepare_one, Node, DRIVER};

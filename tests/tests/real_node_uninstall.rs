@@ -111,3 +111,68 @@ fn helm_uninstall_leaves_no_slice_spec_socket_or_cpuset() {
     node.wait_cpus(ns, "shared", "app", &online, Duration::from_secs(60))
         .unwrap();
 }
+
+/// Every interrupt's affinity and new interrupts' affinity, as the host's
+/// kernel says now.
+fn interrupt_affinities() -> (Vec<(String, String)>, String) {
+    let mut irqs: Vec<(String, String)> = std::fs::read_dir("/proc/irq")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let text = std::fs::read_to_string(e.path().join("smp_affinity_list")).ok()?;
+            Some((
+                e.file_name().to_string_lossy().to_string(),
+                text.trim().to_string(),
+            ))
+        })
+        .collect();
+    irqs.sort();
+    let default = std::fs::read_to_string("/proc/irq/default_smp_affinity").unwrap();
+    (irqs, default.trim().to_string())
+}
+
+/// Runs after the test above (alphabetically, one at a time): the driver is
+/// installed again, a claim that isolated its CPU from interrupts is still
+/// prepared when the driver is removed, and the removal puts the host's
+/// interrupts back, since nothing will unprepare that claim any more.
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn tuning_of_a_claim_still_prepared_is_put_back_when_the_driver_is_removed() {
+    let node = RealNode::find().expect("the real node (scripts/real-node.sh up)");
+    let before = interrupt_affinities();
+    node.script(&["install"]).unwrap();
+    let namespace = TestNamespace::new(&node, "uninstall-tuned").unwrap();
+    let ns = namespace.name.clone();
+    let grouped = node.publishes_grouped_devices().unwrap();
+    let template = format!(
+        "{}      config:\n        - requests: [cpus]\n          opaque:\n            driver: {DRIVER}\n            parameters:\n              apiVersion: v1alpha1\n              tuning:\n                irqs: isolate\n",
+        dra_cpu_tests::real_node::claim_template_yaml(&ns, "quiet-cpu", 1, grouped)
+    );
+    node.apply(&template).unwrap();
+    node.apply(&pod_yaml(&ns, "quiet", None, &[("cpus", "quiet-cpu")]))
+        .unwrap();
+    node.wait_running(&ns, "quiet", Duration::from_secs(240))
+        .unwrap();
+    // The control: while the driver runs, the claim's CPU is kept free of
+    // new interrupts.
+    let tuned = interrupt_affinities();
+    assert_ne!(tuned.1, before.1, "the claim's CPU was never isolated");
+
+    node.script(&["uninstall"]).unwrap();
+    node.wait("the driver's pods gone", Duration::from_secs(180), || {
+        let pods = node.get_json(&["pods", "-n", "dra-cpu"])?;
+        match pods["items"].as_array().map(Vec::len).unwrap_or(0) {
+            0 => Ok(Ok(())),
+            n => Ok(Err(format!("{n} pods left"))),
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        interrupt_affinities(),
+        before,
+        "the host's interrupts after the driver was removed under a tuned claim"
+    );
+    // The claim can no longer be unprepared, so deleting the namespace
+    // would wait for nothing: the node is torn down after this test.
+    std::mem::forget(namespace);
+}

@@ -91,6 +91,7 @@ device-metadata-dir: {{ $p.deviceMetadataDir | quote }}
 expose-pcie-roots: {{ $p.exposePcieRoots }}
 low-latency-tuning: {{ $p.lowLatencyTuning }}
 procfs-root: {{ printf "%s/proc" (include "dra-cpu.hostRoot" .) | quote }}
+daemonset: {{ printf "%s/%s" .Release.Namespace (include "dra-cpu.fullname" .) | quote }}
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
 metrics-address: "0.0.0.0:{{ $p.metricsPort }}"

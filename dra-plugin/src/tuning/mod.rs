@@ -15,6 +15,7 @@
 //! The pure part (what the values should be) is `shared_state::tuning`.
 
 mod kernel;
+pub mod owner;
 
 pub use kernel::KernelPaths;
 use kernel::{read_value, write_value};
