@@ -7,7 +7,13 @@
 //! Run it through `scripts/tuning-noise.sh` (inside the VM node, whose
 //! interrupts can be moved without harming other work); it needs root.
 //!
-//!   tuning-noise [--rounds N] [--seconds S]
+//!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME]
+//!
+//! Interrupts named NAME in `/proc/interrupts` (default `ttyS0`, the
+//! console the load writes to) are placed on the CPUs the claim will get
+//! before each round, as a driver's spread or an irqbalance leaves some
+//! interrupt on any CPU of a real node; a tuned claim moves them off, an
+//! untuned one takes them.
 
 // A measurement tool: a panic stops it with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,6 +23,7 @@ use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::interrupts::{involuntary_switches, parse_interrupts, InterruptCounts};
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
 use serde_json::json;
+use shared_state::CpuSet;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -78,12 +85,37 @@ struct Sample {
     switches: u64,
 }
 
+/// The interrupts whose `/proc/interrupts` line ends with `name`.
+fn irqs_named(name: &str) -> anyhow::Result<Vec<u32>> {
+    let text = std::fs::read_to_string("/proc/interrupts").context("/proc/interrupts")?;
+    Ok(text
+        .lines()
+        .filter(|line| line.split_whitespace().last() == Some(name))
+        .filter_map(|line| line.split_once(':')?.0.trim().parse().ok())
+        .collect())
+}
+
+fn place_irqs(irqs: &[u32], cpus: &CpuSet) -> anyhow::Result<()> {
+    for irq in irqs {
+        std::fs::write(
+            format!("/proc/irq/{irq}/smp_affinity_list"),
+            cpus.to_cpulist(),
+        )
+        .with_context(|| format!("placing interrupt {irq} on {cpus}"))?;
+    }
+    Ok(())
+}
+
 async fn measure(
     node: &mut Node,
     round: usize,
     tuned: bool,
     seconds: u64,
+    placed: (&[u32], &CpuSet),
 ) -> anyhow::Result<Sample> {
+    // The device's interrupt is on the claim's CPUs before the claim.
+    let (irqs, claim_cpus) = placed;
+    place_irqs(irqs, claim_cpus)?;
     let name = format!("{}-{round}", if tuned { "tuned" } else { "plain" });
     let pod = PodIdentity::new(&name);
     let tuning = if tuned {
@@ -106,6 +138,12 @@ async fn measure(
         json!({"apiVersion": "v1alpha1", "tuning": tuning}),
     )?;
     let prepared = node.prepare(&claim).await?;
+    if &prepared.cpus != claim_cpus {
+        bail!(
+            "the claim got {}, not the {claim_cpus} its interrupts were placed on",
+            prepared.cpus
+        );
+    }
     let mut spec = ContainerSpec::sleeper("busy").with_cdi_device(&prepared.cdi_device);
     spec.command = vec!["sh".into(), "-c".into(), "while :; do :; done".into()];
     let running = node.start_pod(&pod, &[spec]).await?;
@@ -148,12 +186,14 @@ fn median(mut values: Vec<u64>) -> u64 {
 async fn main() -> anyhow::Result<()> {
     let mut rounds = 3usize;
     let mut seconds = 10u64;
+    let mut irq_name = "ttyS0".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--rounds" => rounds = args.next().context("--rounds N")?.parse()?,
             "--seconds" => seconds = args.next().context("--seconds S")?.parse()?,
-            other => bail!("unknown argument {other} (--rounds N, --seconds S)"),
+            "--irq-name" => irq_name = args.next().context("--irq-name NAME")?,
+            other => bail!("unknown argument {other} (--rounds N, --seconds S, --irq-name NAME)"),
         }
     }
     let mut node = Node::start(NodeOptions {
@@ -166,6 +206,18 @@ async fn main() -> anyhow::Result<()> {
     let node0 = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist")
         .context("NUMA node 0's CPUs")?;
     let _load = Load::start(node0.trim())?;
+    // The packed policy's first two CPUs of NUMA node 1, where each claim goes.
+    let node1 = std::fs::read_to_string("/sys/devices/system/node/node1/cpulist")
+        .context("NUMA node 1's CPUs")?;
+    let claim_cpus: CpuSet = CpuSet::parse_cpulist(node1.trim())?
+        .iter()
+        .take(2)
+        .collect();
+    let irqs = irqs_named(&irq_name)?;
+    if irqs.is_empty() {
+        bail!("no interrupt named {irq_name} in /proc/interrupts");
+    }
+    println!("interrupts {irqs:?} ({irq_name}) placed on {claim_cpus} before each claim");
     let mut samples = Vec::new();
     for round in 0..rounds {
         // Alternate which goes first, so drift hits both alike.
@@ -175,7 +227,7 @@ async fn main() -> anyhow::Result<()> {
             [true, false]
         };
         for tuned in order {
-            let sample = measure(&mut node, round, tuned, seconds).await?;
+            let sample = measure(&mut node, round, tuned, seconds, (&irqs, &claim_cpus)).await?;
             println!(
                 "round {round} {:<7} device interrupts {:>7}  all interrupts {:>7}  involuntary switches {:>7}",
                 if tuned { "tuned" } else { "untuned" },
