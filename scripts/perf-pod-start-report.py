@@ -333,12 +333,14 @@ def main():
         return (s / c, int(c)) if c else (None, 0)
 
     prep, n_prep = mean_delta("dra-metrics", "dra_cpu_prepare_duration_seconds")
+    call, n_call = mean_delta("dra-metrics", "dra_cpu_prepare_claim_duration_seconds")
     nri_ex, n_ex = mean_delta("nri-metrics", "dra_cpu_nri_create_container_duration_seconds", 'cpu_allocation_mode="exclusive"')
     nri_sh, n_sh = mean_delta("nri-metrics", "dra_cpu_nri_create_container_duration_seconds", 'cpu_allocation_mode="shared"')
     out.append("")
-    out.append(f"From the processes' /metrics over the driver blocks (mean per call): dra-plugin "
-               f"prepare {ms(prep)} (n={n_prep}, dra_cpu_prepare_duration_seconds: store fsync and "
-               f"CDI write included); nri-plugin CreateContainer {ms(nri_ex)} exclusive (n={n_ex}), "
+    out.append(f"From the processes' /metrics over the driver blocks (mean per call): dra-plugin's "
+               f"prepare of a claim {ms(call)} (n={n_call}, dra_cpu_prepare_claim_duration_seconds: "
+               f"the ResourceClaim GET included), of which the decision, store fsync and CDI write "
+               f"{ms(prep)} (n={n_prep}, dra_cpu_prepare_duration_seconds); nri-plugin CreateContainer {ms(nri_ex)} exclusive (n={n_ex}), "
                f"{ms(nri_sh)} shared (n={n_sh}) (dra_cpu_nri_create_container_duration_seconds).")
 
     if grow:
