@@ -203,13 +203,20 @@ one_pod() {
   local kind="$1" name="$2" block="$3" uid seen inside
   uid="$(pod_yaml "$kind" "$name" | k create -f - -o jsonpath='{.metadata.uid}')"
   seen="$(wait_running "$uid")" || die "pod $name did not run within 180 s"
-  inside="$(k -n "$ns" logs "$name" | sed -n 's/^Cpus_allowed_list:[[:space:]]*//p')"
+  # The container runs before the kubelet reports it: its log may be
+  # refused for a moment.
+  local text="" deadline=$((SECONDS + 60))
+  until text="$(k -n "$ns" logs "$name" 2>/dev/null)" && [ -n "$text" ]; do
+    [ $SECONDS -lt $deadline ] || die "no log from pod $name within 60 s"
+    sleep 0.2
+  done
+  inside="$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' <<<"$text")"
   # kind block name uid seen cgroup-cpus cgroup inside-cpus
   set -- $seen
   printf '%s %s %s %s %s %s %s %s\n' "$kind" "$block" "$name" "$uid" "$1" "$2" "$3" "${inside:--}" >>"$work/pods.txt"
   k -n "$ns" delete pod "$name" --wait=true --timeout=120s >/dev/null
   if [ "$kind" = a ]; then
-    local deadline=$((SECONDS + 120))
+    deadline=$((SECONDS + 120))
     while [ -n "$(k -n "$ns" get resourceclaims -o name)" ]; do
       [ $SECONDS -lt $deadline ] || die "the claim of $name was not deleted within 120 s"
       sleep 0.2
