@@ -320,6 +320,7 @@ collect_driver_logs() {
 }
 
 setup_namespace
+load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 per_block=$(((rounds + blocks - 1) / blocks))
 log "Kubernetes $REAL_NODE_KUBERNETES, containerd $REAL_NODE_CONTAINERD; $host_cpus CPUs, pods of $cpus CPUs; $rounds pods of each kind in $blocks blocks of $per_block rounds"
 done_d=0 done_s=0
@@ -373,7 +374,7 @@ cat "$REAL_NODE_DIR/logs/kubelet.log" >>"$work/kubelet.log"
 cp "$REAL_NODE_DIR"/logs/{kube-scheduler,containerd}.log "$work/"
 report=0
 python3 scripts/perf-pod-start-report.py "$work" \
-  --header "Kubernetes $REAL_NODE_KUBERNETES, containerd $REAL_NODE_CONTAINERD, $host_cpus CPUs, pods of $cpus CPUs, $(date -u '+%Y-%m-%d %H:%M UTC')" \
+  --header "Kubernetes $REAL_NODE_KUBERNETES, containerd $REAL_NODE_CONTAINERD, $host_cpus CPUs, pods of $cpus CPUs, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $load_before at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end" \
   --cpus "$cpus" --namespace "$ns" >"$work/report.md" || report=$?
 cat "$work/report.md"
 [ -z "$out" ] || cp "$work/report.md" "$out"
