@@ -157,12 +157,15 @@ def main():
             if p:
                 pods[p]["m"].setdefault("kubelet DRA prepare", klog_time(line, year))
 
-    sandbox_pod, container_pod = {}, {}
+    sandbox_pod, container_pod, update_requests = {}, {}, []
     for line in read(os.path.join(d, "containerd.log")):
         tm = re.match(r'time="([^"]+)"', line)
         if not tm or "level=info" not in line:
             continue
         t = rfc3339(tm.group(1))
+        if "requested container updates" in line:
+            update_requests.append(t)
+            continue
         m = re.search(r'RunPodSandbox for name:\\"([^\\]+)\\" uid:\\"[^\\]+\\" namespace:\\"' + ns + r'\\"(.*)', line)
         if m and m.group(1) in pods:
             p = m.group(1)
@@ -322,6 +325,26 @@ def main():
             cells.append(cell_text)
         out.append(f"| {mname} | {sources[mname]} | " + " | ".join(cells) + " |")
 
+    # The same as steps, each pod's own, between milestones every kind has
+    # (the claim's work falls between creation and binding, and between the
+    # volumes and the sandbox).
+    steps = [("created", "bound"), ("bound", "kubelet saw it"), ("kubelet saw it", "volumes mounted"),
+             ("volumes mounted", "RunPodSandbox"), ("RunPodSandbox", "sandbox ready"),
+             ("sandbox ready", "created by containerd"), ("created by containerd", "started by containerd"),
+             ("started by containerd", "running, cpuset read"), ("created", "running, cpuset read")]
+    out.append("")
+    out.append("The same as steps: each pod's time from one milestone to the next, median")
+    out.append("")
+    out.append("| step | " + " | ".join(KINDS[k] for k in KINDS) + " |")
+    out.append("|---|" + "---|" * len(KINDS))
+    for first, second in steps:
+        cells = []
+        for k in KINDS:
+            xs = [p["m"][second] - p["m"][first] for p in pods.values()
+                  if p["kind"] == k and first in p["m"] and second in p["m"]]
+            cells.append(ms(median(xs)))
+        out.append(f"| {first} → {second} | " + " | ".join(cells) + " |")
+
     # Metrics: the processes' own time per call, mean over the driver blocks.
     def mean_delta(prefix, name, label=""):
         s = c = 0.0
@@ -344,18 +367,22 @@ def main():
                f"{ms(nri_sh)} shared (n={n_sh}) (dra_cpu_nri_create_container_duration_seconds).")
 
     if grow:
-        learn, sent = [], []
+        learn, sent, received = [], [], []
         for g, claim in grow:
             uid = claim_uid.get(claim)
             t0 = unprepared_at[claim]
             if uid in nri_unprepared:
                 learn.append(nri_unprepared[uid] - t0)
+                got = [t for t in update_requests if t >= nri_unprepared[uid]]
+                if got:
+                    received.append(min(got) - t0)
                 after = [t for t in nri_sent if t is not None and t >= nri_unprepared[uid]]
                 if after:
                     sent.append(min(after) - t0)
         out.append("")
         out.append(f"Row 5b, from dra-plugin's \"claim unprepared\" (medians, n={len(grow)}): nri-plugin's "
-                   f"\"claim unprepared\" (the Watch event) +{ms(median(learn))}; its \"pool change sent "
+                   f"\"claim unprepared\" (the Watch event) +{ms(median(learn))}; containerd's "
+                   f"\"plugin requested container updates\" +{ms(median(received))}; nri-plugin's \"pool change sent "
                    f"as an unsolicited update\" +{ms(median(sent))}; the shared cgroup grown "
                    f"+{ms(median([g for g, _ in grow]))} (cgroup polled every 1 ms).")
     print("\n".join(out))
