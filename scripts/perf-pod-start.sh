@@ -11,7 +11,7 @@
 #      manager (cpuManagerPolicy: static, reservedSystemCPUs: "0"), the
 #      driver uninstalled, beside b again, round by round
 # in alternating blocks (driver / static CPU manager; switching the kubelet
-# policy removes its cpu_manager_state and restarts it), then row 5 on this
+# policy removes its cpu_manager_state and restarts it), and row 5b on this
 # containerd: from dra-plugin's "claim unprepared" (NodeUnprepareResources
 # returning) to a running shared container's cgroup showing the grown pool.
 # Prints the table (Markdown) and where the time of a pod start goes, read
@@ -35,8 +35,8 @@
 #                      it up with its kubelet configuration and driver back
 #
 # Needs root and python3. The first run builds the components (tens of
-# minutes on 2 cores; cached). A run of the defaults takes about 20 minutes
-# on 2 cores.
+# minutes on 2 cores; cached). A run of the defaults takes about 12 minutes
+# on 2 cores after that.
 set -euo pipefail
 case "${1:-}" in
   -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
