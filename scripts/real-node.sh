@@ -25,6 +25,10 @@
 #   scripts/real-node.sh ctr ARGS        ctr on the node's containerd
 #   scripts/real-node.sh env             the node's facts as shell variables
 #
+# DRA_CPU_REAL_NODE_LOG_V at `up` (default 1): the klog verbosity of the
+# kubelet and kube-scheduler for the node's life (3 and 2 log the steps of a
+# pod's start that scripts/perf-pod-start.sh reads back).
+#
 # Everything lives under one private directory ($DRA_CPU_REAL_NODE_DIR,
 # default /tmp/dcpu-real-node) and one network namespace (dcpu-node) holding
 # the node's address, the pod bridge and every listening socket, so no
@@ -312,10 +316,13 @@ restore_kernel_tunables() {
   done <"$dir/sysctl.saved"
 }
 
+# The klog verbosity the node was brought up with (DRA_CPU_REAL_NODE_LOG_V).
+log_v() { cat "$dir/log-verbosity" 2>/dev/null || echo 1; }
+
 run_kubelet() {
   save_kernel_tunables
   start kubelet "$kube_bin/kubelet" --config="$dir/kubelet.yaml" --kubeconfig="$dir/kubelet.kubeconfig" \
-    --root-dir="$dir/kubelet" --hostname-override="$node_name" --node-ip="$node_ip" --v=1
+    --root-dir="$dir/kubelet" --hostname-override="$node_name" --node-ip="$node_ip" --v="$(log_v)"
   wait_for kubelet 120 kubectl_admin get node "$node_name"
   wait_for kubelet 180 kubectl_admin wait --for=condition=Ready "node/$node_name" --timeout=5s
 }
@@ -365,6 +372,10 @@ up() {
 
   mkdir -p "$dir"/{images,manifests,logs,pids,cdi,nri,kubelet,containerd,etcd}
   printf 'KUBERNETES_VERSION=%s\nCONTAINERD_VERSION=%s\n' "$KUBERNETES_VERSION" "$CONTAINERD_VERSION" >"$dir/versions"
+  case "${DRA_CPU_REAL_NODE_LOG_V:-1}" in
+    [0-9] | 10) echo "${DRA_CPU_REAL_NODE_LOG_V:-1}" >"$dir/log-verbosity" ;;
+    *) die "DRA_CPU_REAL_NODE_LOG_V is a klog verbosity (0-10), not $DRA_CPU_REAL_NODE_LOG_V" ;;
+  esac
   log "Kubernetes $KUBERNETES_VERSION, containerd $CONTAINERD_VERSION, runc $RUNC, etcd $ETCD in $dir"
   ip netns list 2>/dev/null | awk '{print $1}' >"$dir/netns.before"
   make_netns
@@ -414,7 +425,7 @@ leaderElection:
   leaderElect: false
 EOF
   start kube-scheduler "$kube_bin/kube-scheduler" --config="$dir/scheduler.yaml" \
-    --feature-gates="$gates" --profiling=false --bind-address=127.0.0.1 --v=1
+    --feature-gates="$gates" --profiling=false --bind-address=127.0.0.1 --v="$(log_v)"
 
   # containerd: CRI, NRI and CDI, runc from the build, the pinned sandbox image.
   cat >"$dir/containerd/config.toml" <<EOF
