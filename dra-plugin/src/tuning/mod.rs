@@ -388,14 +388,16 @@ fn set_per_cpu(
     Ok(())
 }
 
-/// The kernel refuses to move this interrupt: a managed or per-CPU one
-/// (EIO), the timer (EPERM), a mask its chip cannot take (EINVAL), or no
-/// vector left on the target CPUs (ENOSPC, EBUSY). A mount or permission
-/// problem (EROFS, EACCES) is not this: it fails the pass.
+/// The kernel refuses to move this interrupt: a managed one, whose file
+/// it makes read-only (EACCES without CAP_DAC_OVERRIDE, EPERM with it), a
+/// per-CPU one (EIO), the timer (EPERM), a mask its chip cannot take
+/// (EINVAL), or no vector left on the target CPUs (ENOSPC, EBUSY). The
+/// node's support check found `/proc/irq` writable as a whole, so these
+/// are this interrupt's; a read-only mount (EROFS) fails the pass.
 fn unmovable(error: &io::Error) -> bool {
     matches!(
         error.raw_os_error(),
-        Some(libc::EIO | libc::EPERM | libc::EINVAL | libc::ENOSPC | libc::EBUSY)
+        Some(libc::EACCES | libc::EIO | libc::EPERM | libc::EINVAL | libc::ENOSPC | libc::EBUSY)
     )
 }
 
