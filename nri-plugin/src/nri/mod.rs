@@ -19,6 +19,7 @@ use shared_state::upstream_metrics::{NriCallback, OpResult};
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;
+use crate::partition::{Isolated, IsolatedPartitions};
 use crate::resolve::ClaimResolver;
 use crate::view::{admit_container, synchronize_containers, ContainerInfo};
 
@@ -31,11 +32,66 @@ pub use messages::{container_info, creation_reply, to_nri_updates, update_info, 
 pub struct DraCpuPlugin {
     enforcer: Arc<Enforcer>,
     resolver: Arc<dyn ClaimResolver>,
+    /// Isolated partitions (`loadBalancing: off`); `None`: such a
+    /// container's start is refused.
+    partitions: Option<IsolatedPartitions>,
+    /// Containers given an isolated partition by this process: their
+    /// cgroups path and CPUs, given back when they stop.
+    isolated: std::sync::Mutex<HashMap<String, (String, CpuSet)>>,
 }
 
 impl DraCpuPlugin {
     pub fn new(enforcer: Arc<Enforcer>, resolver: Arc<dyn ClaimResolver>) -> Self {
-        DraCpuPlugin { enforcer, resolver }
+        DraCpuPlugin {
+            enforcer,
+            resolver,
+            partitions: None,
+            isolated: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Makes isolated partitions under this cgroup v2 root.
+    pub fn with_isolated_partitions(mut self, partitions: IsolatedPartitions) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// Gives back the isolated partition of a container that stopped (or
+    /// was removed without a stop seen): its CPUs leave the ancestors'
+    /// exclusive CPUs. `view_cpus` is what the view knows of it (after a
+    /// restart of this process, the only knowledge). Never fails the event.
+    fn release_partition(&self, container: &Container, view_cpus: Option<CpuSet>) {
+        let recorded = shared_state::sync::lock(&self.isolated).remove(&container.id);
+        let cgroups_path = container
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.clone())
+            .unwrap_or_default();
+        let Some((path, cpus)) = recorded.or_else(|| view_cpus.map(|c| (cgroups_path, c))) else {
+            return;
+        };
+        // Another container of the claim (kubelet's restart of it) may
+        // hold the CPUs by now: they stay where it needs them.
+        let taken = shared_state::sync::lock(&self.isolated)
+            .values()
+            .any(|(_, other)| !other.is_disjoint(&cpus));
+        if taken {
+            return;
+        }
+        let Some(partitions) = &self.partitions else {
+            return;
+        };
+        match partitions.release(&path, &cpus) {
+            Ok(0) => {}
+            Ok(written) => tracing::info!(
+                container = %container.id, name = %container.name, cpus = %cpus, written,
+                "isolated partition given back"
+            ),
+            Err(e) => tracing::warn!(
+                container = %container.id, name = %container.name, cpus = %cpus, error = %e,
+                "giving back the isolated partition failed"
+            ),
+        }
     }
 
     fn finish(&self, event: &'static str, result: &'static str, started: Instant) {
@@ -75,6 +131,7 @@ impl NriPlugin for DraCpuPlugin {
     fn events(&self) -> EventMask {
         EventMask::of(&[
             Event::CREATE_CONTAINER,
+            Event::START_CONTAINER,
             Event::POST_START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
@@ -221,6 +278,62 @@ impl NriPlugin for DraCpuPlugin {
         }
     }
 
+    /// The container is about to start, its cgroup made: a container of a
+    /// claim asking `loadBalancing: off` gets its isolated partition now,
+    /// before its process runs. A partition the kernel refuses fails the
+    /// start, with the kernel's reason, and nothing is left behind.
+    async fn start_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), PluginError> {
+        let started = Instant::now();
+        let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
+            return Ok(());
+        };
+        let cgroups_path = container
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.clone())
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            "start_container", container = %container.id, name = %container.name,
+            pod = %pod.name, namespace = %pod.namespace, cpus = %cpus
+        );
+        let outcome = match &self.partitions {
+            Some(partitions) => partitions
+                .isolate(&cgroups_path, &cpus)
+                .map_err(|e| e.to_string()),
+            None => Err("this nri-plugin makes no isolated partitions".to_string()),
+        };
+        match outcome {
+            Ok(isolated) => {
+                let cgroup = match &isolated {
+                    Isolated::Made { cgroup } | Isolated::Already { cgroup } => cgroup.clone(),
+                };
+                span.in_scope(|| {
+                    tracing::info!(
+                        cgroup = %cgroup.display(), already = matches!(isolated, Isolated::Already { .. }),
+                        "isolated partition made: no load balancing on the claim's CPUs"
+                    )
+                });
+                shared_state::sync::lock(&self.isolated)
+                    .insert(container.id.clone(), (cgroups_path, cpus));
+                self.finish("StartContainer", "ok", started);
+                Ok(())
+            }
+            Err(reason) => {
+                span.in_scope(|| tracing::warn!(%reason, "isolated partition refused; the container does not start"));
+                self.enforcer.metrics.refused("isolated-partition");
+                self.finish("StartContainer", "refused", started);
+                Err(PluginError::failed(format!(
+                    "tuning.loadBalancing off for container {} of pod {}/{}: {reason}",
+                    container.name, pod.namespace, pod.name
+                )))
+            }
+        }
+    }
+
     /// The container runs: an update sent to it before that may not have
     /// reached its cgroup (see [`crate::view::NodeView::confirm_started`]);
     /// send it again.
@@ -281,11 +394,13 @@ impl NriPlugin for DraCpuPlugin {
         container: Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let started = Instant::now();
-        let updates = {
+        let (updates, isolated) = {
             let mut view = self.enforcer.view();
             view.forget_starting(&container.id);
-            view.stop_container(&container.id)
+            let isolated = view.isolated_cpus(&container.id);
+            (view.stop_container(&container.id), isolated)
         };
+        self.release_partition(&container, isolated);
         self.send_in_reply(&updates);
         tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
         self.finish("StopContainer", "ok", started);
@@ -306,9 +421,11 @@ impl NriPlugin for DraCpuPlugin {
         let started = Instant::now();
         let mut view = self.enforcer.view();
         view.forget_starting(&container.id);
+        let isolated = view.isolated_cpus(&container.id);
         view.remove_container(&container.id);
         self.enforcer.refresh(&view);
         drop(view);
+        self.release_partition(&container, isolated);
         self.finish("RemoveContainer", "ok", started);
         self.upstream_container(
             NriCallback::RemoveContainer,
