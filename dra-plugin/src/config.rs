@@ -23,6 +23,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/dra-cpu";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
 pub const DEFAULT_PROCFS_ROOT: &str = "/proc";
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// File of the tuning record (values before tuning changed them) inside
 /// the state directory.
 pub const TUNING_RECORD_NAME: &str = "tuning-baseline.json";
@@ -108,6 +109,10 @@ shared_state::layered_settings! {
         pub low_latency_tuning: Option<bool>,
         /// Directory holding the host's `irq/` (its `/proc`); `/proc` by default.
         pub procfs_root: Option<PathBuf>,
+        /// Where the host's cgroup hierarchy is mounted (read only: whether
+        /// it is cgroup v2 with isolated partitions, for `loadBalancing: off`,
+        /// which nri-plugin makes under its own `--cgroup-root`).
+        pub cgroup_root: Option<PathBuf>,
         /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
         /// is refused (default 1). Every container without a claim (this
         /// driver's own among them) runs there; 0 lets claims take every CPU
@@ -168,6 +173,7 @@ pub struct Config {
     pub min_shared_cpus: u32,
     pub low_latency_tuning: bool,
     pub procfs_root: PathBuf,
+    pub cgroup_root: PathBuf,
 }
 
 /// Parse a config file's text: this driver's own keys, or the upstream
@@ -275,6 +281,9 @@ impl Settings {
             procfs_root: self
                 .procfs_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PROCFS_ROOT)),
+            cgroup_root: self
+                .cgroup_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT)),
         })
     }
 }
