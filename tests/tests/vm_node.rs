@@ -1240,5 +1240,63 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
             );
         }
     }
+
+    // A partition the kernel refuses: another cgroup holds the claim's CPUs
+    // as exclusive. The start fails naming the file, and nothing is left.
+    let pod = PodIdentity::new("blocked");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "blocked-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the blocked claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    let blocker = Path::new(CGROUP_ROOT).join("dra-cpu-test-blocker");
+    std::fs::create_dir_all(&blocker).must("making the blocking cgroup");
+    std::fs::write(
+        blocker.join("cpuset.cpus.exclusive"),
+        prepared.cpus.to_cpulist(),
+    )
+    .must("the blocking cgroup takes the claim's CPUs");
+    let kubepods_before = ancestors.first().and_then(|a| exclusive_of(a));
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let sandbox = node
+        .cri
+        .run_pod(&pod.name, dra_cpu_tests::node::NAMESPACE, &pod.uid)
+        .await
+        .must("the blocked pod's sandbox");
+    let refused = node.cri.run_container(&sandbox, &spec).await;
+    let error = match &refused {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("blocked: the start answered {error:?}");
+    assert!(
+        error.contains("tuning.loadBalancing off") && error.contains("cpuset.cpus.exclusive"),
+        "the start of a container whose partition the kernel refuses: {error:?}"
+    );
+    assert_eq!(
+        root_isolated(),
+        isolated_before,
+        "a refused partition isolated CPUs"
+    );
+    assert_eq!(
+        ancestors.first().and_then(|a| exclusive_of(a)),
+        kubepods_before,
+        "a refused partition left exclusive CPUs behind"
+    );
+    std::fs::remove_dir(&blocker).must("removing the blocking cgroup");
+    node.cri
+        .delete_pod(&sandbox.id)
+        .await
+        .must("deleting the blocked pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the blocked claim");
     timed("i (isolated partition)", started);
 }
