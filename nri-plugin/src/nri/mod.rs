@@ -56,6 +56,45 @@ impl DraCpuPlugin {
         self
     }
 
+    /// At Synchronize: running containers whose claim asks for an isolated
+    /// partition get it if they lack it (started while this plugin was
+    /// away), and are remembered either way, to be given back at their
+    /// stop. A failure cannot stop a running container: it is logged.
+    fn isolate_running(&self, containers: &[Container]) {
+        let Some(partitions) = &self.partitions else {
+            return;
+        };
+        for container in containers {
+            if container.state.value() != api::ContainerState::CONTAINER_RUNNING as i32 {
+                continue;
+            }
+            let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
+                continue;
+            };
+            let path = container
+                .linux
+                .as_ref()
+                .map(|l| l.cgroups_path.clone())
+                .unwrap_or_default();
+            match partitions.isolate(&path, &cpus) {
+                Ok(Isolated::Already { .. }) => {}
+                Ok(Isolated::Made { cgroup }) => tracing::info!(
+                    container = %container.id, name = %container.name, cpus = %cpus,
+                    cgroup = %cgroup.display(),
+                    "isolated partition made for a container that started while nri-plugin was away"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        container = %container.id, name = %container.name, cpus = %cpus, error = %e,
+                        "a running container's claim asks for an isolated partition, which the kernel refused; it runs unisolated"
+                    );
+                    continue;
+                }
+            }
+            shared_state::sync::lock(&self.isolated).insert(container.id.clone(), (path, cpus));
+        }
+    }
+
     /// Gives back the isolated partition of a container that stopped (or
     /// was removed without a stop seen): its CPUs leave the ancestors'
     /// exclusive CPUs. `view_cpus` is what the view knows of it (after a
@@ -201,6 +240,7 @@ impl NriPlugin for DraCpuPlugin {
                 }
             }
         }
+        self.isolate_running(&containers);
         self.enforcer
             .metrics
             .updates_sent("synchronize", outcome.updates.len());
@@ -681,5 +721,87 @@ mod tests {
         assert_eq!(cpus(), "", "the original value back");
         enforcer.sync_host_cgroups();
         assert_eq!(cpus(), "", "nothing is managed after the restore");
+    }
+
+    #[test]
+    fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back_at_stop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exclusive = "cpuset.cpus.exclusive";
+        let partition = "cpuset.cpus.partition";
+        for d in [
+            "kubepods",
+            "kubepods/podq",
+            "kubepods/podq/c",
+            "kubepods/podq/s",
+        ] {
+            let path = dir.path().join(d);
+            std::fs::create_dir_all(&path).expect("mkdir");
+            std::fs::write(path.join(exclusive), "\n").expect("exclusive");
+            std::fs::write(path.join(partition), "member\n").expect("partition");
+        }
+        let read = |p: &str| {
+            std::fs::read_to_string(dir.path().join(p))
+                .expect("read")
+                .trim()
+                .to_string()
+        };
+        let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
+        let enforcer = Arc::new(Enforcer::new(
+            view,
+            Arc::new(Metrics::new()),
+            NriUpdater::new(),
+            UnsolicitedUpdates::Never,
+        ));
+        let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims))
+            .with_isolated_partitions(IsolatedPartitions::new(dir.path()));
+        let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+        let mut isolated = claim(uid, "2-3", "q");
+        isolated.tuning.load_balancing_off = true;
+        run(enforcer.apply_prepared(1, isolated)).expect("prepare");
+        let mut pod = PodSandbox::new();
+        pod.uid = "q".into();
+        let with_path = |id: &str, env: &[String], path: &str| {
+            let mut c = nri_container(id, env);
+            let mut linux = api::LinuxContainer::new();
+            linux.cgroups_path = path.into();
+            linux.resources = Some(resources(1024, "")).into();
+            c.linux = Some(linux).into();
+            c
+        };
+        let env = [format!("DRA_CPUSET_{uid}=2-3")];
+        let c = with_path("c", &env, "/kubepods/podq/c");
+        let created = run(plugin.create_container(pod.clone(), c.clone())).expect("created");
+        assert_eq!(
+            created.adjust.expect("adjust").linux.resources.cpu.cpus,
+            "2-3",
+            "a CPU request in mixed mode does not add the shared pool"
+        );
+        // A shared container starts: nothing is written.
+        let s = with_path("s", &[], "/kubepods/podq/s");
+        run(plugin.create_container(pod.clone(), s.clone())).expect("shared");
+        run(plugin.start_container(pod.clone(), s)).expect("shared start");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+
+        run(plugin.start_container(pod.clone(), c.clone())).expect("start");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "isolated");
+
+        run(plugin.stop_container(pod.clone(), c.clone())).expect("stop");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+        assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "member");
+        run(plugin.remove_container(pod.clone(), c)).expect("remove");
+
+        // A plugin without partitions refuses the start, by name.
+        let bare = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+        let again = with_path("c2", &env, "/kubepods/podq/c");
+        run(bare.create_container(pod.clone(), again.clone())).expect("created again");
+        let err = run(bare.start_container(pod, again)).expect_err("no partitions");
+        assert!(
+            err.to_string().contains("tuning.loadBalancing off"),
+            "{err}"
+        );
     }
 }
