@@ -1298,5 +1298,70 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
     node.unprepare(&claim)
         .await
         .must("unpreparing the blocked claim");
+
+    // A container started while nri-plugin was away gets its partition at
+    // the next Synchronize, and gives it back at its stop.
+    let pod = PodIdentity::new("late");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "late-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the late claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    node.kill_nri_plugin();
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the late pod without nri-plugin");
+    let id = running.id("app").to_string();
+    let pid = node.cri.container_pid(&id).await.must("pid");
+    let cgroup = dra_cpu_tests::cgroup::cpuset_dir_of(pid).must("the late container's cgroup");
+    let partition_file = cgroup.join("cpuset.cpus.partition");
+    assert_eq!(
+        read(&partition_file.to_string_lossy()),
+        "member",
+        "no partition without nri-plugin"
+    );
+    node.start_nri_plugin().await.must("nri-plugin back");
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the late container on its CPUs");
+    let waited = Instant::now();
+    loop {
+        let partition = read(&partition_file.to_string_lossy());
+        if partition == "isolated" {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "the late container's partition reads {partition:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let isolated = root_isolated();
+    eprintln!(
+        "late: {} cpuset.cpus.partition isolated after nri-plugin's Synchronize; root cpuset.cpus.isolated {isolated}",
+        cgroup.display()
+    );
+    assert_eq!(isolated.difference(&isolated_before), prepared.cpus, "late");
+    node.delete_pod(&running)
+        .await
+        .must("deleting the late pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the late claim");
+    assert_eq!(root_isolated(), isolated_before, "after the late pod");
+    assert_eq!(
+        ancestors.first().and_then(|a| exclusive_of(a)),
+        kubepods_before,
+        "after the late pod: the outermost ancestor's exclusive CPUs"
+    );
     timed("i (isolated partition)", started);
 }
