@@ -100,7 +100,14 @@ def pod(docs):
 for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-allocatable-mapping", "no-nri", "everything-set", "distribute-across-cores"]:
     docs = load(mode)
     kinds = sorted(d["kind"] for d in docs)
-    check(mode, kinds == sorted(["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]), f"objects {kinds}")
+    wanted = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "DeviceClass", "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    if mode == "everything-set":
+        # lowLatencyTuning: a Role to read (only) the plugin's own DaemonSet.
+        wanted += ["Role", "RoleBinding"]
+        role = one(docs, "Role")
+        daemonset = one(docs, "DaemonSet")["metadata"]["name"]
+        check(mode, role["rules"] == [{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [daemonset], "verbs": ["get", "list", "watch"]}], f"Role rules {role['rules']}")
+    check(mode, kinds == sorted(wanted), f"objects {kinds}")
     spec = pod(docs)
     containers = {c["name"]: c for c in spec["containers"]}
     want = ["dra-plugin"] if mode == "no-nri" else ["dra-plugin", "nri-plugin"]
@@ -147,6 +154,13 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         check(mode, nri.get("reserved-cpus") == dra.get("reserved-cpus"), "the two processes disagree on reserved CPUs")
         check(mode, nri_mounts["sysfs"]["mountPath"] == nri["sysfs-root"].rstrip("/") + "/sys" and nri_mounts["sysfs"].get("readOnly") is True, "nri-plugin's sysfs-root is not its read-only sysfs mount")
         check(mode, containers["nri-plugin"]["readinessProbe"]["httpGet"]["path"] == "/readyz", "nri-plugin readiness is not /readyz")
+        if dra["low-latency-tuning"]:
+            # loadBalancing off: dra-plugin reads the hierarchy nri-plugin writes.
+            check(mode, mounts["host-cgroup"]["mountPath"] == dra["cgroup-root"] and mounts["host-cgroup"].get("readOnly") is True, "dra-plugin's cgroup-root is not its read-only host cgroup mount")
+            check(mode, nri_mounts["host-cgroup"]["mountPath"] == nri["cgroup-root"] and not nri_mounts["host-cgroup"].get("readOnly"), "nri-plugin's cgroup-root is not its writable host cgroup mount")
+            check(mode, volumes["host-cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup", "host-cgroup is not the host's /sys/fs/cgroup")
+    if mode == "no-nri" or not dra["low-latency-tuning"]:
+        check(mode, "host-cgroup" not in mounts, "dra-plugin mounts the host cgroups without lowLatencyTuning and nri-plugin")
     expect = {
         "default": {"cpu-device-mode": "auto", "group-by": "numanode", "mixed-allocation-mode": False, "disable-node-allocatable-mapping": False, "expose-pcie-roots": False},
         "individual": {"cpu-device-mode": "individual"},
@@ -155,7 +169,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "no-device-metadata": {"disable-device-metadata": True},
-        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig", "expose-pcie-roots": True},
+        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig", "expose-pcie-roots": True, "low-latency-tuning": True},
     }.get(mode, {})
     for key, value in expect.items():
         check(mode, dra.get(key) == value, f"dra-plugin.yaml {key} = {dra.get(key)!r}, want {value!r}")

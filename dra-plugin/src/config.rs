@@ -24,6 +24,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/dra-cpu";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
 pub const DEFAULT_PROCFS_ROOT: &str = "/proc";
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// File of the tuning record (values before tuning changed them) inside
 /// the state directory.
 pub const TUNING_RECORD_NAME: &str = "tuning-baseline.json";
@@ -113,6 +114,10 @@ shared_state::layered_settings! {
         /// sets it): when it is deleted (`helm uninstall`), the node's
         /// tuning is put back as dra-plugin stops.
         pub daemonset: Option<DaemonSetRef>,
+        /// Where the host's cgroup hierarchy is mounted (read only: whether
+        /// it is cgroup v2 with isolated partitions, for `loadBalancing: off`,
+        /// which nri-plugin makes under its own `--cgroup-root`).
+        pub cgroup_root: Option<PathBuf>,
         /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
         /// is refused (default 1). Every container without a claim (this
         /// driver's own among them) runs there; 0 lets claims take every CPU
@@ -174,6 +179,7 @@ pub struct Config {
     pub low_latency_tuning: bool,
     pub procfs_root: PathBuf,
     pub daemonset: Option<DaemonSetRef>,
+    pub cgroup_root: PathBuf,
 }
 
 /// Parse a config file's text: this driver's own keys, or the upstream
@@ -282,6 +288,9 @@ impl Settings {
                 .procfs_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_PROCFS_ROOT)),
             daemonset: self.daemonset,
+            cgroup_root: self
+                .cgroup_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT)),
         })
     }
 }

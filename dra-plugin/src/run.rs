@@ -193,6 +193,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             KernelPaths {
                 procfs: config.procfs_root.clone(),
                 host_root: config.sysfs_root.clone(),
+                cgroup_root: config.cgroup_root.clone(),
             },
             config.tuning_record(),
             online.clone(),

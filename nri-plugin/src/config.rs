@@ -83,7 +83,8 @@ shared_state::layered_settings! {
         /// cpuset.cpus follows the shared pool plus the reserved CPUs.
         #[arg(value_delimiter = ',')]
         pub host_cgroups: Option<Vec<String>>,
-        /// Where the cgroup v2 hierarchy is mounted.
+        /// Where the cgroup v2 hierarchy is mounted (host cgroups, and the
+        /// isolated partitions of claims asking `loadBalancing: off`).
         pub cgroup_root: Option<PathBuf>,
         /// nri-plugin's own state (the host cgroups it manages).
         pub state_dir: Option<PathBuf>,

@@ -16,6 +16,7 @@ use crate::enforcer::Enforcer;
 use crate::host_cgroups::HostCgroups;
 use crate::metrics::{self, Metrics};
 use crate::nri::DraCpuPlugin;
+use crate::partition::IsolatedPartitions;
 use crate::resolve::{scan_claims, CoordinationResolver};
 use crate::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
 
@@ -112,7 +113,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             }
         })
     };
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
+    let plugin = Arc::new(
+        DraCpuPlugin::new(enforcer.clone(), resolver)
+            .with_isolated_partitions(IsolatedPartitions::new(&config.cgroup_root)),
+    );
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
     let nri = tokio::spawn(run_with_reconnect(

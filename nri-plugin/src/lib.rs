@@ -9,6 +9,7 @@ pub mod enforcer;
 pub mod host_cgroups;
 pub mod metrics;
 pub mod nri;
+pub mod partition;
 pub mod resolve;
 #[cfg(test)]
 mod test_support;

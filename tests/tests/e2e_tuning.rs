@@ -163,10 +163,14 @@ async fn the_devices_say_which_tuning_the_node_honours() {
                 .cloned()
         };
         assert_eq!(attribute("cfsQuotaControl"), Some(json!(true)), "{device}");
-        // Not offered by this driver yet, and said so.
+        // Offered where the host's cgroup v2 has remote partitions (the
+        // root's cpuset.cpus.isolated, Linux 6.7+), and said so.
+        let partitions = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpuset"))
+            && std::path::Path::new("/sys/fs/cgroup/cpuset.cpus.isolated").exists();
         assert_eq!(
             attribute("isolatedPartition"),
-            Some(json!(false)),
+            Some(json!(partitions)),
             "{device}"
         );
         assert!(attribute("irqIsolation").is_some(), "{device}");

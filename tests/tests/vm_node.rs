@@ -1080,3 +1080,288 @@ impl<T> MustSome<T> for Option<T> {
         self.unwrap_or_else(|| panic!("no {what}"))
     }
 }
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// A cgroup's `cpuset.cpus.exclusive`, or `None` where it has none (gone,
+/// or no cpuset).
+fn exclusive_of(dir: &Path) -> Option<CpuSet> {
+    let text = std::fs::read_to_string(dir.join("cpuset.cpus.exclusive")).ok()?;
+    Some(CpuSet::parse_cpulist(text.trim()).must("cpuset.cpus.exclusive"))
+}
+
+/// The root's `cpuset.cpus.isolated`: every CPU in an isolated partition.
+fn root_isolated() -> CpuSet {
+    cpulist(&format!("{CGROUP_ROOT}/cpuset.cpus.isolated"))
+}
+
+/// The ancestors of a cgroup below the root, outermost first.
+fn ancestors_below_root(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = dir
+        .ancestors()
+        .skip(1)
+        .take_while(|p| *p != Path::new(CGROUP_ROOT))
+        .map(Path::to_path_buf)
+        .collect();
+    out.reverse();
+    out
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let isolated_before = root_isolated();
+    // Every cgroup of the pods' tree there is now, with its exclusive CPUs.
+    let tree_before: BTreeMap<PathBuf, Option<CpuSet>> = std::fs::read_dir(CGROUP_ROOT)
+        .must("reading the cgroup root")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .map(|p| {
+            let exclusive = exclusive_of(&p);
+            (p, exclusive)
+        })
+        .collect();
+    let (mut node, _all, shared) = node_with_shared_pod(NodeOptions {
+        low_latency_tuning: true,
+        ..Default::default()
+    })
+    .await;
+    let slices = node.wait_slices().await.must("slices");
+    for device in devices(&slices) {
+        assert_eq!(
+            device
+                .pointer("/attributes/dra.cpu~1isolatedPartition")
+                .cloned(),
+            Some(serde_json::json!({"bool": true})),
+            "cgroup v2 on Linux 6.12 offers isolated partitions: {device}"
+        );
+    }
+
+    let second = kernel.second_numa_node();
+    let pod = PodIdentity::new("isolated");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "isolated-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the isolated claim");
+    let prepared = node
+        .prepare(&claim)
+        .await
+        .must("preparing the isolated claim");
+    let cpus = prepared.cpus.clone();
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the isolated pod");
+    let id = running.id("app").to_string();
+    node.wait_cpus(&id, &cpus)
+        .await
+        .must("the isolated container on its CPUs");
+    let pid = node.cri.container_pid(&id).await.must("pid");
+    let cgroup = dra_cpu_tests::cgroup::cpuset_dir_of(pid).must("the container's cgroup");
+    let ancestors = ancestors_below_root(&cgroup);
+    let check_isolated = |step: &str| {
+        let partition = read(&cgroup.join("cpuset.cpus.partition").to_string_lossy());
+        let isolated = root_isolated();
+        let effective = cpulist(&cgroup.join("cpuset.cpus.effective").to_string_lossy());
+        eprintln!(
+            "{step}: {} cpuset.cpus.partition {partition:?}, effective {effective}; root cpuset.cpus.isolated {isolated}; ancestors' exclusive {:?}",
+            cgroup.display(),
+            ancestors
+                .iter()
+                .map(|a| (a.display().to_string(), exclusive_of(a).map(|c| c.to_cpulist())))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(partition, "isolated", "{step}");
+        assert_eq!(effective, cpus, "{step}");
+        assert!(
+            cpus.is_subset(&isolated),
+            "{step}: root isolates {isolated}, want {cpus} in it"
+        );
+        assert_eq!(
+            isolated.difference(&isolated_before),
+            cpus,
+            "{step}: only the claim's CPUs are newly isolated"
+        );
+        for a in &ancestors {
+            assert!(
+                exclusive_of(a).is_some_and(|e| cpus.is_subset(&e)),
+                "{step}: {} does not hold the claim's CPUs as exclusive",
+                a.display()
+            );
+        }
+    };
+    check_isolated("started");
+    // The shared pool never had those CPUs; it still runs.
+    node.wait_cpus(&shared, &kernel.online.difference(&cpus))
+        .await
+        .must("the shared pod");
+
+    // kill -9 of nri-plugin changes nothing.
+    node.restart_nri_plugin().await.must("nri-plugin kill -9");
+    check_isolated("after nri-plugin kill -9");
+
+    // Deleted and unprepared: the partition and the ancestors' exclusive
+    // CPUs are as before.
+    node.delete_pod(&running)
+        .await
+        .must("deleting the isolated pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the isolated claim");
+    let isolated_after = root_isolated();
+    eprintln!("after delete and unprepare: root cpuset.cpus.isolated {isolated_after:?} (before {isolated_before:?})");
+    assert_eq!(isolated_after, isolated_before, "root cpuset.cpus.isolated");
+    for a in &ancestors {
+        let now = exclusive_of(a);
+        let before = tree_before.get(a).cloned().flatten();
+        eprintln!(
+            "after delete and unprepare: {} exclusive {:?} (before {:?})",
+            a.display(),
+            now.as_ref().map(CpuSet::to_cpulist),
+            before.as_ref().map(CpuSet::to_cpulist)
+        );
+        if now.is_some() {
+            assert_eq!(
+                now.unwrap_or_default(),
+                before.unwrap_or_default(),
+                "{}: cpuset.cpus.exclusive",
+                a.display()
+            );
+        }
+    }
+
+    // A partition the kernel refuses: another cgroup holds the claim's CPUs
+    // as exclusive. The start fails naming the file, and nothing is left.
+    let pod = PodIdentity::new("blocked");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "blocked-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the blocked claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    let blocker = Path::new(CGROUP_ROOT).join("dra-cpu-test-blocker");
+    std::fs::create_dir_all(&blocker).must("making the blocking cgroup");
+    std::fs::write(
+        blocker.join("cpuset.cpus.exclusive"),
+        prepared.cpus.to_cpulist(),
+    )
+    .must("the blocking cgroup takes the claim's CPUs");
+    let kubepods_before = ancestors.first().and_then(|a| exclusive_of(a));
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let sandbox = node
+        .cri
+        .run_pod(&pod.name, dra_cpu_tests::node::NAMESPACE, &pod.uid)
+        .await
+        .must("the blocked pod's sandbox");
+    let refused = node.cri.run_container(&sandbox, &spec).await;
+    let error = match &refused {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("blocked: the start answered {error:?}");
+    assert!(
+        error.contains("tuning.loadBalancing off") && error.contains("cpuset.cpus.exclusive"),
+        "the start of a container whose partition the kernel refuses: {error:?}"
+    );
+    assert_eq!(
+        root_isolated(),
+        isolated_before,
+        "a refused partition isolated CPUs"
+    );
+    assert_eq!(
+        ancestors.first().and_then(|a| exclusive_of(a)),
+        kubepods_before,
+        "a refused partition left exclusive CPUs behind"
+    );
+    std::fs::remove_dir(&blocker).must("removing the blocking cgroup");
+    node.cri
+        .delete_pod(&sandbox.id)
+        .await
+        .must("deleting the blocked pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the blocked claim");
+
+    // A container started while nri-plugin was away gets its partition at
+    // the next Synchronize, and gives it back at its stop.
+    let pod = PodIdentity::new("late");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "late-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the late claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    node.kill_nri_plugin();
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(2000), Some(2000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the late pod without nri-plugin");
+    let id = running.id("app").to_string();
+    let pid = node.cri.container_pid(&id).await.must("pid");
+    let cgroup = dra_cpu_tests::cgroup::cpuset_dir_of(pid).must("the late container's cgroup");
+    let partition_file = cgroup.join("cpuset.cpus.partition");
+    assert_eq!(
+        read(&partition_file.to_string_lossy()),
+        "member",
+        "no partition without nri-plugin"
+    );
+    node.start_nri_plugin().await.must("nri-plugin back");
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the late container on its CPUs");
+    let waited = Instant::now();
+    loop {
+        let partition = read(&partition_file.to_string_lossy());
+        if partition == "isolated" {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "the late container's partition reads {partition:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let isolated = root_isolated();
+    eprintln!(
+        "late: {} cpuset.cpus.partition isolated after nri-plugin's Synchronize; root cpuset.cpus.isolated {isolated}",
+        cgroup.display()
+    );
+    assert_eq!(isolated.difference(&isolated_before), prepared.cpus, "late");
+    node.delete_pod(&running)
+        .await
+        .must("deleting the late pod");
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the late claim");
+    assert_eq!(root_isolated(), isolated_before, "after the late pod");
+    assert_eq!(
+        ancestors.first().and_then(|a| exclusive_of(a)),
+        kubepods_before,
+        "after the late pod: the outermost ancestor's exclusive CPUs"
+    );
+    timed("i (isolated partition)", started);
+}

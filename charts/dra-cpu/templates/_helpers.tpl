@@ -92,6 +92,9 @@ expose-pcie-roots: {{ $p.exposePcieRoots }}
 low-latency-tuning: {{ $p.lowLatencyTuning }}
 procfs-root: {{ printf "%s/proc" (include "dra-cpu.hostRoot" .) | quote }}
 daemonset: {{ printf "%s/%s" .Release.Namespace (include "dra-cpu.fullname" .) | quote }}
+{{- /* Mounted only with lowLatencyTuning and nri-plugin, which makes the
+partitions: elsewhere loadBalancing off is refused (no hierarchy there). */}}
+cgroup-root: /host-cgroup
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
 metrics-address: "0.0.0.0:{{ $p.metricsPort }}"

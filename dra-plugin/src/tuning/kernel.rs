@@ -1,7 +1,7 @@
 //! The kernel files tuning reads and writes, and what this node supports,
 //! found from them.
 
-use shared_state::tuning::NodeSupport;
+use shared_state::tuning::{isolated_partition_support, CgroupFacts, NodeSupport};
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
 use std::io;
@@ -14,6 +14,8 @@ pub struct KernelPaths {
     pub procfs: PathBuf,
     /// The host's `/` (holding `sys/devices/system/cpu`), as `--sysfs-root`.
     pub host_root: PathBuf,
+    /// The host's cgroup hierarchy, as `--cgroup-root` (read only here).
+    pub cgroup_root: PathBuf,
 }
 
 impl KernelPaths {
@@ -82,10 +84,22 @@ impl KernelPaths {
             Ok(governors) => support.governors = governors,
             Err(why) => support.governor = Some(why),
         }
-        support.load_balancing = Some(
-            "turning the scheduler's load balancing off is not supported by this driver yet".into(),
+        support.load_balancing = isolated_partition_support(
+            &self.cgroup_root.display().to_string(),
+            &self.cgroup_facts(),
         );
         support
+    }
+
+    /// What the cgroup mount says about isolated partitions.
+    fn cgroup_facts(&self) -> CgroupFacts {
+        let root = &self.cgroup_root;
+        CgroupFacts {
+            v2_controllers: std::fs::read_to_string(root.join("cgroup.controllers")).ok(),
+            v1_cpuset: root.join("cpuset.sched_load_balance").exists()
+                || root.join("cpuset/cpuset.sched_load_balance").exists(),
+            isolated_file: root.join("cpuset.cpus.isolated").exists(),
+        }
     }
 
     /// The governors every CPU of `cpus` offers and can be set to.
@@ -151,6 +165,7 @@ mod tests {
         let paths = KernelPaths {
             procfs: dir.path().join("proc"),
             host_root: dir.path().to_path_buf(),
+            cgroup_root: dir.path().join("cgroup"),
         };
         let cpus = CpuSet::parse_cpulist("0-1").expect("cpus");
         // A node without any of the files.
@@ -164,7 +179,10 @@ mod tests {
             .governor
             .as_deref()
             .is_some_and(|why| why.contains("no cpufreq")));
-        assert!(bare.load_balancing.is_some());
+        assert!(bare
+            .load_balancing
+            .as_deref()
+            .is_some_and(|why| why.contains("no cgroup v2 hierarchy")));
 
         put(&paths.default_irq_affinity(), "3\n");
         for cpu in 0..2 {
@@ -176,7 +194,13 @@ mod tests {
             &paths.available_governors(1),
             "performance schedutil powersave\n",
         );
+        put(
+            &paths.cgroup_root.join("cgroup.controllers"),
+            "cpuset cpu memory\n",
+        );
+        put(&paths.cgroup_root.join("cpuset.cpus.isolated"), "\n");
         let full = paths.support(&cpus);
+        assert_eq!(full.load_balancing, None);
         assert_eq!(full.irqs, None);
         assert_eq!(full.idle, None);
         assert_eq!(full.governor, None);
@@ -189,6 +213,7 @@ mod tests {
         let paths = KernelPaths {
             procfs: dir.path().to_path_buf(),
             host_root: dir.path().to_path_buf(),
+            cgroup_root: dir.path().join("cgroup"),
         };
         for irq in ["10", "2", "default_smp_affinity_dir", "0"] {
             std::fs::create_dir_all(dir.path().join("irq").join(irq)).expect("mkdir");

@@ -23,6 +23,7 @@ impl FakeNode {
         let paths = KernelPaths {
             procfs: dir.path().join("proc"),
             host_root: dir.path().to_path_buf(),
+            cgroup_root: dir.path().join("cgroup"),
         };
         let node = FakeNode { dir, paths };
         node.put(

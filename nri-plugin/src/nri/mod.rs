@@ -19,6 +19,7 @@ use shared_state::upstream_metrics::{NriCallback, OpResult};
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;
+use crate::partition::{Isolated, IsolatedPartitions};
 use crate::resolve::ClaimResolver;
 use crate::view::{admit_container, synchronize_containers, ContainerInfo};
 
@@ -31,11 +32,105 @@ pub use messages::{container_info, creation_reply, to_nri_updates, update_info, 
 pub struct DraCpuPlugin {
     enforcer: Arc<Enforcer>,
     resolver: Arc<dyn ClaimResolver>,
+    /// Isolated partitions (`loadBalancing: off`); `None`: such a
+    /// container's start is refused.
+    partitions: Option<IsolatedPartitions>,
+    /// Containers given an isolated partition by this process: their
+    /// cgroups path and CPUs, given back when they stop.
+    isolated: std::sync::Mutex<HashMap<String, (String, CpuSet)>>,
 }
 
 impl DraCpuPlugin {
     pub fn new(enforcer: Arc<Enforcer>, resolver: Arc<dyn ClaimResolver>) -> Self {
-        DraCpuPlugin { enforcer, resolver }
+        DraCpuPlugin {
+            enforcer,
+            resolver,
+            partitions: None,
+            isolated: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Makes isolated partitions under this cgroup v2 root.
+    pub fn with_isolated_partitions(mut self, partitions: IsolatedPartitions) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// At Synchronize: running containers whose claim asks for an isolated
+    /// partition get it if they lack it (started while this plugin was
+    /// away), and are remembered either way, to be given back at their
+    /// stop. A failure cannot stop a running container: it is logged.
+    fn isolate_running(&self, containers: &[Container]) {
+        let Some(partitions) = &self.partitions else {
+            return;
+        };
+        for container in containers {
+            if container.state.value() != api::ContainerState::CONTAINER_RUNNING as i32 {
+                continue;
+            }
+            let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
+                continue;
+            };
+            let path = container
+                .linux
+                .as_ref()
+                .map(|l| l.cgroups_path.clone())
+                .unwrap_or_default();
+            match partitions.isolate(&path, &cpus) {
+                Ok(Isolated::Already { .. }) => {}
+                Ok(Isolated::Made { cgroup }) => tracing::info!(
+                    container = %container.id, name = %container.name, cpus = %cpus,
+                    cgroup = %cgroup.display(),
+                    "isolated partition made for a container that started while nri-plugin was away"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        container = %container.id, name = %container.name, cpus = %cpus, error = %e,
+                        "a running container's claim asks for an isolated partition, which the kernel refused; it runs unisolated"
+                    );
+                    continue;
+                }
+            }
+            shared_state::sync::lock(&self.isolated).insert(container.id.clone(), (path, cpus));
+        }
+    }
+
+    /// Gives back the isolated partition of a container that stopped (or
+    /// was removed without a stop seen): its CPUs leave the ancestors'
+    /// exclusive CPUs. `view_cpus` is what the view knows of it (after a
+    /// restart of this process, the only knowledge). Never fails the event.
+    fn release_partition(&self, container: &Container, view_cpus: Option<CpuSet>) {
+        let recorded = shared_state::sync::lock(&self.isolated).remove(&container.id);
+        let cgroups_path = container
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.clone())
+            .unwrap_or_default();
+        let Some((path, cpus)) = recorded.or_else(|| view_cpus.map(|c| (cgroups_path, c))) else {
+            return;
+        };
+        // Another container of the claim (kubelet's restart of it) may
+        // hold the CPUs by now: they stay where it needs them.
+        let taken = shared_state::sync::lock(&self.isolated)
+            .values()
+            .any(|(_, other)| !other.is_disjoint(&cpus));
+        if taken {
+            return;
+        }
+        let Some(partitions) = &self.partitions else {
+            return;
+        };
+        match partitions.release(&path, &cpus) {
+            Ok(0) => {}
+            Ok(written) => tracing::info!(
+                container = %container.id, name = %container.name, cpus = %cpus, written,
+                "isolated partition given back"
+            ),
+            Err(e) => tracing::warn!(
+                container = %container.id, name = %container.name, cpus = %cpus, error = %e,
+                "giving back the isolated partition failed"
+            ),
+        }
     }
 
     fn finish(&self, event: &'static str, result: &'static str, started: Instant) {
@@ -75,6 +170,7 @@ impl NriPlugin for DraCpuPlugin {
     fn events(&self) -> EventMask {
         EventMask::of(&[
             Event::CREATE_CONTAINER,
+            Event::START_CONTAINER,
             Event::POST_START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
@@ -144,6 +240,7 @@ impl NriPlugin for DraCpuPlugin {
                 }
             }
         }
+        self.isolate_running(&containers);
         self.enforcer
             .metrics
             .updates_sent("synchronize", outcome.updates.len());
@@ -221,6 +318,62 @@ impl NriPlugin for DraCpuPlugin {
         }
     }
 
+    /// The container is about to start, its cgroup made: a container of a
+    /// claim asking `loadBalancing: off` gets its isolated partition now,
+    /// before its process runs. A partition the kernel refuses fails the
+    /// start, with the kernel's reason, and nothing is left behind.
+    async fn start_container(
+        &self,
+        pod: PodSandbox,
+        container: Container,
+    ) -> Result<(), PluginError> {
+        let started = Instant::now();
+        let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
+            return Ok(());
+        };
+        let cgroups_path = container
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.clone())
+            .unwrap_or_default();
+        let span = tracing::info_span!(
+            "start_container", container = %container.id, name = %container.name,
+            pod = %pod.name, namespace = %pod.namespace, cpus = %cpus
+        );
+        let outcome = match &self.partitions {
+            Some(partitions) => partitions
+                .isolate(&cgroups_path, &cpus)
+                .map_err(|e| e.to_string()),
+            None => Err("this nri-plugin makes no isolated partitions".to_string()),
+        };
+        match outcome {
+            Ok(isolated) => {
+                let cgroup = match &isolated {
+                    Isolated::Made { cgroup } | Isolated::Already { cgroup } => cgroup.clone(),
+                };
+                span.in_scope(|| {
+                    tracing::info!(
+                        cgroup = %cgroup.display(), already = matches!(isolated, Isolated::Already { .. }),
+                        "isolated partition made: no load balancing on the claim's CPUs"
+                    )
+                });
+                shared_state::sync::lock(&self.isolated)
+                    .insert(container.id.clone(), (cgroups_path, cpus));
+                self.finish("StartContainer", "ok", started);
+                Ok(())
+            }
+            Err(reason) => {
+                span.in_scope(|| tracing::warn!(%reason, "isolated partition refused; the container does not start"));
+                self.enforcer.metrics.refused("isolated-partition");
+                self.finish("StartContainer", "refused", started);
+                Err(PluginError::failed(format!(
+                    "tuning.loadBalancing off for container {} of pod {}/{}: {reason}",
+                    container.name, pod.namespace, pod.name
+                )))
+            }
+        }
+    }
+
     /// The container runs: an update sent to it before that may not have
     /// reached its cgroup (see [`crate::view::NodeView::confirm_started`]);
     /// send it again.
@@ -281,11 +434,13 @@ impl NriPlugin for DraCpuPlugin {
         container: Container,
     ) -> Result<Vec<ContainerUpdate>, PluginError> {
         let started = Instant::now();
-        let updates = {
+        let (updates, isolated) = {
             let mut view = self.enforcer.view();
             view.forget_starting(&container.id);
-            view.stop_container(&container.id)
+            let isolated = view.isolated_cpus(&container.id);
+            (view.stop_container(&container.id), isolated)
         };
+        self.release_partition(&container, isolated);
         self.send_in_reply(&updates);
         tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
         self.finish("StopContainer", "ok", started);
@@ -306,9 +461,11 @@ impl NriPlugin for DraCpuPlugin {
         let started = Instant::now();
         let mut view = self.enforcer.view();
         view.forget_starting(&container.id);
+        let isolated = view.isolated_cpus(&container.id);
         view.remove_container(&container.id);
         self.enforcer.refresh(&view);
         drop(view);
+        self.release_partition(&container, isolated);
         self.finish("RemoveContainer", "ok", started);
         self.upstream_container(
             NriCallback::RemoveContainer,
@@ -564,5 +721,87 @@ mod tests {
         assert_eq!(cpus(), "", "the original value back");
         enforcer.sync_host_cgroups();
         assert_eq!(cpus(), "", "nothing is managed after the restore");
+    }
+
+    #[test]
+    fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back_at_stop() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exclusive = "cpuset.cpus.exclusive";
+        let partition = "cpuset.cpus.partition";
+        for d in [
+            "kubepods",
+            "kubepods/podq",
+            "kubepods/podq/c",
+            "kubepods/podq/s",
+        ] {
+            let path = dir.path().join(d);
+            std::fs::create_dir_all(&path).expect("mkdir");
+            std::fs::write(path.join(exclusive), "\n").expect("exclusive");
+            std::fs::write(path.join(partition), "member\n").expect("partition");
+        }
+        let read = |p: &str| {
+            std::fs::read_to_string(dir.path().join(p))
+                .expect("read")
+                .trim()
+                .to_string()
+        };
+        let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
+        let enforcer = Arc::new(Enforcer::new(
+            view,
+            Arc::new(Metrics::new()),
+            NriUpdater::new(),
+            UnsolicitedUpdates::Never,
+        ));
+        let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims))
+            .with_isolated_partitions(IsolatedPartitions::new(dir.path()));
+        let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+        let mut isolated = claim(uid, "2-3", "q");
+        isolated.tuning.load_balancing_off = true;
+        run(enforcer.apply_prepared(1, isolated)).expect("prepare");
+        let mut pod = PodSandbox::new();
+        pod.uid = "q".into();
+        let with_path = |id: &str, env: &[String], path: &str| {
+            let mut c = nri_container(id, env);
+            let mut linux = api::LinuxContainer::new();
+            linux.cgroups_path = path.into();
+            linux.resources = Some(resources(1024, "")).into();
+            c.linux = Some(linux).into();
+            c
+        };
+        let env = [format!("DRA_CPUSET_{uid}=2-3")];
+        let c = with_path("c", &env, "/kubepods/podq/c");
+        let created = run(plugin.create_container(pod.clone(), c.clone())).expect("created");
+        assert_eq!(
+            created.adjust.expect("adjust").linux.resources.cpu.cpus,
+            "2-3",
+            "a CPU request in mixed mode does not add the shared pool"
+        );
+        // A shared container starts: nothing is written.
+        let s = with_path("s", &[], "/kubepods/podq/s");
+        run(plugin.create_container(pod.clone(), s.clone())).expect("shared");
+        run(plugin.start_container(pod.clone(), s)).expect("shared start");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+
+        run(plugin.start_container(pod.clone(), c.clone())).expect("start");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "isolated");
+
+        run(plugin.stop_container(pod.clone(), c.clone())).expect("stop");
+        assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+        assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "");
+        assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "member");
+        run(plugin.remove_container(pod.clone(), c)).expect("remove");
+
+        // A plugin without partitions refuses the start, by name.
+        let bare = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+        let again = with_path("c2", &env, "/kubepods/podq/c");
+        run(bare.create_container(pod.clone(), again.clone())).expect("created again");
+        let err = run(bare.start_container(pod, again)).expect_err("no partitions");
+        assert!(
+            err.to_string().contains("tuning.loadBalancing off"),
+            "{err}"
+        );
     }
 }

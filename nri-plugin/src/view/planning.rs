@@ -113,6 +113,13 @@ impl NodeView {
         })
     }
 
+    /// The CPUs to put in the container's isolated partition, when one of
+    /// its claims asks for `tuning.loadBalancing: off` (such a container is
+    /// never mixed: it runs on its claims' CPUs alone).
+    pub fn isolated_cpus(&self, container_id: &str) -> Option<CpuSet> {
+        self.pool.isolated_cpus(container_id)
+    }
+
     /// A container stopped: it leaves the view (its claim stays prepared, so
     /// a restarted container gets the same CPUs). Returns pending updates of
     /// the remaining containers.

@@ -158,7 +158,13 @@ impl PoolState {
                     source,
                 }
             })?;
-        let kind = classify(!refs.is_empty(), cpu_shares, self.mixed_mode);
+        // A claim in an isolated partition (`loadBalancing: off`) has its
+        // container on its CPUs alone: the partition holds no other CPU.
+        let mixed_mode = self.mixed_mode
+            && !refs
+                .iter()
+                .any(|r| self.claims.get(&r.claim_uid).is_some_and(isolates));
+        let kind = classify(!refs.is_empty(), cpu_shares, mixed_mode);
 
         let mut superseded: Vec<String> = Vec::new();
         for r in refs {
@@ -289,8 +295,16 @@ impl PoolState {
         let ids: Vec<String> = next.containers.keys().cloned().collect();
         for id in ids {
             let claim_cpus = next.claims_cpus(&next.containers[&id].claims);
+            let isolated = next.containers[&id]
+                .claims
+                .iter()
+                .any(|uid| next.claims.get(uid).is_some_and(isolates));
             if let Some(entry) = next.containers.get_mut(&id) {
-                entry.kind = classify(!entry.claims.is_empty(), entry.cpu_shares, mixed_mode);
+                entry.kind = classify(
+                    !entry.claims.is_empty(),
+                    entry.cpu_shares,
+                    mixed_mode && !isolated,
+                );
                 entry.claim_cpus = claim_cpus;
             }
         }
@@ -310,6 +324,18 @@ impl PoolState {
         if let Some(entry) = self.containers.get_mut(owner.as_str()) {
             entry.claim_cpus = claim_cpus;
         }
+    }
+
+    /// The CPUs of the container's claims when one of them asks for an
+    /// isolated partition (`tuning.loadBalancing: off`): all of them go in
+    /// it, since the container runs on them alone.
+    pub fn isolated_cpus(&self, container_id: &str) -> Option<CpuSet> {
+        let entry = self.containers.get(container_id)?;
+        entry
+            .claims
+            .iter()
+            .any(|uid| self.claims.get(uid).is_some_and(isolates))
+            .then(|| self.claims_cpus(&entry.claims))
     }
 
     fn claims_cpus(&self, uids: &[String]) -> CpuSet {
@@ -341,6 +367,11 @@ impl PoolState {
             },
         }
     }
+}
+
+/// Whether a claim asks for its CPUs in an isolated partition.
+fn isolates(claim: &ClaimAssignment) -> bool {
+    claim.tuning.load_balancing_off
 }
 
 fn check_claim_cpus(assignment: &ClaimAssignment, allocatable: &CpuSet) -> Result<(), PoolError> {
@@ -433,6 +464,42 @@ mod tests {
         s.mark_applied(&up);
         assert!(s.remove_claim("unknown").is_empty());
         assert!(s.plan_updates().is_empty());
+    }
+
+    #[test]
+    fn a_claim_in_an_isolated_partition_is_never_mixed() {
+        let mut s = node(true);
+        let mut isolated = claim("aa", "2-3", "pod-2");
+        isolated.tuning.load_balancing_off = true;
+        s.add_claim(isolated.clone()).expect("isolated claim");
+        s.add_claim(claim("bb", "5", "pod-3")).expect("plain claim");
+        let a = s
+            .admit("c-iso", "pod-2", "app", &[cref("aa", "2-3")], Some(512))
+            .expect("isolated");
+        assert_eq!(
+            (a.placement.kind, a.placement.cpuset.clone()),
+            (ContainerKind::Exclusive, set("2-3")),
+            "a CPU request beside the claim does not add the shared pool"
+        );
+        assert_eq!(s.isolated_cpus("c-iso"), Some(set("2-3")));
+        let b = s
+            .admit("c-mixed", "pod-3", "app", &[cref("bb", "5")], Some(512))
+            .expect("mixed");
+        assert_eq!(b.placement.kind, ContainerKind::Mixed);
+        assert_eq!(s.isolated_cpus("c-mixed"), None);
+        assert_eq!(s.isolated_cpus("unknown"), None);
+        // A fresh snapshot keeps the rule.
+        s.resync(
+            set("1-7"),
+            set("0"),
+            true,
+            [isolated, claim("bb", "5", "pod-3")],
+        )
+        .expect("resync");
+        assert_eq!(
+            s.container("c-iso").map(|c| c.kind),
+            Some(ContainerKind::Exclusive)
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Low-latency tuning a claim asks for (device interrupts kept off its CPUs,
 //! CFS quota off for its containers, a bound on how deep its CPUs may idle,
-//! a cpufreq governor), what a node can honour, and the kernel values the
+//! a cpufreq governor, scheduler load balancing off), what a node can honour, and the kernel values the
 //! node should hold for a set of tuned claims. Pure: the I/O that reads and
 //! writes `/proc` and `/sys` is dra-plugin's (`dra-plugin/src/tuning`), the
 //! container part nri-plugin's.
@@ -11,4 +11,4 @@ pub mod support;
 
 pub use plan::{Baseline, TunedClaim};
 pub use request::{parse_tuning, Tuning, TuningError};
-pub use support::{NodeSupport, Unsupported};
+pub use support::{isolated_partition_support, CgroupFacts, NodeSupport, Unsupported};

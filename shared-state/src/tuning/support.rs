@@ -23,6 +23,43 @@ pub struct NodeSupport {
     pub governor: Option<String>,
 }
 
+/// What the node's cgroup mount says about isolated partitions, read by
+/// dra-plugin from `--cgroup-root`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CgroupFacts {
+    /// The root's `cgroup.controllers` (`None`: not a cgroup v2 root).
+    pub v2_controllers: Option<String>,
+    /// A cgroup v1 cpuset hierarchy is there (`cpuset.sched_load_balance`
+    /// at the root or under `cpuset/`).
+    pub v1_cpuset: bool,
+    /// The v2 root has `cpuset.cpus.isolated` (Linux 6.7+: remote
+    /// partitions, which a container's cgroup deep in kubelet's tree needs).
+    pub isolated_file: bool,
+}
+
+/// Why `loadBalancing: off` cannot be honoured with this cgroup mount, or
+/// `None` when it can (the claim's container becomes an isolated cpuset
+/// partition).
+pub fn isolated_partition_support(root: &str, facts: &CgroupFacts) -> Option<String> {
+    let Some(controllers) = &facts.v2_controllers else {
+        return Some(if facts.v1_cpuset {
+            format!("{root} is cgroup v1: its cpuset.sched_load_balance only takes effect when every ancestor up to the root turns it off, which this driver does not do to the node; use cgroup v2 (Linux 6.7+)")
+        } else {
+            format!("no cgroup v2 hierarchy at {root} (dra-plugin --cgroup-root)")
+        });
+    };
+    if !controllers.split_whitespace().any(|c| c == "cpuset") {
+        return Some(format!(
+            "the cpuset controller is not available in {root} (cgroup.controllers: {:?})",
+            controllers.trim()
+        ));
+    }
+    if !facts.isolated_file {
+        return Some(format!("the kernel has no remote cpuset partitions ({root}/cpuset.cpus.isolated is missing; Linux 6.7+)"));
+    }
+    None
+}
+
 /// A knob a claim asked for that this node cannot honour.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tuning.{knob} cannot be honoured on this node: {reason}")]
@@ -99,6 +136,34 @@ mod tests {
         NodeSupport {
             governors: ["performance".to_string(), "powersave".to_string()].into(),
             ..NodeSupport::default()
+        }
+    }
+
+    #[test]
+    fn isolated_partition_support_table() {
+        let v2 = |controllers: &str, isolated_file| CgroupFacts {
+            v2_controllers: Some(controllers.into()),
+            v1_cpuset: false,
+            isolated_file,
+        };
+        let cases: Vec<(&str, CgroupFacts, Option<&str>)> = vec![
+            ("v2, 6.7+", v2("cpuset cpu io memory pids\n", true), None),
+            ("v2 before 6.7", v2("cpuset cpu", false), Some("cpuset.cpus.isolated is missing")),
+            ("v2 without cpuset", v2("cpu memory", true), Some("cpuset controller is not available")),
+            (
+                "v1",
+                CgroupFacts { v1_cpuset: true, ..CgroupFacts::default() },
+                Some("is cgroup v1: its cpuset.sched_load_balance only takes effect when every ancestor"),
+            ),
+            ("nothing mounted", CgroupFacts::default(), Some("no cgroup v2 hierarchy at /sys/fs/cgroup")),
+        ];
+        for (name, facts, want) in cases {
+            let got = isolated_partition_support("/sys/fs/cgroup", &facts);
+            match (got, want) {
+                (None, None) => {}
+                (Some(why), Some(needle)) => assert!(why.contains(needle), "{name}: {why}"),
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

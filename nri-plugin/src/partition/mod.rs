@@ -1,0 +1,310 @@
+//! Isolated cpuset partitions (`tuning.loadBalancing: off`): the container
+//! of such a claim gets a cgroup v2 cpuset partition of its own, of type
+//! `isolated`, which takes its CPUs out of the scheduler's load balancing
+//! (and out of unbound workqueues).
+//!
+//! Kernel facts this relies on (Documentation/admin-guide/cgroup-v2.rst,
+//! Linux 6.7+ for remote partitions):
+//! - A partition whose parent is not a partition root is a remote
+//!   partition; it needs its CPUs in `cpuset.cpus.exclusive` of every
+//!   ancestor below the root, written from the top down, and in its own.
+//!   A cgroup's exclusive CPUs are never a sibling's.
+//! - Writing `isolated` to `cpuset.cpus.partition` makes it; the file then
+//!   reads `isolated`, or `isolated invalid (<reason>)` when the kernel
+//!   could not. The root's `cpuset.cpus.isolated` lists every isolated CPU.
+//! - An ancestor losing the CPUs invalidates the partition; removing the
+//!   container's cgroup dissolves it. So the CPUs are given back from the
+//!   container up.
+//!
+//! The decisions are in [`plan`]; [`IsolatedPartitions`] is the thin
+//! writer. Nothing is recorded on disk: the kernel's files are the record
+//! (a restarted nri-plugin finds the ancestors' exclusive CPUs as they are
+//! and gives them back when the container stops).
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use shared_state::CpuSet;
+
+pub mod plan;
+
+use plan::{
+    ancestors, container_cgroup, isolate_writes, partition_state, release_writes, PartitionState,
+    Write, EXCLUSIVE, PARTITION,
+};
+
+/// Why a container could not get its isolated partition.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("{0}")]
+    Path(String),
+    #[error("{}: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: {}", file.display(), match source.kind() { io::ErrorKind::NotFound => "missing (the cpuset controller is not enabled down to the container)".to_string(), _ => source.to_string() })]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: {text:?} is not a cpulist", file.display())]
+    Parse { file: PathBuf, text: String },
+    #[error("the kernel refused the isolated partition: {reason} ({} reads {text:?})", file.display())]
+    Invalid {
+        file: PathBuf,
+        reason: String,
+        text: String,
+    },
+}
+
+/// What [`IsolatedPartitions::isolate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Isolated {
+    /// The partition was made.
+    Made { cgroup: PathBuf },
+    /// It was there already (a restarted nri-plugin, a repeated event).
+    Already { cgroup: PathBuf },
+}
+
+/// The cgroupfs side of isolated partitions, under the cgroup v2 root
+/// (`--cgroup-root`).
+#[derive(Debug, Clone)]
+pub struct IsolatedPartitions {
+    root: PathBuf,
+}
+
+impl IsolatedPartitions {
+    pub fn new(root: &Path) -> Self {
+        IsolatedPartitions {
+            root: root.to_path_buf(),
+        }
+    }
+
+    fn file(&self, dir: &Path, name: &str) -> PathBuf {
+        self.root.join(dir).join(name)
+    }
+
+    fn read(&self, dir: &Path, name: &str) -> Result<String, PartitionError> {
+        let file = self.file(dir, name);
+        std::fs::read_to_string(&file)
+            .map(|t| t.trim().to_string())
+            .map_err(|source| PartitionError::Read { file, source })
+    }
+
+    fn read_cpus(&self, dir: &Path) -> Result<CpuSet, PartitionError> {
+        let text = self.read(dir, EXCLUSIVE)?;
+        CpuSet::parse_cpulist(&text).map_err(|_| PartitionError::Parse {
+            file: self.file(dir, EXCLUSIVE),
+            text,
+        })
+    }
+
+    /// Each ancestor with its exclusive CPUs, outermost first.
+    fn ancestors_of(&self, cgroup: &Path) -> Result<Vec<(PathBuf, CpuSet)>, PartitionError> {
+        ancestors(cgroup)
+            .into_iter()
+            .map(|dir| Ok((dir.clone(), self.read_cpus(&dir)?)))
+            .collect()
+    }
+
+    fn apply(&self, writes: &[Write]) -> Result<(), PartitionError> {
+        for w in writes {
+            let file = self.file(&w.dir, w.file);
+            // One write with a newline: an empty value must still reach
+            // the kernel's handler.
+            std::fs::write(&file, format!("{}\n", w.value))
+                .map_err(|source| PartitionError::Io { file, source })?;
+        }
+        Ok(())
+    }
+
+    /// Makes the cgroup of `cgroups_path` (the container's OCI
+    /// `linux.cgroupsPath`) an isolated partition of `cpus`. On failure
+    /// everything written is given back, and the error says why (the
+    /// kernel's reason when it refused).
+    pub fn isolate(&self, cgroups_path: &str, cpus: &CpuSet) -> Result<Isolated, PartitionError> {
+        let cgroup = container_cgroup(cgroups_path).map_err(PartitionError::Path)?;
+        if partition_state(&self.read(&cgroup, PARTITION)?) == PartitionState::Isolated
+            && self.read_cpus(&cgroup)? == *cpus
+        {
+            return Ok(Isolated::Already { cgroup });
+        }
+        let ancestors = self.ancestors_of(&cgroup)?;
+        let result = self
+            .apply(&isolate_writes(&cgroup, &ancestors, cpus))
+            .and_then(|()| {
+                let text = self.read(&cgroup, PARTITION)?;
+                match partition_state(&text) {
+                    PartitionState::Isolated => Ok(()),
+                    PartitionState::Invalid(reason) => Err(PartitionError::Invalid {
+                        file: self.file(&cgroup, PARTITION),
+                        reason,
+                        text,
+                    }),
+                    PartitionState::Other(_) => Err(PartitionError::Invalid {
+                        file: self.file(&cgroup, PARTITION),
+                        reason: "the partition did not take".into(),
+                        text,
+                    }),
+                }
+            });
+        match result {
+            Ok(()) => Ok(Isolated::Made { cgroup }),
+            Err(e) => {
+                if let Err(undo) = self.release(cgroups_path, cpus) {
+                    tracing::warn!(cgroup = %cgroup.display(), error = %undo, "giving back a refused partition's CPUs failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives `cpus` back: the container's cgroup (if it is still there)
+    /// leaves its partition, and every ancestor still there loses them.
+    /// Returns the number of files written; a second call writes nothing.
+    pub fn release(&self, cgroups_path: &str, cpus: &CpuSet) -> Result<usize, PartitionError> {
+        let cgroup = container_cgroup(cgroups_path).map_err(PartitionError::Path)?;
+        // The container's own files: only when it still holds a partition
+        // or exclusive CPUs; a failure here must not keep the ancestors'.
+        let own_held = self.root.join(&cgroup).is_dir()
+            && (self.read_cpus(&cgroup).map_or(true, |c| !c.is_empty())
+                || self.read(&cgroup, PARTITION).map_or(true, |t| {
+                    partition_state(&t) != PartitionState::Other("member".into())
+                }));
+        let mut first_error = None;
+        let mut written = 0;
+        if own_held {
+            for w in release_writes(Some(cgroup.as_path()), &[], cpus) {
+                match self.apply(std::slice::from_ref(&w)) {
+                    Ok(()) => written += 1,
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        let mut held = Vec::new();
+        for dir in ancestors(&cgroup) {
+            if !self.root.join(&dir).join(EXCLUSIVE).exists() {
+                // Removed already (a pod's cgroup after the pod), or
+                // never had cpuset: nothing of ours is there.
+                continue;
+            }
+            let cpus_there = self.read_cpus(&dir)?;
+            held.push((dir, cpus_there));
+        }
+        let writes = release_writes(None, &held, cpus);
+        self.apply(&writes)?;
+        written += writes.len();
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(written),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_cpulist(s).expect("cpulist")
+    }
+
+    /// A fake cgroup tree: plain files, so the partition file reads back
+    /// what was written (`isolated`), as a kernel that accepted it would.
+    fn tree(dirs: &[&str]) -> (tempfile::TempDir, IsolatedPartitions) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for d in dirs {
+            let path = dir.path().join(d);
+            std::fs::create_dir_all(&path).expect("mkdir");
+            std::fs::write(path.join(EXCLUSIVE), "\n").expect("exclusive");
+            std::fs::write(path.join(PARTITION), "member\n").expect("partition");
+        }
+        let partitions = IsolatedPartitions::new(dir.path());
+        (dir, partitions)
+    }
+
+    fn read(dir: &tempfile::TempDir, path: &str) -> String {
+        std::fs::read_to_string(dir.path().join(path))
+            .expect("read")
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn isolate_then_release_on_a_cgroupfs_tree() {
+        let (dir, p) = tree(&["kubepods", "kubepods/pod1", "kubepods/pod1/c"]);
+        std::fs::write(dir.path().join("kubepods").join(EXCLUSIVE), "6\n").expect("other claim");
+        let made = p.isolate("/kubepods/pod1/c", &set("2-3")).expect("isolate");
+        assert_eq!(
+            made,
+            Isolated::Made {
+                cgroup: "kubepods/pod1/c".into()
+            }
+        );
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "2-3,6");
+        assert_eq!(read(&dir, "kubepods/pod1/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read(&dir, "kubepods/pod1/c/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(
+            read(&dir, "kubepods/pod1/c/cpuset.cpus.partition"),
+            "isolated"
+        );
+        assert!(matches!(
+            p.isolate("/kubepods/pod1/c", &set("2-3")),
+            Ok(Isolated::Already { .. })
+        ));
+
+        assert_eq!(
+            p.release("/kubepods/pod1/c", &set("2-3")).expect("release"),
+            4
+        );
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "6");
+        assert_eq!(read(&dir, "kubepods/pod1/cpuset.cpus.exclusive"), "");
+        assert_eq!(
+            read(&dir, "kubepods/pod1/c/cpuset.cpus.partition"),
+            "member"
+        );
+        assert_eq!(
+            p.release("/kubepods/pod1/c", &set("2-3")).expect("again"),
+            0
+        );
+    }
+
+    #[test]
+    fn a_failed_partition_write_is_undone_and_named() {
+        let (dir, p) = tree(&["kubepods", "kubepods/pod1"]);
+        // The container's exclusive file cannot be written (a directory
+        // where the file should be), after its ancestors were: they get
+        // their CPUs back.
+        let c = dir.path().join("kubepods/pod1/c");
+        std::fs::create_dir_all(c.join(EXCLUSIVE)).expect("mkdir");
+        std::fs::write(c.join(PARTITION), "member\n").expect("partition");
+        let err = p
+            .isolate("/kubepods/pod1/c", &set("2-3"))
+            .expect_err("refused");
+        assert!(err.to_string().contains("c/cpuset.cpus.exclusive"), "{err}");
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "");
+        assert_eq!(read(&dir, "kubepods/pod1/cpuset.cpus.exclusive"), "");
+        assert_eq!(
+            read(&dir, "kubepods/pod1/c/cpuset.cpus.partition"),
+            "member"
+        );
+    }
+
+    #[test]
+    fn a_cgroup_without_cpuset_files_is_refused_by_name() {
+        let (dir, p) = tree(&["kubepods"]);
+        std::fs::create_dir_all(dir.path().join("kubepods/pod1/c")).expect("mkdir");
+        let err = p
+            .isolate("/kubepods/pod1/c", &set("2"))
+            .expect_err("no cpuset files");
+        assert!(
+            err.to_string().contains("cpuset controller is not enabled"),
+            "{err}"
+        );
+    }
+}
