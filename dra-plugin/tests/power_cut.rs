@@ -56,8 +56,8 @@
 mod common;
 
 use common::{
-    pod_uid, prepare_one, snapshot, storm_claims, unprepare_all, unprepare_one, Known, Node,
-    DRIVER, WAIT,
+    cut_power, pod_uid, prepare_one, snapshot, storm_claims, unprepare_all, unprepare_one, Known,
+    Node, DRIVER, WAIT,
 };
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
@@ -492,15 +492,6 @@ fn state_line(i: usize, known: &Known) -> String {
         Known::Prepared(cpus) => format!("state {i} {cpus}"),
         _ => format!("state {i} -"),
     }
-}
-
-fn cut_power() -> ! {
-    // sysrq b: reboot at once, no sync, no unmount.
-    if let Err(e) = std::fs::write("/proc/sysrq-trigger", "b") {
-        panic!("cutting the power through /proc/sysrq-trigger: {e}");
-    }
-    std::thread::sleep(Duration::from_secs(30));
-    panic!("still running 30 s after sysrq b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

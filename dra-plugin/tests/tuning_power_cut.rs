@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{pod_uid, prepare_one, unprepare_one, Node, DRIVER};
+use common::{cut_power, pod_uid, prepare_one, unprepare_one, Node, DRIVER};
 use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_plugin::config::DeviceMode;
 use serde_json::json;
@@ -22,7 +22,6 @@ use shared_state::CpuSet;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// On the VM's root disk, which the cut leaves as its last flush left it.
 const STATE_DIR: &str = "/var/lib/dra-cpu-tuning-cut";
@@ -116,15 +115,6 @@ fn write_synced(path: &str, text: &str) {
     std::fs::File::open(Path::new(path).parent().expect("parent"))
         .and_then(|d| d.sync_all())
         .expect("syncing its directory");
-}
-
-fn cut_power() -> ! {
-    // sysrq b: reboot at once, no sync, no unmount.
-    if let Err(e) = std::fs::write("/proc/sysrq-trigger", "b") {
-        panic!("cutting the power through /proc/sysrq-trigger: {e}");
-    }
-    std::thread::sleep(Duration::from_secs(30));
-    panic!("still running 30 s after sysrq b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

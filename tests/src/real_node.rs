@@ -264,6 +264,29 @@ impl RealNode {
         })
     }
 
+    /// Waits until the scheduler has found no node for the pod; returns the
+    /// message of its `PodScheduled` condition.
+    pub fn wait_unschedulable(
+        &self,
+        namespace: &str,
+        pod: &str,
+        timeout: Duration,
+    ) -> Result<String> {
+        self.wait(&format!("pod {pod} unschedulable"), timeout, || {
+            let object = self.get_json(&["pod", "-n", namespace, pod])?;
+            let scheduled = object["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled").cloned())
+                .unwrap_or_default();
+            match (scheduled["status"].as_str(), scheduled["message"].as_str()) {
+                (Some("False"), Some(message)) if !message.is_empty() => {
+                    Ok(Ok(message.to_string()))
+                }
+                _ => Ok(Err(format!("{scheduled}"))),
+            }
+        })
+    }
+
     /// Waits until a container of the pod waits for `reason` (for example
     /// `CreateContainerError`); returns the message kubelet gives with it.
     pub fn wait_waiting_reason(

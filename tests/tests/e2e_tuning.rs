@@ -18,13 +18,9 @@ use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod, GROUPED_DE
 use e2e_common::{devices, node, Must};
 use serde_json::{json, Value};
 
-/// A pod whose container `app` asks 1 CPU and is limited to 1 CPU, with a
-/// claim of one CPU whose opaque config asks `tuning`.
-async fn limited_claim_pod(
-    node: &mut Node,
-    name: &str,
-    tuning: Value,
-) -> (Claim, RunningPod, String) {
+/// Pod `name` and its claim of one CPU, allocated by the scheduler, whose
+/// opaque config asks `tuning`.
+fn tuned_claim(node: &Node, name: &str, tuning: Value) -> (PodIdentity, Claim) {
     let pod = PodIdentity::new(name);
     let claim = node
         .allocate_claim_with_parameters(
@@ -35,13 +31,21 @@ async fn limited_claim_pod(
             json!({"apiVersion": "v1alpha1", "tuning": tuning}),
         )
         .must("allocating the claim");
+    (pod, claim)
+}
+
+/// A pod whose container `app` asks 1 CPU and is limited to 1 CPU, with a
+/// claim of one CPU whose opaque config asks `tuning`.
+async fn limited_claim_pod(
+    node: &mut Node,
+    name: &str,
+    tuning: Value,
+) -> (Claim, RunningPod, String) {
+    let (pod, claim) = tuned_claim(node, name, tuning);
     let prepared = node.prepare(&claim).await.must("preparing the claim");
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&prepared.cdi_device)
-        .with_cpu(Some(1000), Some(1000));
-    let running = node.start_pod(&pod, &[spec]).await.must("starting the pod");
-    let id = running.id("app").to_string();
-    node.wait_cpus(&id, &prepared.cpus)
+    let spec = ContainerSpec::sleeper("app").with_cpu(Some(1000), Some(1000));
+    let (running, id) = node
+        .start_claim_container(&pod, &prepared, spec)
         .await
         .must("the claim container on its CPU");
     (claim, running, id)
@@ -105,16 +109,7 @@ async fn tuning_the_node_cannot_honour_is_refused_by_name_with_nothing_applied()
         ),
     ];
     for (name, tuning, want) in cases {
-        let pod = PodIdentity::new(name);
-        let claim = node
-            .allocate_claim_with_parameters(
-                &format!("{name}-cpu"),
-                GROUPED_DEVICE,
-                1,
-                &pod,
-                json!({"apiVersion": "v1alpha1", "tuning": tuning}),
-            )
-            .must("allocating the claim");
+        let (_pod, claim) = tuned_claim(&node, name, tuning);
         let error = match node.prepare(&claim).await {
             Ok(prepared) => panic!("{name}: prepared on CPUs {}", prepared.cpus),
             Err(e) => e.to_string(),

@@ -610,19 +610,7 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
     node.apply(&second.yaml()).unwrap();
     if maps_node_allocatable(&node) {
         let message = node
-            .wait("the second pod unschedulable", POD_START, || {
-                let object = node.get_json(&["pod", "-n", &ns.name, "second"])?;
-                let scheduled = object["status"]["conditions"]
-                    .as_array()
-                    .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled").cloned())
-                    .unwrap_or_default();
-                match (scheduled["status"].as_str(), scheduled["message"].as_str()) {
-                    (Some("False"), Some(message)) if !message.is_empty() => {
-                        Ok(Ok(message.to_string()))
-                    }
-                    _ => Ok(Err(format!("{scheduled}"))),
-                }
-            })
+            .wait_unschedulable(&ns.name, "second", POD_START)
             .unwrap();
         assert!(
             message.contains("cannot be shared across pods"),
@@ -1259,19 +1247,7 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
         pod.templates = vec![("cpus", "governed-cpu")];
         node.apply(&pod.yaml()).unwrap();
         let message = node
-            .wait("the governed pod unschedulable", POD_START, || {
-                let object = node.get_json(&["pod", "-n", &ns.name, "governed"])?;
-                let scheduled = object["status"]["conditions"]
-                    .as_array()
-                    .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled").cloned())
-                    .unwrap_or_default();
-                match (scheduled["status"].as_str(), scheduled["message"].as_str()) {
-                    (Some("False"), Some(message)) if !message.is_empty() => {
-                        Ok(Ok(message.to_string()))
-                    }
-                    _ => Ok(Err(format!("{scheduled}"))),
-                }
-            })
+            .wait_unschedulable(&ns.name, "governed", POD_START)
             .unwrap();
         eprintln!("the governed pod: {message}");
         node.kubectl(&["delete", "pod", "-n", &ns.name, "governed", "--wait=true"])

@@ -24,6 +24,18 @@ fn entries(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Waits until `helm uninstall` has taken the driver's pods away.
+fn wait_driver_pods_gone(node: &RealNode) {
+    node.wait("the driver's pods gone", Duration::from_secs(180), || {
+        let pods = node.get_json(&["pods", "-n", "dra-cpu"])?;
+        match pods["items"].as_array().map(Vec::len).unwrap_or(0) {
+            0 => Ok(Ok(())),
+            n => Ok(Err(format!("{n} pods left"))),
+        }
+    })
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
 fn helm_uninstall_leaves_no_slice_spec_socket_or_cpuset() {
@@ -68,14 +80,7 @@ fn helm_uninstall_leaves_no_slice_spec_socket_or_cpuset() {
             .unwrap();
     }
     node.script(&["uninstall"]).unwrap();
-    node.wait("the driver's pods gone", Duration::from_secs(180), || {
-        let pods = node.get_json(&["pods", "-n", "dra-cpu"])?;
-        match pods["items"].as_array().map(Vec::len).unwrap_or(0) {
-            0 => Ok(Ok(())),
-            n => Ok(Err(format!("{n} pods left"))),
-        }
-    })
-    .unwrap();
+    wait_driver_pods_gone(&node);
 
     // Kubelet wipes an unregistered driver's slices after its grace period.
     node.wait("no slice of the driver", Duration::from_secs(180), || {
@@ -159,14 +164,7 @@ fn tuning_of_a_claim_still_prepared_is_put_back_when_the_driver_is_removed() {
     assert_ne!(tuned.1, before.1, "the claim's CPU was never isolated");
 
     node.script(&["uninstall"]).unwrap();
-    node.wait("the driver's pods gone", Duration::from_secs(180), || {
-        let pods = node.get_json(&["pods", "-n", "dra-cpu"])?;
-        match pods["items"].as_array().map(Vec::len).unwrap_or(0) {
-            0 => Ok(Ok(())),
-            n => Ok(Err(format!("{n} pods left"))),
-        }
-    })
-    .unwrap();
+    wait_driver_pods_gone(&node);
     assert_eq!(
         interrupt_affinities(),
         before,

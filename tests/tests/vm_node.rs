@@ -969,15 +969,9 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
         .filter(|(irq, affinity)| before.irq_affinity.get(irq) != Some(*affinity))
         .count();
     assert!(moved > 0, "no interrupt moved for the claim");
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
-        .with_cdi_device(&prepared.cdi_device)
-        .with_cpu(Some(2000), Some(2000));
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must("starting the tuned pod");
-    let id = running.id("app").to_string();
-    node.wait_cpus(&id, &cpus)
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let (running, id) = node
+        .start_claim_container(&pod, &prepared, spec)
         .await
         .must("the tuned container on its CPUs");
     let pid = node.cri.container_pid(&id).await.must("pid");
@@ -1156,15 +1150,9 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         .await
         .must("preparing the isolated claim");
     let cpus = prepared.cpus.clone();
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
-        .with_cdi_device(&prepared.cdi_device)
-        .with_cpu(Some(2000), Some(2000));
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must("starting the isolated pod");
-    let id = running.id("app").to_string();
-    node.wait_cpus(&id, &cpus)
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let (running, id) = node
+        .start_claim_container(&pod, &prepared, spec)
         .await
         .must("the isolated container on its CPUs");
     let pid = node.cri.container_pid(&id).await.must("pid");

@@ -540,3 +540,14 @@ pub fn in_process_driver(
         .expect("driver"),
     )
 }
+
+/// Cuts the machine's power from inside: sysrq b reboots at once, with no
+/// sync and no unmount (only in the VM node).
+pub fn cut_power() -> ! {
+    // sysrq b: reboot at once, no sync, no unmount.
+    if let Err(e) = std::fs::write("/proc/sysrq-trigger", "b") {
+        panic!("cutting the power through /proc/sysrq-trigger: {e}");
+    }
+    std::thread::sleep(Duration::from_secs(30));
+    panic!("still running 30 s after sysrq b");
+}

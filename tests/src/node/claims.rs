@@ -251,6 +251,23 @@ impl Node {
         Ok((pod, claim, running))
     }
 
+    /// Kubelet for pod `pod` of one container `spec` that uses the prepared
+    /// claim: the running pod and the container's id, once the container
+    /// runs on the claim's CPUs (an exclusive container).
+    pub async fn start_claim_container(
+        &mut self,
+        pod: &PodIdentity,
+        claim: &PreparedClaim,
+        spec: ContainerSpec,
+    ) -> Result<(RunningPod, String), NodeError> {
+        let spec = spec.with_cdi_device(&claim.cdi_device);
+        let name = spec.name.clone();
+        let running = self.start_pod(pod, &[spec]).await?;
+        let id = running.id(&name).to_string();
+        self.wait_cpus(&id, &claim.cpus).await?;
+        Ok((running, id))
+    }
+
     /// The claims dra-plugin's store holds, from the first event (the
     /// snapshot) of a coordination Watch.
     pub async fn stored_claims(
