@@ -25,6 +25,8 @@ pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
 pub const DEFAULT_PROCFS_ROOT: &str = "/proc";
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Where irqbalance puts its socket (its systemd unit's RuntimeDirectory).
+pub const DEFAULT_IRQBALANCE_DIR: &str = "/run/irqbalance";
 /// File of the tuning record (values before tuning changed them) inside
 /// the state directory.
 pub const TUNING_RECORD_NAME: &str = "tuning-baseline.json";
@@ -118,6 +120,10 @@ shared_state::layered_settings! {
         /// it is cgroup v2 with isolated partitions, for `loadBalancing: off`,
         /// which nri-plugin makes under its own `--cgroup-root`).
         pub cgroup_root: Option<PathBuf>,
+        /// Where a running irqbalance has its socket (the host's
+        /// `/run/irqbalance`): while a claim keeps interrupts off its CPUs,
+        /// irqbalance is told to ban them too.
+        pub irqbalance_dir: Option<PathBuf>,
         /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
         /// is refused (default 1). Every container without a claim (this
         /// driver's own among them) runs there; 0 lets claims take every CPU
@@ -180,6 +186,7 @@ pub struct Config {
     pub procfs_root: PathBuf,
     pub daemonset: Option<DaemonSetRef>,
     pub cgroup_root: PathBuf,
+    pub irqbalance_dir: PathBuf,
 }
 
 /// Parse a config file's text: this driver's own keys, or the upstream
@@ -291,6 +298,9 @@ impl Settings {
             cgroup_root: self
                 .cgroup_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_CGROUP_ROOT)),
+            irqbalance_dir: self
+                .irqbalance_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_IRQBALANCE_DIR)),
         })
     }
 }

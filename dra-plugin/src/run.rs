@@ -194,6 +194,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 procfs: config.procfs_root.clone(),
                 host_root: config.sysfs_root.clone(),
                 cgroup_root: config.cgroup_root.clone(),
+                irqbalance_dir: config.irqbalance_dir.clone(),
             },
             config.tuning_record(),
             online.clone(),

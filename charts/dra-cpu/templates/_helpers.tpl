@@ -91,6 +91,7 @@ device-metadata-dir: {{ $p.deviceMetadataDir | quote }}
 expose-pcie-roots: {{ $p.exposePcieRoots }}
 low-latency-tuning: {{ $p.lowLatencyTuning }}
 procfs-root: {{ printf "%s/proc" (include "dra-cpu.hostRoot" .) | quote }}
+irqbalance-dir: {{ printf "%s/run/irqbalance" (include "dra-cpu.hostRoot" .) | quote }}
 daemonset: {{ printf "%s/%s" .Release.Namespace (include "dra-cpu.fullname" .) | quote }}
 {{- /* Mounted only with lowLatencyTuning and nri-plugin, which makes the
 partitions: elsewhere loadBalancing off is refused (no hierarchy there). */}}

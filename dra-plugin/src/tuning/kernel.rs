@@ -16,6 +16,8 @@ pub struct KernelPaths {
     pub host_root: PathBuf,
     /// The host's cgroup hierarchy, as `--cgroup-root` (read only here).
     pub cgroup_root: PathBuf,
+    /// Where a running irqbalance has its socket, as `--irqbalance-dir`.
+    pub irqbalance_dir: PathBuf,
 }
 
 impl KernelPaths {
@@ -166,6 +168,7 @@ mod tests {
             procfs: dir.path().join("proc"),
             host_root: dir.path().to_path_buf(),
             cgroup_root: dir.path().join("cgroup"),
+            irqbalance_dir: dir.path().join("run/irqbalance"),
         };
         let cpus = CpuSet::parse_cpulist("0-1").expect("cpus");
         // A node without any of the files.
@@ -214,6 +217,7 @@ mod tests {
             procfs: dir.path().to_path_buf(),
             host_root: dir.path().to_path_buf(),
             cgroup_root: dir.path().join("cgroup"),
+            irqbalance_dir: dir.path().join("run/irqbalance"),
         };
         for irq in ["10", "2", "default_smp_affinity_dir", "0"] {
             std::fs::create_dir_all(dir.path().join("irq").join(irq)).expect("mkdir");

@@ -14,13 +14,14 @@
 //!
 //! The pure part (what the values should be) is `shared_state::tuning`.
 
+pub mod irqbalance;
 mod kernel;
 pub mod owner;
 
 pub use kernel::KernelPaths;
 use kernel::{read_value, write_value};
 use serde::{Deserialize, Serialize};
-use shared_state::tuning::plan::{irq_affinity, wanted, Wanted};
+use shared_state::tuning::plan::{irq_affinity, wanted, IrqBalanceBaseline, Wanted};
 use shared_state::tuning::{Baseline, NodeSupport, TunedClaim};
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -72,6 +73,9 @@ pub struct Pass {
     /// Interrupts whose affinity the kernel does not let anyone set
     /// (managed or per-CPU interrupts).
     pub unmovable_irqs: Vec<u32>,
+    /// A running irqbalance that could not be told (or put back): the
+    /// interrupts are kept off the CPUs by the repair pass meanwhile.
+    pub irqbalance_error: Option<String>,
 }
 
 pub struct NodeTuner {
@@ -87,6 +91,13 @@ pub struct NodeTuner {
 struct Inner {
     baseline: Baseline,
     claims: BTreeMap<String, TunedClaim>,
+    /// What irqbalance was last told to ban, by daemon: it shows a setting
+    /// only from its next rescan, so it is not told the same twice.
+    irqbalance_told: Option<(String, CpuSet)>,
+    /// The last irqbalance's own banned CPUs as recorded: after it is put
+    /// back, it shows our setting until its next rescan, so a claim tuned
+    /// again soon after must not take that for its own.
+    irqbalance_own: Option<IrqBalanceBaseline>,
 }
 
 impl NodeTuner {
@@ -128,7 +139,7 @@ impl NodeTuner {
             support,
             inner: Mutex::new(Inner {
                 baseline,
-                claims: BTreeMap::new(),
+                ..Inner::default()
             }),
         })
     }
@@ -191,14 +202,37 @@ impl NodeTuner {
     fn pass(&self, inner: &mut Inner) -> Result<Pass, TuningError> {
         let claims: Vec<TunedClaim> = inner.claims.values().cloned().collect();
         let wanted = wanted(&claims);
-        let recorded = self.record_originals(&inner.baseline, &wanted)?;
+        // irqbalance is asked only while interrupts are isolated, or to be
+        // put back.
+        let irqbalance = if wanted.irq_isolated.is_empty() && inner.baseline.irqbalance.is_none() {
+            None
+        } else {
+            irqbalance::find(&self.paths.irqbalance_dir)
+        };
+        let mut pass = Pass::default();
+        let recorded = self.record_originals(
+            &inner.baseline,
+            &wanted,
+            irqbalance.as_ref(),
+            inner.irqbalance_own.as_ref(),
+            &mut pass,
+        )?;
+        if recorded.irqbalance.is_some() {
+            inner.irqbalance_own.clone_from(&recorded.irqbalance);
+        }
         if recorded != inner.baseline {
             self.save(&recorded)?;
             inner.baseline = recorded;
         }
-        let mut pass = Pass::default();
         let mut back = inner.baseline.clone();
         self.set_irqs(&mut back, &wanted.irq_isolated, &mut pass)?;
+        set_irqbalance(
+            &mut back,
+            &wanted.irq_isolated,
+            irqbalance.as_ref(),
+            &mut inner.irqbalance_told,
+            &mut pass,
+        );
         set_per_cpu(
             &mut back.idle_latency,
             &wanted.idle_latency,
@@ -215,6 +249,9 @@ impl NodeTuner {
             self.save(&back)?;
             inner.baseline = back;
         }
+        if let Some(error) = &pass.irqbalance_error {
+            tracing::warn!(%error, dir = %self.paths.irqbalance_dir.display(), "irqbalance could not be told which CPUs to keep interrupts off; the repair pass keeps them off and tells it again");
+        }
         Ok(pass)
     }
 
@@ -224,9 +261,32 @@ impl NodeTuner {
         &self,
         baseline: &Baseline,
         wanted: &Wanted,
+        irqbalance: Option<&irqbalance::Daemon>,
+        remembered: Option<&IrqBalanceBaseline>,
+        pass: &mut Pass,
     ) -> Result<Baseline, TuningError> {
         let mut recorded = baseline.clone();
         if !wanted.irq_isolated.is_empty() {
+            // The daemon's own banned CPUs, read before it is told anything;
+            // a daemon other than the recorded one has restarted since and
+            // holds its own configuration again.
+            if let Some(daemon) = irqbalance {
+                let name = daemon.name();
+                if recorded.irqbalance.as_ref().map(|r| &r.daemon) != Some(&name) {
+                    match remembered.filter(|r| r.daemon == name) {
+                        Some(own) => recorded.irqbalance = Some(own.clone()),
+                        None => match daemon.banned() {
+                            Ok(banned) => {
+                                recorded.irqbalance = Some(IrqBalanceBaseline {
+                                    daemon: name,
+                                    banned: banned.to_cpulist(),
+                                })
+                            }
+                            Err(e) => pass.irqbalance_error = Some(e.to_string()),
+                        },
+                    }
+                }
+            }
             let irqs = self.paths.irqs().map_err(|source| TuningError::Kernel {
                 path: self.paths.procfs.join("irq"),
                 source,
@@ -354,6 +414,61 @@ impl NodeTuner {
             source,
         })
     }
+}
+
+/// Tells a running irqbalance to ban its own CPUs and the isolated ones,
+/// or, with none isolated, hands the choice back to its configuration (and
+/// forgets the record). Talking to it never fails the pass: the interrupts
+/// themselves are already off the CPUs, and the repair pass keeps them off
+/// and tells irqbalance again.
+fn set_irqbalance(
+    back: &mut Baseline,
+    isolated: &CpuSet,
+    daemon: Option<&irqbalance::Daemon>,
+    told: &mut Option<(String, CpuSet)>,
+    pass: &mut Pass,
+) {
+    let Some(recorded) = back.irqbalance.clone() else {
+        return;
+    };
+    let same_daemon = daemon.filter(|d| d.name() == recorded.daemon);
+    if isolated.is_empty() {
+        if let Some(daemon) = same_daemon {
+            if let Err(e) = daemon.set_banned(None) {
+                // Kept: the next pass puts it back.
+                pass.irqbalance_error = Some(e.to_string());
+                return;
+            }
+            pass.restored += 1;
+        }
+        // A daemon that has gone or restarted holds none of our setting.
+        back.irqbalance = None;
+        *told = None;
+        return;
+    }
+    let Some(daemon) = same_daemon else {
+        return;
+    };
+    let own = CpuSet::parse_cpulist(&recorded.banned).unwrap_or_default();
+    let ban = own.union(isolated);
+    if told.as_ref() == Some(&(recorded.daemon.clone(), ban.clone())) {
+        return;
+    }
+    match daemon.banned() {
+        Ok(now) if now == ban => {}
+        Ok(_) => match daemon.set_banned(Some(&ban)) {
+            Ok(()) => pass.tuned += 1,
+            Err(e) => {
+                pass.irqbalance_error = Some(e.to_string());
+                return;
+            }
+        },
+        Err(e) => {
+            pass.irqbalance_error = Some(e.to_string());
+            return;
+        }
+    }
+    *told = Some((recorded.daemon, ban));
 }
 
 /// Sets each recorded CPU's value to what a claim wants, or back to the

@@ -24,6 +24,7 @@ impl FakeNode {
             procfs: dir.path().join("proc"),
             host_root: dir.path().to_path_buf(),
             cgroup_root: dir.path().join("cgroup"),
+            irqbalance_dir: dir.path().join("run/irqbalance"),
         };
         let node = FakeNode { dir, paths };
         node.put(
@@ -307,4 +308,195 @@ fn off_supports_nothing_but_still_restores() {
     );
     off.reconcile(Vec::new()).expect("reconcile");
     assert_eq!(node.everything(), before);
+}
+
+/// A stand-in irqbalance on a socket, speaking its protocol as the real
+/// one does (tests/tests/vm_node.rs talks to the real one): requests
+/// without the sender's credentials go unanswered, `settings cpus` takes
+/// effect at the next rescan (`rescan`), `setup` shows the banned CPUs.
+struct FakeIrqBalance {
+    state: std::sync::Arc<Mutex<FakeIrqBalanceState>>,
+    socket: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct FakeIrqBalanceState {
+    /// Its configuration's banned CPUs.
+    own: CpuSet,
+    /// What the UI set (`settings cpus`), if anything.
+    told: Option<CpuSet>,
+    /// What it bans since its last rescan.
+    banned: CpuSet,
+    requests: Vec<String>,
+}
+
+impl FakeIrqBalance {
+    fn start(dir: &Path, pid: u32, own: &str) -> FakeIrqBalance {
+        use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned};
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let socket = dir.join(format!("irqbalance{pid}.sock"));
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        setsockopt(&listener, sockopt::PassCred, &true).expect("SO_PASSCRED");
+        let state = std::sync::Arc::new(Mutex::new(FakeIrqBalanceState {
+            own: set(own),
+            banned: set(own),
+            ..Default::default()
+        }));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut buf = [0u8; 4096];
+                let mut cmsg = nix::cmsg_space!(libc::ucred);
+                let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+                let Ok(msg) = recvmsg::<()>(
+                    stream.as_raw_fd(),
+                    &mut iov,
+                    Some(&mut cmsg),
+                    nix::sys::socket::MsgFlags::empty(),
+                ) else {
+                    continue;
+                };
+                let root = msg.cmsgs().is_ok_and(|mut c| {
+                    c.any(|c| matches!(c, ControlMessageOwned::ScmCredentials(cred) if cred.uid() == nix::unistd::getuid().as_raw()))
+                });
+                let len = msg.bytes;
+                let text = String::from_utf8_lossy(&buf[..len]).into_owned();
+                if !root {
+                    continue;
+                }
+                let mut state = shared.lock().expect("lock");
+                state.requests.push(text.clone());
+                if text.starts_with("setup") {
+                    let answer = format!("SLEEP 10 BANNED {}", state.banned.to_hex_mask());
+                    let _ = stream.write_all(answer.as_bytes());
+                } else if let Some(list) = text.strip_prefix("settings cpus ") {
+                    state.told = if list.starts_with("NULL") {
+                        None
+                    } else {
+                        Some(set(list))
+                    };
+                }
+            }
+        });
+        FakeIrqBalance { state, socket }
+    }
+
+    fn rescan(&self) {
+        let mut state = self.state.lock().expect("lock");
+        state.banned = state.told.clone().unwrap_or_else(|| state.own.clone());
+    }
+
+    fn banned(&self) -> CpuSet {
+        self.rescan();
+        self.state.lock().expect("lock").banned.clone()
+    }
+
+    fn told_count(&self) -> usize {
+        let state = self.state.lock().expect("lock");
+        state
+            .requests
+            .iter()
+            .filter(|r| r.starts_with("settings"))
+            .count()
+    }
+
+    /// The daemon stops: its socket file stays, refusing connections.
+    fn stop(self) {
+        // The listener lives in its thread; a stale socket is what a killed
+        // daemon leaves, so replace the file with one nobody listens on.
+        std::fs::remove_file(&self.socket).expect("remove socket");
+        drop(std::os::unix::net::UnixListener::bind(&self.socket).expect("stale socket"));
+    }
+}
+
+#[test]
+fn irqbalance_is_told_to_ban_the_isolated_cpus_with_its_own_and_handed_back() {
+    let node = FakeNode::new();
+    let daemon = FakeIrqBalance::start(&node.paths.irqbalance_dir, 700, "0");
+    let tuner = node.tuner().expect("tuner");
+    let pass = tuner.add(isolated("a", "2-3")).expect("add");
+    assert_eq!(pass.irqbalance_error, None, "{pass:?}");
+    assert_eq!(
+        daemon.banned(),
+        set("0,2-3"),
+        "its own CPU was dropped: {pass:?} {:?}",
+        daemon.state.lock().expect("lock")
+    );
+    // Its own banned CPU was recorded before it was told anything.
+    let record = std::fs::read_to_string(node.record()).expect("record");
+    assert!(record.contains("irqbalance700.sock"), "{record}");
+    // Repair passes do not tell it again what it was told.
+    tuner.repair().expect("repair");
+    tuner.repair().expect("repair");
+    assert_eq!(daemon.told_count(), 1);
+    // A second claim widens the ban; releasing both hands it back.
+    tuner.add(isolated("b", "1")).expect("add b");
+    assert_eq!(daemon.banned(), set("0-3"));
+    tuner.remove("a").expect("remove a");
+    assert_eq!(daemon.banned(), set("0-1"));
+    tuner.remove("b").expect("remove b");
+    assert_eq!(daemon.banned(), set("0"));
+    assert_eq!(
+        daemon.state.lock().expect("lock").told,
+        None,
+        "not handed back to its configuration"
+    );
+    assert!(!node.record().exists(), "the record outlived the tuning");
+}
+
+#[test]
+fn a_claim_tuned_right_after_a_release_keeps_irqbalances_own_cpus() {
+    let node = FakeNode::new();
+    let daemon = FakeIrqBalance::start(&node.paths.irqbalance_dir, 701, "0");
+    let tuner = node.tuner().expect("tuner");
+    tuner.add(isolated("a", "2-3")).expect("add");
+    daemon.rescan();
+    tuner.remove("a").expect("remove");
+    // No rescan yet: it still shows 0,2-3 as banned.
+    tuner.add(isolated("b", "1")).expect("add b");
+    assert_eq!(
+        daemon.banned(),
+        set("0-1"),
+        "the released claim's CPUs stayed banned"
+    );
+}
+
+#[test]
+fn a_restarted_irqbalance_is_told_again_and_a_crash_hands_it_back_at_start() {
+    let node = FakeNode::new();
+    let first = FakeIrqBalance::start(&node.paths.irqbalance_dir, 702, "");
+    let tuner = node.tuner().expect("tuner");
+    tuner.add(isolated("a", "3")).expect("add");
+    assert_eq!(first.banned(), set("3"));
+    // irqbalance restarts: the new daemon knows nothing of the setting.
+    first.stop();
+    let second = FakeIrqBalance::start(&node.paths.irqbalance_dir, 703, "1");
+    let pass = tuner.repair().expect("repair");
+    assert_eq!(pass.irqbalance_error, None);
+    assert_eq!(second.banned(), set("1,3"));
+    // dra-plugin dies; the claim is unprepared while it is away.
+    drop(tuner);
+    node.tuner()
+        .expect("reopen")
+        .reconcile(Vec::new())
+        .expect("reconcile");
+    assert_eq!(second.banned(), set("1"));
+    assert_eq!(second.state.lock().expect("lock").told, None);
+    assert!(!node.record().exists());
+}
+
+#[test]
+fn an_irqbalance_that_does_not_answer_fails_nothing() {
+    let node = FakeNode::new();
+    let daemon = FakeIrqBalance::start(&node.paths.irqbalance_dir, 704, "");
+    daemon.stop();
+    let tuner = node.tuner().expect("tuner");
+    let pass = tuner.add(isolated("a", "2-3")).expect("add");
+    // A stale socket is no daemon: nothing to tell, and the interrupts moved.
+    assert_eq!(pass.irqbalance_error, None);
+    assert_eq!(node.irqs(), ["0-1", "0-1", "0-1"]);
+    tuner.remove("a").expect("remove");
 }

@@ -35,6 +35,21 @@ pub struct Baseline {
     /// `/sys/devices/system/cpu/cpu<n>/cpufreq/scaling_governor`.
     #[serde(default)]
     pub governor: BTreeMap<u32, String>,
+    /// The CPUs a running irqbalance banned before it was told to keep
+    /// interrupts off tuned CPUs too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irqbalance: Option<IrqBalanceBaseline>,
+}
+
+/// An irqbalance's own banned CPUs, and which daemon they were read from
+/// (a restarted irqbalance starts from its configuration again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IrqBalanceBaseline {
+    /// Its socket's file name, `irqbalance<pid>.sock`.
+    pub daemon: String,
+    /// A cpulist.
+    pub banned: String,
 }
 
 impl Baseline {
