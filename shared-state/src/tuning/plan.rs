@@ -207,6 +207,10 @@ mod tests {
             default_irq_affinity: Some("ff".into()),
             idle_latency: BTreeMap::from([(3, "0".to_string())]),
             governor: BTreeMap::new(),
+            irqbalance: Some(IrqBalanceBaseline {
+                daemon: "irqbalance812.sock".into(),
+                banned: "0".into(),
+            }),
         };
         let text = serde_json::to_string(&baseline).expect("serialise");
         assert_eq!(
@@ -214,6 +218,13 @@ mod tests {
             baseline
         );
         assert!(serde_json::from_str::<Baseline>(r#"{"irqs": {}}"#).is_err());
+        // A record written before irqbalance was told reads as none told.
+        assert_eq!(
+            serde_json::from_str::<Baseline>(r#"{"irqAffinity": {"24": "0-7"}}"#)
+                .expect("an earlier record")
+                .irqbalance,
+            None
+        );
     }
 
     proptest! {
