@@ -161,7 +161,7 @@ keyring="$(awk '$1 == "Signed-By:" {print $2; exit}' "$trixie_source")"
 [ -n "$mirror" ] || fail "no URIs line in $trixie_source"
 
 suite=trixie
-packages=containerd,runc,busybox-static,iproute2,kmod,ca-certificates,linux-image-amd64
+packages=containerd,runc,busybox-static,iproute2,kmod,ca-certificates,irqbalance,linux-image-amd64
 image_size=4G
 # The image's boot stub: the initramfs has mounted the root, /proc, /sys and
 # /dev; it mounts the job share and hands over to the job's init, so the

@@ -13,6 +13,7 @@ pub mod cri;
 pub mod docs_check;
 pub mod image;
 pub mod interrupts;
+pub mod irqbalance;
 pub mod kubelet_dra;
 pub mod metrics_doc;
 pub mod metrics_golden;

@@ -13,6 +13,7 @@
 
 mod e2e_common;
 
+use dra_cpu_tests::irqbalance::IrqBalance;
 use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, CPU_CAPACITY};
 use e2e_common::{claim_pod_on, devices, node, shared_pod, Must};
 use serde_json::Value;
@@ -1352,4 +1353,105 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         "after the late pod: the outermost ancestor's exclusive CPUs"
     );
     timed("i (isolated partition)", started);
+}
+
+/// Polls irqbalance until it bans exactly `want` (it shows a setting from
+/// its next rescan on).
+async fn wait_banned(daemon: &IrqBalance, want: &CpuSet, within: Duration, step: &str) {
+    let started = Instant::now();
+    loop {
+        let banned = daemon.banned().must("irqbalance's setup");
+        if banned == *want {
+            eprintln!(
+                "{step}: irqbalance bans {banned} after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{step}: irqbalance bans {banned}, not {want}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn j_a_running_irqbalance_is_told_to_keep_off_a_claims_cpus_and_handed_back() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let mut daemon = IrqBalance::start().must("irqbalance in the VM node");
+    // A pass every second instead of ten, so settings show sooner. It takes
+    // effect at a pass that is not a rescan: a daemon told `settings cpus`
+    // before then shows it only after its first (10 s) pass.
+    daemon
+        .request("settings sleep 1")
+        .must("irqbalance's sleep");
+    let own = daemon.banned().must("irqbalance's own banned CPUs");
+    let (mut node, _all, _shared) = node_with_shared_pod(NodeOptions {
+        low_latency_tuning: true,
+        ..Default::default()
+    })
+    .await;
+    let second = kernel.second_numa_node();
+    let pod = PodIdentity::new("quiet");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "quiet-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"irqs": "isolate"}}),
+        )
+        .must("allocating the claim");
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    let cpus = prepared.cpus.clone();
+    // The control: on its own, irqbalance may put interrupts on them.
+    assert!(
+        own.is_disjoint(&cpus),
+        "irqbalance banned the claim's CPUs {cpus} by itself ({own}): nothing here shows dra-plugin told it"
+    );
+    let told = own.union(&cpus);
+    wait_banned(&daemon, &told, Duration::from_secs(30), "prepared").await;
+    // Its own passes leave the claim's CPUs alone from then on.
+    for _ in 0..12 {
+        let left = KernelTuning::read(&kernel.online).movable_irqs_on(&cpus);
+        assert!(
+            left.is_empty(),
+            "interrupts {left:?} on the claim's CPUs {cpus} while irqbalance runs"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // dra-plugin killed: irqbalance keeps what it was told.
+    node.restart_dra_plugin().await.must("dra-plugin kill -9");
+    wait_banned(
+        &daemon,
+        &told,
+        Duration::from_secs(5),
+        "after kill -9 of dra-plugin",
+    )
+    .await;
+
+    // irqbalance restarted: the new one knows nothing of it, and is told
+    // within a repair period (10 s), shown after its next pass.
+    drop(daemon);
+    daemon = IrqBalance::start().must("irqbalance again");
+    daemon
+        .request("settings sleep 1")
+        .must("irqbalance's sleep");
+    eprintln!("irqbalance restarted as {}", daemon.name());
+    wait_banned(
+        &daemon,
+        &told,
+        Duration::from_secs(40),
+        "irqbalance restarted",
+    )
+    .await;
+
+    // Unprepared: handed back to its own configuration.
+    node.unprepare(&claim).await.must("unpreparing the claim");
+    wait_banned(&daemon, &own, Duration::from_secs(30), "unprepared").await;
+    timed("j (irqbalance)", started);
 }
