@@ -15,11 +15,11 @@
 mod common;
 
 use common::{cut_power, pod_uid, prepare_one, unprepare_one, Node, DRIVER};
+use dra_cpu_tests::interrupts::KernelTuning;
 use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_plugin::config::DeviceMode;
 use serde_json::json;
 use shared_state::CpuSet;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -30,14 +30,6 @@ const PHASE_FILE: &str = "/var/lib/dra-cpu-tuning-cut.phase";
 /// Claim UIDs are the same on both boots.
 const UID_SEED: u64 = 7;
 
-/// The values tuning may change, as the kernel says now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct KernelValues {
-    irqs: BTreeMap<u32, CpuSet>,
-    default_irqs: CpuSet,
-    idle: BTreeMap<u32, String>,
-}
-
 fn read(path: impl AsRef<Path>) -> String {
     let path = path.as_ref();
     std::fs::read_to_string(path)
@@ -46,65 +38,30 @@ fn read(path: impl AsRef<Path>) -> String {
         .to_string()
 }
 
-fn kernel_values() -> KernelValues {
-    let mut irqs = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc/irq").expect("/proc/irq").flatten() {
-        let Some(irq) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
-            irqs.insert(irq, CpuSet::parse_cpulist(text.trim()).expect("affinity"));
-        }
-    }
+fn kernel_values() -> KernelTuning {
     let online = CpuSet::parse_cpulist(&read("/sys/devices/system/cpu/online")).expect("online");
-    let idle = online
-        .iter()
-        .filter_map(|cpu| {
-            let path = format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us");
-            std::fs::read_to_string(path)
-                .ok()
-                .map(|t| (cpu, t.trim().to_string()))
-        })
-        .collect();
-    KernelValues {
-        irqs,
-        default_irqs: CpuSet::parse_hex_mask(&read("/proc/irq/default_smp_affinity"))
-            .expect("default mask"),
-        idle,
-    }
+    KernelTuning::read(&online).expect("the kernel's tuning")
 }
 
 /// The kernel holds, on `cpus`, what the claim asked, and elsewhere the
 /// boot's values.
-fn assert_tuned(boot: &KernelValues, cpus: &CpuSet, when: &str) {
+fn assert_tuned(boot: &KernelTuning, cpus: &CpuSet, when: &str) {
     let now = kernel_values();
     assert!(
-        now.default_irqs.is_disjoint(cpus),
+        now.default_irq_affinity.is_disjoint(cpus),
         "{when}: new interrupts may target {}",
-        now.default_irqs
+        now.default_irq_affinity
     );
-    let left: Vec<u32> = now
-        .irqs
-        .iter()
-        .filter(|(_, affinity)| !affinity.is_disjoint(cpus))
-        // Writing its own value back fails for an interrupt nobody may move.
-        .filter(|(irq, affinity)| {
-            std::fs::write(
-                format!("/proc/irq/{irq}/smp_affinity_list"),
-                affinity.to_cpulist(),
-            )
-            .is_ok()
-        })
-        .map(|(irq, _)| *irq)
-        .collect();
+    let left = now.movable_irqs_on(cpus);
     assert!(left.is_empty(), "{when}: interrupts {left:?} target {cpus}");
-    for (cpu, value) in &now.idle {
+    for (cpu, value) in &now.idle_latency {
+        // A kernel without the file has none on any CPU.
         let want = if cpus.contains(*cpu) {
-            "n/a"
+            value.as_ref().map(|_| "n/a".to_string())
         } else {
-            boot.idle[cpu].as_str()
+            boot.idle_latency.get(cpu).cloned().flatten()
         };
-        assert_eq!(value, want, "{when}: CPU {cpu}'s idle bound");
+        assert_eq!(value, &want, "{when}: CPU {cpu}'s idle bound");
     }
 }
 

@@ -1,9 +1,93 @@
 //! `/proc/interrupts` read per CPU, and a process's involuntary context
 //! switches: what the tuning noise measurement (`src/bin/tuning-noise.rs`)
-//! counts on a claim's CPUs.
+//! counts on a claim's CPUs; and the node-wide values claims' tuning
+//! changes, as the kernel reports them, for the tests that read them back.
 
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
+use std::io;
+
+/// The node-wide values claims' tuning may change, as this kernel reports
+/// them: every interrupt's affinity, new interrupts' affinity, and each
+/// online CPU's idle-state bound (`None` where the kernel has no such file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelTuning {
+    pub irq_affinity: BTreeMap<u32, CpuSet>,
+    pub default_irq_affinity: CpuSet,
+    pub idle_latency: BTreeMap<u32, Option<String>>,
+}
+
+/// `/sys/devices/system/cpu/cpu<n>/power/pm_qos_resume_latency_us`.
+pub fn idle_latency_path(cpu: u32) -> String {
+    format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us")
+}
+
+fn read_trimmed(path: &str) -> io::Result<String> {
+    std::fs::read_to_string(path)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
+}
+
+impl KernelTuning {
+    /// Reads them now, for the CPUs of `online`.
+    pub fn read(online: &CpuSet) -> io::Result<KernelTuning> {
+        let mut irq_affinity = BTreeMap::new();
+        for entry in std::fs::read_dir("/proc/irq")?.flatten() {
+            let Some(irq) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // An interrupt without an affinity file (or gone since the
+            // listing) is not one tuning moves.
+            if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
+                irq_affinity.insert(
+                    irq,
+                    CpuSet::parse_cpulist(text.trim()).map_err(io::Error::other)?,
+                );
+            }
+        }
+        let default_irq_affinity =
+            CpuSet::parse_hex_mask(&read_trimmed("/proc/irq/default_smp_affinity")?)
+                .map_err(io::Error::other)?;
+        let idle_latency = online
+            .iter()
+            .map(|cpu| (cpu, read_trimmed(&idle_latency_path(cpu)).ok()))
+            .collect();
+        Ok(KernelTuning {
+            irq_affinity,
+            default_irq_affinity,
+            idle_latency,
+        })
+    }
+
+    /// Interrupts that still target one of `cpus`, leaving out those the
+    /// kernel lets nobody move (writing their own affinity back fails).
+    pub fn movable_irqs_on(&self, cpus: &CpuSet) -> Vec<u32> {
+        self.irq_affinity
+            .iter()
+            .filter(|(_, affinity)| !affinity.is_disjoint(cpus))
+            .filter(|(irq, affinity)| {
+                std::fs::write(
+                    format!("/proc/irq/{irq}/smp_affinity_list"),
+                    affinity.to_cpulist(),
+                )
+                .is_ok()
+            })
+            .map(|(irq, _)| *irq)
+            .collect()
+    }
+
+    /// How many interrupts have another affinity than in `before`.
+    pub fn moved_since(&self, before: &KernelTuning) -> usize {
+        self.irq_affinity
+            .iter()
+            .filter(|(irq, affinity)| before.irq_affinity.get(irq) != Some(*affinity))
+            .count()
+    }
+}
 
 /// Interrupt counts per CPU, by source: a number for a device interrupt,
 /// a name (`LOC`, `RES`, `CAL`, ...) for the architecture's own.

@@ -14,9 +14,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use dra_cpu_tests::cgroup::online_cpus;
+use dra_cpu_tests::interrupts::KernelTuning;
 use dra_cpu_tests::real_node::{
     claim_template_yaml, claim_yaml, first_available_template_yaml, metric_value, pod_yaml,
-    PodSpec, RealNode, TestNamespace,
+    PodSpec, RealNode, RealNodeError, TestNamespace,
 };
 use serde_json::Value;
 use shared_state::CpuSet;
@@ -1120,37 +1121,6 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
     wait_gauges(&node, "one claim after dra-plugin's restart", one_claim);
 }
 
-/// Every interrupt's affinity, new interrupts' affinity, and each online
-/// CPU's idle bound, as the host's kernel says now.
-fn kernel_tuning(online: &CpuSet) -> (Vec<(u32, CpuSet)>, CpuSet, Vec<String>) {
-    let mut irqs = Vec::new();
-    for entry in std::fs::read_dir("/proc/irq").unwrap().flatten() {
-        let Some(irq) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
-            irqs.push((irq, CpuSet::parse_cpulist(text.trim()).unwrap()));
-        }
-    }
-    irqs.sort_by_key(|(irq, _)| *irq);
-    let default = std::fs::read_to_string("/proc/irq/default_smp_affinity").unwrap();
-    let idle = online
-        .iter()
-        .map(|cpu| {
-            std::fs::read_to_string(format!(
-                "/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us"
-            ))
-            .map(|t| t.trim().to_string())
-            .unwrap_or_default()
-        })
-        .collect();
-    (irqs, CpuSet::parse_hex_mask(default.trim()).unwrap(), idle)
-}
-
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
 fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
@@ -1158,7 +1128,7 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
     let ns = TestNamespace::new(&node, "tuning").unwrap();
     let online = online_cpus().unwrap();
     let grouped = grouped(&node);
-    let before = kernel_tuning(&online);
+    let before = KernelTuning::read(&online).unwrap();
     let has_cpufreq = std::path::Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists();
     for device in devices(&slices(&node)) {
         assert_eq!(
@@ -1194,37 +1164,28 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
     node.apply(&pod.yaml()).unwrap();
     node.wait_running(&ns.name, "quiet", POD_START).unwrap();
     let cpus = claim_cpus(&node, &ns.name, "quiet");
-    let (irqs, default, idle) = kernel_tuning(&online);
+    let now = KernelTuning::read(&online).unwrap();
     assert!(
-        default.is_disjoint(&cpus),
-        "new interrupts may target {default}, the claim holds {cpus}"
+        now.default_irq_affinity.is_disjoint(&cpus),
+        "new interrupts may target {}, the claim holds {cpus}",
+        now.default_irq_affinity
     );
-    let moved = irqs
-        .iter()
-        .filter(|(irq, affinity)| before.0.iter().any(|(i, a)| i == irq && a != affinity))
-        .count();
-    let left: Vec<u32> = irqs
-        .iter()
-        .filter(|(_, affinity)| !affinity.is_disjoint(&cpus))
-        // The kernel lets nobody move it: writing its own value back fails.
-        .filter(|(irq, affinity)| {
-            std::fs::write(
-                format!("/proc/irq/{irq}/smp_affinity_list"),
-                affinity.to_cpulist(),
-            )
-            .is_ok()
-        })
-        .map(|(irq, _)| *irq)
-        .collect();
+    let left = now.movable_irqs_on(&cpus);
     assert!(
         left.is_empty(),
         "interrupts {left:?} still target the claim's CPUs {cpus}"
     );
-    assert!(moved > 0, "no interrupt moved off {cpus}");
+    assert!(
+        now.moved_since(&before) > 0,
+        "no interrupt moved off {cpus}"
+    );
     for cpu in cpus.iter() {
-        let index = online.iter().position(|c| c == cpu).unwrap();
-        if !before.2[index].is_empty() {
-            assert_eq!(idle[index], "n/a", "CPU {cpu} may still idle");
+        if before.idle_latency.get(&cpu).is_some_and(Option::is_some) {
+            assert_eq!(
+                now.idle_latency.get(&cpu).cloned().flatten().as_deref(),
+                Some("n/a"),
+                "CPU {cpu} may still idle"
+            );
         }
     }
     let id = node.container_id(&ns.name, "quiet", "app").unwrap();
@@ -1258,7 +1219,8 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
     node.kubectl(&["delete", "pod", "-n", &ns.name, "quiet", "--wait=true"])
         .unwrap();
     node.wait("the host's tuning put back", POD_START, || {
-        let now = kernel_tuning(&online);
+        let now =
+            KernelTuning::read(&online).map_err(|e| RealNodeError::Unexpected(e.to_string()))?;
         Ok(if now == before {
             Ok(())
         } else {

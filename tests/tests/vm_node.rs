@@ -13,6 +13,7 @@
 
 mod e2e_common;
 
+use dra_cpu_tests::interrupts::{idle_latency_path, KernelTuning};
 use dra_cpu_tests::irqbalance::IrqBalance;
 use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, CPU_CAPACITY};
 use e2e_common::{claim_pod_on, devices, node, shared_pod, Must};
@@ -774,79 +775,11 @@ async fn g_host_cgroups_leave_a_claims_cpus_before_its_container_starts() {
     timed("g (host cgroups)", started);
 }
 
-/// The node-wide values claims' tuning may change, as the kernel reports
-/// them: every interrupt's affinity, new interrupts' affinity, and each
-/// CPU's idle-state bound (`None` where the kernel has no such file).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct KernelTuning {
-    irq_affinity: BTreeMap<u32, CpuSet>,
-    default_irq_affinity: CpuSet,
-    idle_latency: BTreeMap<u32, Option<String>>,
-}
-
-impl KernelTuning {
-    fn read(online: &CpuSet) -> Self {
-        let mut irq_affinity = BTreeMap::new();
-        for entry in std::fs::read_dir("/proc/irq").must("/proc/irq").flatten() {
-            let Some(irq) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Ok(text) = std::fs::read_to_string(entry.path().join("smp_affinity_list")) {
-                irq_affinity.insert(irq, CpuSet::parse_cpulist(text.trim()).must("affinity"));
-            }
-        }
-        let default_irq_affinity =
-            CpuSet::parse_hex_mask(&read("/proc/irq/default_smp_affinity")).must("default mask");
-        let idle_latency = online
-            .iter()
-            .map(|cpu| {
-                let path = idle_latency_path(cpu);
-                (
-                    cpu,
-                    std::fs::read_to_string(path)
-                        .ok()
-                        .map(|t| t.trim().to_string()),
-                )
-            })
-            .collect();
-        KernelTuning {
-            irq_affinity,
-            default_irq_affinity,
-            idle_latency,
-        }
-    }
-
-    /// Interrupts that still target one of `cpus`, leaving out those the
-    /// kernel lets nobody move (writing their own affinity back fails).
-    fn movable_irqs_on(&self, cpus: &CpuSet) -> Vec<u32> {
-        self.irq_affinity
-            .iter()
-            .filter(|(_, affinity)| !affinity.is_disjoint(cpus))
-            .filter(|(irq, affinity)| {
-                std::fs::write(
-                    format!("/proc/irq/{irq}/smp_affinity_list"),
-                    affinity.to_cpulist(),
-                )
-                .is_ok()
-            })
-            .map(|(irq, _)| *irq)
-            .collect()
-    }
-}
-
-fn idle_latency_path(cpu: u32) -> String {
-    format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us")
-}
-
 /// Checks the kernel holds what a claim on `cpus` asking `irqs: isolate` and
 /// `idle: {maxLatencyMicroseconds: 0}` should give, against `before`.
 fn assert_tuned(before: &KernelTuning, cpus: &CpuSet, step: &str) {
     let online: CpuSet = before.idle_latency.keys().copied().collect();
-    let now = KernelTuning::read(&online);
+    let now = KernelTuning::read(&online).must("the kernel's tuning");
     let left = now.movable_irqs_on(cpus);
     assert!(
         left.is_empty(),
@@ -877,7 +810,7 @@ fn assert_tuned(before: &KernelTuning, cpus: &CpuSet, step: &str) {
 async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes() {
     let kernel = vm_node();
     let started = Instant::now();
-    let before = KernelTuning::read(&kernel.online);
+    let before = KernelTuning::read(&kernel.online).must("the kernel's tuning");
     let has_idle_bound = before.idle_latency.values().all(Option::is_some);
     let has_cpufreq = Path::new("/sys/devices/system/cpu/cpu0/cpufreq").exists();
     eprintln!(
@@ -940,7 +873,7 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
             "{error}"
         );
         assert_eq!(
-            KernelTuning::read(&kernel.online),
+            KernelTuning::read(&kernel.online).must("the kernel's tuning"),
             before,
             "a refused claim changed the kernel"
         );
@@ -965,10 +898,8 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
     let cpus = prepared.cpus.clone();
     assert_tuned(&before, &cpus, "after prepare");
     let moved = KernelTuning::read(&kernel.online)
-        .irq_affinity
-        .iter()
-        .filter(|(irq, affinity)| before.irq_affinity.get(irq) != Some(*affinity))
-        .count();
+        .must("the kernel's tuning")
+        .moved_since(&before);
     assert!(moved > 0, "no interrupt moved for the claim");
     let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
     let (running, id) = node
@@ -1023,7 +954,7 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
         .await
         .must("unpreparing the tuned claim");
     assert_eq!(
-        KernelTuning::read(&kernel.online),
+        KernelTuning::read(&kernel.online).must("the kernel's tuning"),
         before,
         "after unprepare"
     );
@@ -1058,7 +989,7 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
         .await
         .must("dra-plugin after the crash");
     assert_eq!(
-        KernelTuning::read(&kernel.online),
+        KernelTuning::read(&kernel.online).must("the kernel's tuning"),
         before,
         "after the restart that follows the crash"
     );
@@ -1416,7 +1347,9 @@ async fn j_a_running_irqbalance_is_told_to_keep_off_a_claims_cpus_and_handed_bac
     wait_banned(&daemon, &told, Duration::from_secs(30), "prepared").await;
     // Its own passes leave the claim's CPUs alone from then on.
     for _ in 0..12 {
-        let left = KernelTuning::read(&kernel.online).movable_irqs_on(&cpus);
+        let left = KernelTuning::read(&kernel.online)
+            .must("the kernel's tuning")
+            .movable_irqs_on(&cpus);
         assert!(
             left.is_empty(),
             "interrupts {left:?} on the claim's CPUs {cpus} while irqbalance runs"
