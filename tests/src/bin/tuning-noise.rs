@@ -1,8 +1,9 @@
 //! What claim tuning buys a busy workload: interrupts on the claim's CPUs
 //! and involuntary context switches of a busy loop pinned there, over a
-//! fixed time, for the same claim with and without `irqs: isolate` (and
-//! the idle bound where the kernel has one), alternated round by round in
-//! one run while the node does disk and console I/O.
+//! fixed time, for the same claim untuned, with `irqs: isolate` (and the
+//! idle bound where the kernel has one), and with `loadBalancing: off` on
+//! top where the node offers isolated partitions, alternated round by
+//! round in one run while the node does disk and console I/O.
 //!
 //! Run it through `scripts/tuning-noise.sh` (inside the VM node, whose
 //! interrupts can be moved without harming other work); it needs root.
@@ -77,9 +78,60 @@ fn switches(pid: u32) -> anyhow::Result<u64> {
     involuntary_switches(&status).context("no nonvoluntary_ctxt_switches")
 }
 
+/// What a claim asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Untuned,
+    /// `irqs: isolate` and the idle bound (where the kernel has one).
+    Quiet,
+    /// That and `loadBalancing: off`.
+    Isolated,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Untuned => "untuned",
+            Variant::Quiet => "quiet",
+            Variant::Isolated => "isolated",
+        }
+    }
+
+    fn row(self, idle: bool) -> &'static str {
+        match (self, idle) {
+            (Variant::Untuned, _) => "untuned",
+            (Variant::Quiet, true) => "`irqs: isolate`, `idle: {maxLatencyMicroseconds: 0}`",
+            (Variant::Quiet, false) => "`irqs: isolate`",
+            (Variant::Isolated, true) => {
+                "`irqs: isolate`, `idle: {maxLatencyMicroseconds: 0}`, `loadBalancing: \"off\"`"
+            }
+            (Variant::Isolated, false) => "`irqs: isolate`, `loadBalancing: \"off\"`",
+        }
+    }
+
+    fn tuning(self, idle: bool) -> serde_json::Value {
+        let mut tuning = match self {
+            Variant::Untuned => return json!({"irqs": "default"}),
+            Variant::Quiet | Variant::Isolated => json!({"irqs": "isolate"}),
+        };
+        if idle {
+            tuning["idle"] = json!({"maxLatencyMicroseconds": 0});
+        }
+        if self == Variant::Isolated {
+            tuning["loadBalancing"] = json!("off");
+        }
+        tuning
+    }
+}
+
+/// Whether this kernel has a per-CPU idle bound.
+fn has_idle_bound() -> bool {
+    std::path::Path::new("/sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us").exists()
+}
+
 /// One measurement of one variant.
 struct Sample {
-    tuned: bool,
+    variant: Variant,
     device_irqs: u64,
     all_irqs: u64,
     switches: u64,
@@ -109,27 +161,16 @@ fn place_irqs(irqs: &[u32], cpus: &CpuSet) -> anyhow::Result<()> {
 async fn measure(
     node: &mut Node,
     round: usize,
-    tuned: bool,
+    variant: Variant,
     seconds: u64,
     placed: (&[u32], &CpuSet),
 ) -> anyhow::Result<Sample> {
     // The device's interrupt is on the claim's CPUs before the claim.
     let (irqs, claim_cpus) = placed;
     place_irqs(irqs, claim_cpus)?;
-    let name = format!("{}-{round}", if tuned { "tuned" } else { "plain" });
+    let name = format!("{}-{round}", variant.name());
     let pod = PodIdentity::new(&name);
-    let tuning = if tuned {
-        let idle =
-            std::path::Path::new("/sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us")
-                .exists();
-        if idle {
-            json!({"irqs": "isolate", "idle": {"maxLatencyMicroseconds": 0}})
-        } else {
-            json!({"irqs": "isolate"})
-        }
-    } else {
-        json!({"irqs": "default"})
-    };
+    let tuning = variant.tuning(has_idle_bound());
     let claim = node.allocate_claim_with_parameters(
         &format!("{name}-cpu"),
         "cpudevnuma001",
@@ -170,16 +211,20 @@ async fn measure(
     node.delete_pod(&running).await?;
     node.unprepare(&claim).await?;
     Ok(Sample {
-        tuned,
+        variant,
         device_irqs,
         all_irqs,
         switches: switches_after.saturating_sub(switches_before),
     })
 }
 
-fn median(mut values: Vec<u64>) -> u64 {
+/// `median (min-max)`.
+fn spread(mut values: Vec<u64>) -> String {
     values.sort_unstable();
-    values.get(values.len() / 2).copied().unwrap_or(0)
+    let median = values.get(values.len() / 2).copied().unwrap_or(0);
+    let min = values.first().copied().unwrap_or(0);
+    let max = values.last().copied().unwrap_or(0);
+    format!("{median} ({min}-{max})")
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -218,19 +263,27 @@ async fn main() -> anyhow::Result<()> {
         bail!("no interrupt named {irq_name} in /proc/interrupts");
     }
     println!("interrupts {irqs:?} ({irq_name}) placed on {claim_cpus} before each claim");
+    // loadBalancing off where the node offers it (cgroup v2 with isolated
+    // partitions).
+    let partitions = serde_json::Value::from(node.wait_slices().await?)
+        .to_string()
+        .contains(r#""dra.cpu/isolatedPartition":{"bool":true}"#);
+    let variants: Vec<Variant> = if partitions {
+        vec![Variant::Untuned, Variant::Quiet, Variant::Isolated]
+    } else {
+        println!("no isolated partitions on this node: loadBalancing off is left out");
+        vec![Variant::Untuned, Variant::Quiet]
+    };
     let mut samples = Vec::new();
     for round in 0..rounds {
-        // Alternate which goes first, so drift hits both alike.
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for tuned in order {
-            let sample = measure(&mut node, round, tuned, seconds, (&irqs, &claim_cpus)).await?;
+        // Rotate which goes first, so drift hits all alike.
+        let mut order = variants.clone();
+        order.rotate_left(round % variants.len());
+        for variant in order {
+            let sample = measure(&mut node, round, variant, seconds, (&irqs, &claim_cpus)).await?;
             println!(
-                "round {round} {:<7} device interrupts {:>7}  all interrupts {:>7}  involuntary switches {:>7}",
-                if tuned { "tuned" } else { "untuned" },
+                "round {round} {:<8} device interrupts {:>7}  all interrupts {:>7}  involuntary switches {:>7}",
+                variant.name(),
                 sample.device_irqs,
                 sample.all_irqs,
                 sample.switches
@@ -239,21 +292,17 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "\nmedians over {rounds} rounds of {seconds} s, on a claim's 2 CPUs with a busy loop:"
+        "\nmedians (range) over {rounds} rounds of {seconds} s, on a claim's 2 CPUs with a busy loop:"
     );
-    println!("| claim | device interrupts | all interrupts | involuntary switches of the loop |");
+    println!("| claim | device interrupts | all interrupts (with timer ticks and IPIs) | involuntary switches of the loop |");
     println!("| --- | --- | --- | --- |");
-    for tuned in [false, true] {
+    for variant in variants {
         let pick = |f: fn(&Sample) -> u64| {
-            median(samples.iter().filter(|s| s.tuned == tuned).map(f).collect())
+            spread(samples.iter().filter(|s| s.variant == variant).map(f).collect())
         };
         println!(
             "| {} | {} | {} | {} |",
-            if tuned {
-                "tuned (irqs: isolate, idle bound 0)"
-            } else {
-                "untuned"
-            },
+            variant.row(has_idle_bound()),
             pick(|s| s.device_irqs),
             pick(|s| s.all_irqs),
             pick(|s| s.switches)
