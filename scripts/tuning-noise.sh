@@ -6,7 +6,7 @@
 # idle bound), alternated round by round in one run. Prints a table for
 # docs/user/tuning.md.
 #
-#   scripts/tuning-noise.sh [--rounds N] [--seconds S]
+#   scripts/tuning-noise.sh [--rounds N] [--seconds S] [--host-hogs N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac

@@ -8,7 +8,13 @@
 //! Run it through `scripts/tuning-noise.sh` (inside the VM node, whose
 //! interrupts can be moved without harming other work); it needs root.
 //!
-//!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME]
+//!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME] [--host-hogs N]
+//!
+//! `--host-hogs N` runs N busy loops in the node's root cgroup, not in any
+//! container and not pinned, as work a node has outside its pods (processes
+//! no `--host-cgroups` confines): the scheduler may run them on any CPU their
+//! cpuset allows, which an isolated partition (`loadBalancing: off`) takes
+//! the claim's CPUs out of.
 //!
 //! Interrupts named NAME in `/proc/interrupts` (default `ttyS0`, the
 //! console the load writes to) are placed on the CPUs the claim will get
@@ -50,6 +56,24 @@ impl Load {
                     .stderr(Stdio::null())
                     .spawn()
                     .context("starting background I/O")?,
+            );
+        }
+        Ok(Load(children))
+    }
+}
+
+impl Load {
+    /// `n` unpinned busy loops.
+    fn hogs(n: usize) -> anyhow::Result<Load> {
+        let mut children = Vec::new();
+        for _ in 0..n {
+            children.push(
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("starting a host busy loop")?,
             );
         }
         Ok(Load(children))
@@ -232,13 +256,17 @@ async fn main() -> anyhow::Result<()> {
     let mut rounds = 3usize;
     let mut seconds = 10u64;
     let mut irq_name = "ttyS0".to_string();
+    let mut host_hogs = 0usize;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--rounds" => rounds = args.next().context("--rounds N")?.parse()?,
             "--seconds" => seconds = args.next().context("--seconds S")?.parse()?,
             "--irq-name" => irq_name = args.next().context("--irq-name NAME")?,
-            other => bail!("unknown argument {other} (--rounds N, --seconds S, --irq-name NAME)"),
+            "--host-hogs" => host_hogs = args.next().context("--host-hogs N")?.parse()?,
+            other => bail!(
+                "unknown argument {other} (--rounds N, --seconds S, --irq-name NAME, --host-hogs N)"
+            ),
         }
     }
     let mut node = Node::start(NodeOptions {
@@ -251,6 +279,10 @@ async fn main() -> anyhow::Result<()> {
     let node0 = std::fs::read_to_string("/sys/devices/system/node/node0/cpulist")
         .context("NUMA node 0's CPUs")?;
     let _load = Load::start(node0.trim())?;
+    let _hogs = Load::hogs(host_hogs)?;
+    if host_hogs > 0 {
+        println!("{host_hogs} unpinned busy loops in the root cgroup");
+    }
     // The packed policy's first two CPUs of NUMA node 1, where each claim goes.
     let node1 = std::fs::read_to_string("/sys/devices/system/node/node1/cpulist")
         .context("NUMA node 1's CPUs")?;
@@ -298,7 +330,13 @@ async fn main() -> anyhow::Result<()> {
     println!("| --- | --- | --- | --- |");
     for variant in variants {
         let pick = |f: fn(&Sample) -> u64| {
-            spread(samples.iter().filter(|s| s.variant == variant).map(f).collect())
+            spread(
+                samples
+                    .iter()
+                    .filter(|s| s.variant == variant)
+                    .map(f)
+                    .collect(),
+            )
         };
         println!(
             "| {} | {} | {} | {} |",
