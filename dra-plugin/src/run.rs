@@ -26,7 +26,7 @@ use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use dra_cpu_proto::transport::{
-    bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
+    bind_unix, incoming_for_kubelet, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
 use k8s_openapi::api::resource::v1::Device;
 use shared_state::store::{AssignmentStore, SledStore};
@@ -388,7 +388,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 ),
             )
             .serve_with_incoming_shutdown(
-                incoming_with_peer_check(listener, kubelet_peers()),
+                incoming_for_kubelet(listener, kubelet_peers()),
                 stop.clone().cancelled_owned(),
             ),
     );
@@ -409,7 +409,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 registrar,
             ))
             .serve_with_incoming_shutdown(
-                incoming_with_peer_check(listener, kubelet_peers()),
+                incoming_for_kubelet(listener, kubelet_peers()),
                 registration_stop.clone().cancelled_owned(),
             ),
     );

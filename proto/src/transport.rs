@@ -3,10 +3,12 @@
 //! dra-plugin and nri-plugin.
 //!
 //! Servers bind with [`bind_unix`] and serve [`incoming_with_peer_check`]
-//! through `tonic::transport::Server::serve_with_incoming`; clients get a
-//! channel from [`connect_unix`] or [`connect_unix_lazy`]. Every accepted
-//! connection is wrapped in [`authority::AnyAuthority`], so Go and C-core
-//! clients, which send an `:authority` h2 refuses, are served too.
+//! (or, for the sockets kubelet dials, [`incoming_for_kubelet`]) through
+//! `tonic::transport::Server::serve_with_incoming`; clients get a channel
+//! from [`connect_unix`] or [`connect_unix_lazy`]. Kubelet's connections
+//! are wrapped in [`authority::AnyAuthority`], so Go and C-core clients,
+//! which send an `:authority` h2 refuses, are served too; the coordination
+//! socket, whose client is nri-plugin's tonic, takes its bytes as they come.
 
 pub mod authority;
 pub mod hpack;
@@ -274,12 +276,11 @@ pub enum PeerRefusal {
 ///
 /// A refused peer is logged and its connection closed before any byte is
 /// read, so it never reaches a service. Accept failures are logged and
-/// retried; the stream never ends on its own. Admitted connections accept any
-/// `:authority` ([`authority::AnyAuthority`]).
+/// retried; the stream never ends on its own.
 pub fn incoming_with_peer_check(
     listener: UnixListener,
     policy: PeerPolicy,
-) -> impl Stream<Item = io::Result<authority::AnyAuthority<UnixStream>>> + Send + 'static {
+) -> impl Stream<Item = io::Result<UnixStream>> + Send + 'static {
     let socket = listener
         .local_addr()
         .ok()
@@ -301,7 +302,6 @@ pub fn incoming_with_peer_check(
                                     socket = %socket.display(), uid = peer.uid, pid = ?peer.pid,
                                     "peer admitted"
                                 );
-                                let stream = authority::AnyAuthority::new(stream);
                                 return Some((Ok(stream), (listener, policy, socket)));
                             }
                             Err(refusal) => {
@@ -321,6 +321,19 @@ pub fn incoming_with_peer_check(
             }
         },
     )
+}
+
+/// [`incoming_with_peer_check`] for the sockets kubelet dials (registration
+/// and DRA): each admitted connection accepts any `:authority`
+/// ([`authority::AnyAuthority`]), which kubelet's grpc-go sends as the
+/// socket's path.
+pub fn incoming_for_kubelet(
+    listener: UnixListener,
+    policy: PeerPolicy,
+) -> impl Stream<Item = io::Result<authority::AnyAuthority<UnixStream>>> + Send + 'static {
+    use futures::StreamExt;
+    incoming_with_peer_check(listener, policy)
+        .map(|accepted| accepted.map(authority::AnyAuthority::new))
 }
 
 fn unix_connector(

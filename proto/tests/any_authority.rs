@@ -2,7 +2,7 @@
 //! for kubelet's registration dial, the socket path percent-encoded as
 //! `:authority`. Served straight from the socket (the control), h2 refuses
 //! the call with RST_STREAM PROTOCOL_ERROR; served through
-//! `incoming_with_peer_check`, whose connections rewrite such an authority,
+//! `incoming_for_kubelet`, whose connections rewrite such an authority,
 //! the call succeeds. The client's frames are built by hand because the `h2`
 //! client, like `http::Uri`, cannot send an invalid authority.
 
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dra_cpu_proto::kubelet::registration;
 use dra_cpu_proto::transport::hpack::{encode_literal, Decoder, HeaderField};
-use dra_cpu_proto::transport::{bind_unix, incoming_with_peer_check, PeerPolicy};
+use dra_cpu_proto::transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
 use support::h2::{frame, PREFACE};
 use support::kubelet::dra_plugin_info;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,10 +58,10 @@ fn own_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// Serves through `incoming_with_peer_check` (with the authority rewrite).
+/// Serves through `incoming_for_kubelet` (with the authority rewrite).
 fn serve_wrapped(path: &Path) {
     let listener = bind_unix(path, 0o600).unwrap();
-    let incoming = incoming_with_peer_check(listener, PeerPolicy::allow_uids([own_uid()]));
+    let incoming = incoming_for_kubelet(listener, PeerPolicy::allow_uids([own_uid()]));
     tokio::spawn(router().serve_with_incoming(incoming));
 }
 

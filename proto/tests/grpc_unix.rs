@@ -1,6 +1,9 @@
 //! Real tonic servers and clients over Unix sockets in a temporary directory:
 //! registration, DRA prepare on both API versions, the coordination Watch
 //! stream, and the socket rules (mode, stale socket, peer uid, path length).
+//! Every server here is served by `incoming_with_peer_check` alone, as
+//! dra-plugin serves its coordination socket: no `:authority` rewrite, and
+//! nothing a tonic client sends is refused.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

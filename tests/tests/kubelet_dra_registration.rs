@@ -19,7 +19,7 @@ use dra_cpu_proto::kubelet::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use dra_cpu_proto::kubelet::{dra_v1, DRA_PLUGIN_TYPE, DRA_V1BETA1_VERSION, DRA_V1_VERSION};
-use dra_cpu_proto::transport::{bind_unix, incoming_with_peer_check, PeerPolicy};
+use dra_cpu_proto::transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -122,7 +122,7 @@ fn serve(path: &Path, router: tonic::transport::server::Router) -> Running {
     let listener = bind_unix(path, 0o600).unwrap();
     let (shutdown, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(router.serve_with_incoming_shutdown(
-        incoming_with_peer_check(listener, PeerPolicy::allow_uids([own_uid()])),
+        incoming_for_kubelet(listener, PeerPolicy::allow_uids([own_uid()])),
         async {
             let _ = stopped.await;
         },
