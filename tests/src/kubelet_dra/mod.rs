@@ -43,6 +43,9 @@ use tonic::transport::Channel;
 
 /// How often the registry directory is looked at while waiting.
 const POLL: Duration = Duration::from_millis(20);
+/// How soon a failed registration is tried again (the plugin manager's
+/// reconciler loop, `loopSleepDuration`).
+const RECONCILE: Duration = Duration::from_secs(1);
 
 /// `GetInfo` must answer within this (operation_generator.go).
 pub const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);

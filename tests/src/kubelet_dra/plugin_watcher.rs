@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{
     connect, DraVersion, KubeletDra, KubeletDraError, GET_INFO_TIMEOUT, KUBELET_DRA_SERVICES,
-    NOTIFY_TIMEOUT, POLL,
+    NOTIFY_TIMEOUT, POLL, RECONCILE,
 };
 
 /// Checks a `PluginInfo` as kubelet does and picks the DRA service: the
@@ -62,6 +62,11 @@ impl RegistrySnapshot {
         let mut snapshot = RegistrySnapshot::default();
         snapshot.new_sockets(dir);
         snapshot
+    }
+
+    /// Counts `socket` as not seen, so the next look finds it again.
+    pub fn forget(&mut self, socket: &Path) {
+        self.seen.remove(socket);
     }
 
     /// Sockets that appeared since the last look, and records them.
@@ -168,20 +173,33 @@ impl KubeletDra {
         wait: Duration,
     ) -> Result<KubeletDra, KubeletDraError> {
         let deadline = tokio::time::Instant::now() + wait;
+        let mut failed: Option<KubeletDraError> = None;
         loop {
+            let mut retry = false;
             for socket in seen.new_sockets(dir) {
-                if let Some(kubelet) = register_socket(&socket, driver, version).await? {
-                    return Ok(kubelet);
+                match register_socket(&socket, driver, version).await {
+                    Ok(Some(kubelet)) => return Ok(kubelet),
+                    Ok(None) => {}
+                    // Kubelet's plugin manager registers again at its next
+                    // reconcile (every second) a socket whose registration
+                    // failed (a refused dial, a GetInfo past its 1 s
+                    // deadline on a loaded node), as long as it is there.
+                    Err(e @ (KubeletDraError::Connect { .. } | KubeletDraError::Call { .. })) => {
+                        seen.forget(&socket);
+                        failed = Some(e);
+                        retry = true;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(KubeletDraError::NoSocket {
+                return Err(failed.unwrap_or_else(|| KubeletDraError::NoSocket {
                     driver: driver.to_string(),
                     dir: dir.to_path_buf(),
                     waited: wait,
-                });
+                }));
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(if retry { RECONCILE } else { POLL }).await;
         }
     }
 }
