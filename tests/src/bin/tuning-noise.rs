@@ -10,8 +10,8 @@
 //!
 //!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME] [--host-hogs N]
 //!
-//! `--host-hogs N` runs N busy loops in the node's root cgroup, not in any
-//! container and not pinned, as work a node has outside its pods (processes
+//! `--host-hogs N` runs N busy loops (nice 19) in the node's root cgroup,
+//! not in any container and not pinned, as work a node has outside its pods (processes
 //! no `--host-cgroups` confines): the scheduler may run them on any CPU their
 //! cpuset allows, which an isolated partition (`loadBalancing: off`) takes
 //! the claim's CPUs out of.
@@ -63,13 +63,15 @@ impl Load {
 }
 
 impl Load {
-    /// `n` unpinned busy loops.
+    /// `n` unpinned busy loops, at the lowest priority: background work
+    /// that takes what CPU time is left, so the node's own processes
+    /// (containerd, the driver) still answer in time.
     fn hogs(n: usize) -> anyhow::Result<Load> {
         let mut children = Vec::new();
         for _ in 0..n {
             children.push(
-                Command::new("sh")
-                    .args(["-c", "while :; do :; done"])
+                Command::new("nice")
+                    .args(["-n", "19", "sh", "-c", "while :; do :; done"])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .spawn()
