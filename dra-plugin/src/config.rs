@@ -6,14 +6,14 @@
 //! without the leading dashes (`driver-name: dra.cpu`); an unknown key is an
 //! error, so a typo cannot silently leave a default in force.
 
-/// The device options are the slice builder's own types, so that a mode
-/// read from flags is exactly the one the slices are built for.
-pub use crate::devices::{CpuDeviceMode, DeviceMode, GroupBy};
+// The device options are the slice builder's own types, so that a mode
+// read from flags is exactly the one the slices are built for.
+use crate::devices::{CpuDeviceMode, GroupBy};
 use crate::k8s_names::is_driver_name;
 use crate::tuning::owner::DaemonSetRef;
 use shared_state::alloc::Policy;
 use shared_state::config_file::{self, ConfigFileError};
-pub use shared_state::daemon::LogFormat;
+use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,8 @@
 
 use crate::metrics::Metrics;
 use crate::run::Health;
-use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
+use ::http::StatusCode;
+use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -18,10 +18,12 @@ use crate::driver::{Driver, DriverOptions, StoreFault};
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::kubelet::registration::{Registrar, RegistrationState};
 use crate::metrics::Metrics;
-use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
+use crate::publisher::status::PublishStatus;
+use crate::publisher::{DesiredDevices, Publisher};
 use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
-use crate::tuning::{KernelPaths, NodeTuner};
+use crate::tuning::kernel::KernelPaths;
+use crate::tuning::NodeTuner;
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
@@ -29,10 +31,11 @@ use dra_cpu_proto::transport::{
     bind_unix, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
 use k8s_openapi::api::resource::v1::Device;
-use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::AssignmentStore;
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
-use shared_state::tuning::NodeSupport;
+use shared_state::tuning::support::NodeSupport;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -236,7 +239,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // no future container once the specs name the configured one.
         let default_root = crate::device_metadata::default_host_root(&config.plugin_data_dir());
         if default_root != config.device_metadata_dir
-            && crate::device_metadata::remove_all(&default_root)
+            && crate::device_metadata::host_files::remove_all(&default_root)
                 .context("removing device metadata files from their earlier directory")?
         {
             tracing::info!(
@@ -256,7 +259,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .collect(),
         ))
     } else {
-        if crate::device_metadata::remove_all(&config.device_metadata_dir)
+        if crate::device_metadata::host_files::remove_all(&config.device_metadata_dir)
             .context("removing device metadata files (--disable-device-metadata)")?
         {
             tracing::info!("device metadata is off: removed the files written while it was on");

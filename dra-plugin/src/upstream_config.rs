@@ -14,8 +14,9 @@
 //! CPU, which a driver switch must not do silently). Explicit flags still
 //! win over the file.
 
-use crate::config::{GroupBy, Settings};
+use crate::config::Settings;
 use crate::devices::CpuDeviceMode;
+use crate::devices::GroupBy;
 use serde_json::{Map, Value};
 use shared_state::CpuSet;
 use std::path::PathBuf;

@@ -18,9 +18,7 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(35);
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-pub use dra_cpu_proto::coordination::{
-    claim_from_message, snapshot_from_message, MessageError as CoordinationError,
-};
+use dra_cpu_proto::coordination::{claim_from_message, snapshot_from_message};
 
 /// The waits between resubscriptions: 100 ms, doubling up to 5 s, without
 /// jitter and without end.

@@ -1,7 +1,7 @@
 //! The resolver of claims the view has not heard of: ask dra-plugin by
 //! Lookup over one lazily dialled channel; when it does not answer, read the
 //! claim's CDI spec on disk (provisional, see
-//! [`ClaimOrigin::CdiSpec`](crate::view::ClaimOrigin::CdiSpec)).
+//! [`ClaimOrigin::CdiSpec`](crate::view::claims::ClaimOrigin::CdiSpec)).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -3,9 +3,9 @@
 //! the worker threads that write a batch's files at once.
 
 use super::Driver;
-use crate::cdi::ClaimSpec;
 use crate::device_metadata::{ClaimMetadata, MetadataError};
 use crate::prepare::ClaimRef;
+use shared_state::cdi_spec::ClaimSpec;
 use shared_state::ClaimAssignment;
 
 /// Most threads writing or removing the CDI specs of one batch at once:

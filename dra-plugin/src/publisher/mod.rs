@@ -42,9 +42,9 @@
 
 mod comparison;
 pub mod server_support;
-mod status;
+pub mod status;
 
-pub use status::PublishStatus;
+use status::PublishStatus;
 
 use crate::metrics::Metrics;
 use crate::slices::device_attributes::{has_pcie_roots, without_pcie_roots};

@@ -43,7 +43,6 @@ pub const MAX_ATTRIBUTE_VALUES_PER_DEVICE: usize = 48;
 /// Attributes and capacities of one device
 /// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
 pub const MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: usize = 32;
-pub use shared_state::assignment::CPU_CAPACITY;
 /// Label on every slice this product publishes, with [`MANAGED_BY`].
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "dra-cpu";
@@ -278,6 +277,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::devices::{DeviceMode, GroupBy};
     use proptest::prelude::*;
+    use shared_state::assignment::CPU_CAPACITY;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
     use std::collections::BTreeSet;
 

@@ -1,7 +1,7 @@
 //! The kernel files tuning reads and writes, and what this node supports,
 //! found from them.
 
-use shared_state::tuning::{isolated_partition_support, CgroupFacts, NodeSupport};
+use shared_state::tuning::support::{isolated_partition_support, CgroupFacts, NodeSupport};
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
 use std::io;
