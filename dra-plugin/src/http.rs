@@ -1,8 +1,8 @@
 //! What dra-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
 //! routes and the server are `dra_cpu_proto::http`'s.
 
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::run::Health;
 use ::http::StatusCode;
 use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use std::future::Future;

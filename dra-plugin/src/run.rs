@@ -14,11 +14,11 @@ use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
 use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
-use crate::driver::{Driver, DriverOptions, StoreFault};
+use crate::driver::{Driver, DriverOptions};
+use crate::health::Health;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
-use crate::kubelet::registration::{Registrar, RegistrationState};
+use crate::kubelet::registration::Registrar;
 use crate::metrics::Metrics;
-use crate::publisher::status::PublishStatus;
 use crate::publisher::{DesiredDevices, Publisher};
 use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
@@ -42,35 +42,6 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-
-/// Liveness and readiness, as `/healthz` and `/readyz` report them.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// Every socket is served.
-    pub serving: AtomicBool,
-    pub registration: Arc<RegistrationState>,
-    /// The driver's last failed store write; set, the process is unhealthy.
-    pub store: Arc<StoreFault>,
-    /// Why the node's devices are not (correctly) published, if they are not.
-    pub publishing: Arc<PublishStatus>,
-}
-
-impl Health {
-    pub fn ready(&self) -> bool {
-        self.unready_reason().is_none()
-    }
-
-    /// Why `/readyz` says not ready, if it does.
-    pub fn unready_reason(&self) -> Option<String> {
-        if let Some(error) = self.store.error() {
-            return Some(format!("store write failed: {error}"));
-        }
-        if !self.serving.load(Ordering::Relaxed) {
-            return Some("not serving yet".to_string());
-        }
-        self.publishing.unready_reason()
-    }
-}
 
 /// Kubelet runs as root; our own uid is admitted too so that the plugin can
 /// be run and tested unprivileged.
@@ -565,7 +536,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub settings: crate::config::Settings,
+    pub settings: crate::settings::Settings,
 }
 
 impl RunArgs {
@@ -573,7 +544,7 @@ impl RunArgs {
     pub fn resolve(self) -> anyhow::Result<Config> {
         let file = match &self.config {
             Some(path) => crate::config::load_file(path)?,
-            None => crate::config::Settings::default(),
+            None => crate::settings::Settings::default(),
         };
         let env_node = std::env::var(crate::config::NODE_NAME_ENV).ok();
         Ok(self.settings.or(file).resolve(env_node)?)

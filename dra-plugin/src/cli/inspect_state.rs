@@ -7,7 +7,8 @@
 //! subscriber gets first). When the daemon is stopped the store is opened
 //! directly; nothing is written to its records.
 
-use crate::cli::inspect_table::{self, ClaimCpus, Layout, NodeState, Style};
+use crate::cli::inspect_table::{self, Layout, Style};
+use crate::cli::node_state::{ClaimCpus, NodeState};
 use crate::config::{COORDINATION_SOCKET_NAME, DEFAULT_STATE_DIR, STORE_DIR_NAME};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
