@@ -266,14 +266,13 @@ impl Driver {
     }
 
     /// Tune the node for a claim being prepared.
-    fn tune(&self, assignment: &ClaimAssignment) -> Result<(), String> {
+    fn tune(&self, assignment: &ClaimAssignment) -> Result<(), TuningError> {
         match &self.tuner {
             Some(tuner) if assignment.tuning.touches_node() => tuner
                 .add(tuned_claim(assignment))
                 .map(|pass| {
                     tracing::info!(claim_uid = %assignment.claim_uid, knobs = ?assignment.tuning.knobs(), tuned = pass.tuned, unmovable_irqs = ?pass.unmovable_irqs, "claim's CPUs tuned");
-                })
-                .map_err(|e| e.to_string()),
+                }),
             _ => Ok(()),
         }
     }
@@ -568,9 +567,9 @@ impl Driver {
             // Also clears files left by a crash between removal steps.
             return self
                 .remove_claim_files(claim)
-                .map_err(|reason| PrepareError::Cdi {
+                .map_err(|error| PrepareError::Cdi {
                     claim: claim.to_string(),
-                    reason,
+                    reason: error.to_string(),
                 });
         }
         state.in_flight.insert(claim.uid.clone(), CpuSet::new());
