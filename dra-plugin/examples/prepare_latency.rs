@@ -14,14 +14,15 @@
 
 use dra_cpu_tests::claims::AllocatedClaim;
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::devices::DeviceCatalog;
+use dra_plugin::devices::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::ClaimRef;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::Policy;
-use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::AssignmentStore;
 use shared_state::topology::synthetic;
 use shared_state::CpuSet;
 use std::io::Write;

@@ -15,11 +15,8 @@
 //! so no claim container can be created from a lost or stale entry.
 
 use shared_state::cdi_read::{read_claim_cpus, read_claim_spec};
-pub use shared_state::cdi_spec::ClaimSpec;
-pub use shared_state::cdi_spec::{
-    claim_uid_of_file, device_id, device_name, spec_file_name, CDI_KIND, CDI_VERSION,
-    SPEC_FILE_PREFIX,
-};
+use shared_state::cdi_spec::ClaimSpec;
+use shared_state::cdi_spec::{claim_uid_of_file, spec_file_name};
 use shared_state::claim_env::is_claim_uid;
 use shared_state::CpuSet;
 use std::collections::BTreeSet;

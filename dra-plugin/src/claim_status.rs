@@ -19,6 +19,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Why a status apply failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimStatusError {
+    /// The API server could not be asked, or refused.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// Where status applies go.
 #[tonic::async_trait]
 pub trait ClaimStatusSink: Send + Sync + 'static {
@@ -30,7 +38,7 @@ pub trait ClaimStatusSink: Send + Sync + 'static {
         name: &str,
         field_manager: &str,
         body: Value,
-    ) -> Result<bool, String>;
+    ) -> Result<bool, ClaimStatusError>;
 }
 
 /// The API server through kube.
@@ -53,7 +61,7 @@ impl ClaimStatusSink for KubeClaimStatus {
         name: &str,
         field_manager: &str,
         body: Value,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ClaimStatusError> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
         let params = kube::api::PatchParams::apply(field_manager).force();
         match api
@@ -62,7 +70,7 @@ impl ClaimStatusSink for KubeClaimStatus {
         {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
-            Err(e) => Err(crate::api_client::error_chain(&e)),
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -286,6 +294,7 @@ impl ClaimStatusWriter {
                 tracing::debug!(claim = %claim, what, found, "claim status written");
             }
             Err(error) => {
+                let error = crate::api_client::error_chain(&error);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 if !self.stats.warned.swap(true, Ordering::Relaxed) {
                     tracing::warn!(claim = %claim, what, %error,
@@ -398,9 +407,16 @@ mod tests {
 
     #[tonic::async_trait]
     impl ClaimStatusSink for Failing {
-        async fn apply_status(&self, _: &str, _: &str, _: &str, _: Value) -> Result<bool, String> {
+        async fn apply_status(
+            &self,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: Value,
+        ) -> Result<bool, ClaimStatusError> {
             self.0.fetch_add(1, Ordering::Relaxed);
-            Err("field not declared in schema".into())
+            let status = kube::core::Status::failure("field not declared in schema", "Invalid");
+            Err(kube::Error::Api(status.boxed()).into())
         }
     }
 
@@ -435,7 +451,7 @@ mod tests {
             name: &str,
             _: &str,
             body: Value,
-        ) -> Result<bool, String> {
+        ) -> Result<bool, ClaimStatusError> {
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_in_flight.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

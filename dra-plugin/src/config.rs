@@ -6,14 +6,16 @@
 //! without the leading dashes (`driver-name: dra.cpu`); an unknown key is an
 //! error, so a typo cannot silently leave a default in force.
 
-/// The device options are the slice builder's own types, so that a mode
-/// read from flags is exactly the one the slices are built for.
-pub use crate::devices::{CpuDeviceMode, DeviceMode, GroupBy};
+// The device options are the slice builder's own types, so that a mode
+// read from flags is exactly the one the slices are built for.
+use crate::devices::{CpuDeviceMode, GroupBy};
 use crate::k8s_names::is_driver_name;
+use crate::settings::Settings;
 use crate::tuning::owner::DaemonSetRef;
+use crate::upstream_config::{self, UpstreamConfigError};
 use shared_state::alloc::Policy;
 use shared_state::config_file::{self, ConfigFileError};
-pub use shared_state::daemon::LogFormat;
+use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,98 +42,6 @@ pub const DEFAULT_MIN_SHARED_CPUS: u32 = 1;
 /// Environment variable holding the node name (the Downward API sets it).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
-shared_state::layered_settings! {
-    /// Every setting of `dra-plugin run`, as flags or as config-file keys.
-    pub struct Settings {
-        /// DRA driver name (ResourceSlices, claims' allocation results, sockets).
-        pub driver_name: Option<String>,
-        /// This node's name; defaults to $NODE_NAME.
-        pub node_name: Option<String>,
-        /// kubeconfig file; in-cluster configuration when unset.
-        pub kubeconfig: Option<PathBuf>,
-        /// Kubelet root directory (plugins_registry/ and plugins/ live here).
-        pub kubelet_root_dir: Option<PathBuf>,
-        /// Directory of the assignment store and the coordination socket.
-        pub state_dir: Option<PathBuf>,
-        /// Directory the container runtime reads CDI specs from.
-        pub cdi_dir: Option<PathBuf>,
-        /// Directory containing `sys/devices/system/cpu` (the host's `/`).
-        pub sysfs_root: Option<PathBuf>,
-        /// CPUs kept for system daemons (cpulist); never published.
-        pub reserved_cpus: Option<CpuSet>,
-        /// auto (grouped where the API server supports consumable capacity,
-        /// else individual), grouped or individual.
-        #[arg(value_enum)]
-        pub cpu_device_mode: Option<CpuDeviceMode>,
-        /// Grouped mode: numanode, socket or machine.
-        #[arg(value_enum)]
-        pub group_by: Option<GroupBy>,
-        /// packed, full-pcpus-only, distribute-across-numa or
-        /// distribute-across-cores.
-        pub allocation_policy: Option<Policy>,
-        /// A claim container that also requests CPU gets the shared pool too.
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub mixed_allocation_mode: Option<bool>,
-        /// Do not publish the KEP-5517 node-allocatable mapping on devices.
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub disable_node_allocatable_mapping: Option<bool>,
-        /// Do not write KEP-5304 device metadata files (and their CDI mounts)
-        /// for prepared claims.
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub disable_device_metadata: Option<bool>,
-        /// Host directory of the device metadata files, bind-mounted from here
-        /// into containers; `<kubelet-root-dir>/plugins/<driver>/dra-device-metadata`
-        /// by default. A tmpfs (the chart uses `/var/run/dra-cpu/device-metadata`)
-        /// keeps their writes out of the store disk's journal; they are rebuilt
-        /// from the store at every start, as the CDI specs are.
-        pub device_metadata_dir: Option<PathBuf>,
-        /// Publish `resource.kubernetes.io/pcieRoot` on devices: the PCIe roots
-        /// local to their CPUs (a list attribute: Kubernetes 1.36+ with the
-        /// `DRAListTypeAttributes` feature gate).
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub expose_pcie_roots: Option<bool>,
-        /// Unix socket nri-plugin subscribes on; `<state-dir>/coordination.sock` by default.
-        pub coordination_socket: Option<PathBuf>,
-        /// Peer uids admitted on the coordination socket (comma-separated); root only by default.
-        #[arg(value_delimiter = ',')]
-        pub coordination_allowed_uids: Option<Vec<u32>>,
-        /// host:port of the metrics, /healthz and /readyz HTTP server.
-        pub metrics_address: Option<SocketAddr>,
-        /// text or json.
-        #[arg(value_enum)]
-        pub log_format: Option<LogFormat>,
-        /// Start even when kubelet runs the static CPU manager policy, which
-        /// hands out exclusive CPUs of its own.
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub allow_kubelet_static_cpu_manager: Option<bool>,
-        /// Honour the `tuning` of claims' opaque configs (device interrupts,
-        /// idle states, cpufreq governor, CFS quota) and publish what this
-        /// node supports as device attributes. Needs the host's `/proc/irq`
-        /// and `/sys/devices/system/cpu` writable (the chart's `tuning.enabled`).
-        #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
-        pub low_latency_tuning: Option<bool>,
-        /// Directory holding the host's `irq/` (its `/proc`); `/proc` by default.
-        pub procfs_root: Option<PathBuf>,
-        /// The DaemonSet that runs this plugin (`namespace/name`; the chart
-        /// sets it): when it is deleted (`helm uninstall`), the node's
-        /// tuning is put back as dra-plugin stops.
-        pub daemonset: Option<DaemonSetRef>,
-        /// Where the host's cgroup hierarchy is mounted (read only: whether
-        /// it is cgroup v2 with isolated partitions, for `loadBalancing: off`,
-        /// which nri-plugin makes under its own `--cgroup-root`).
-        pub cgroup_root: Option<PathBuf>,
-        /// Where a running irqbalance has its socket (the host's
-        /// `/run/irqbalance`): while a claim keeps interrupts off its CPUs,
-        /// irqbalance is told to ban them too.
-        pub irqbalance_dir: Option<PathBuf>,
-        /// Fewest CPUs the shared pool keeps: a prepare that would leave fewer
-        /// is refused (default 1). Every container without a claim (this
-        /// driver's own among them) runs there; 0 lets claims take every CPU
-        /// and leaves nri-plugin to refuse shared containers.
-        pub min_shared_cpus: Option<u32>,
-    }
-}
-
 /// Why the settings could not be turned into a [`Config`].
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -141,7 +51,7 @@ pub enum ConfigError {
     Upstream {
         path: PathBuf,
         #[source]
-        source: crate::upstream_config::UpstreamConfigError,
+        source: UpstreamConfigError,
     },
     #[error(
         "no node name: pass --node-name, set node-name in the config file, or set ${NODE_NAME_ENV}"
@@ -197,10 +107,10 @@ pub fn parse_file(path: &Path, text: &str) -> Result<Settings, ConfigError> {
         source,
     };
     if let serde_json::Value::Object(map) = config_file::parse::<serde_json::Value>(path, text)? {
-        if crate::upstream_config::classify(&map).map_err(upstream_error)?
-            == crate::upstream_config::FileKind::Upstream
+        if upstream_config::classify(&map).map_err(upstream_error)?
+            == upstream_config::FileKind::Upstream
         {
-            return crate::upstream_config::to_settings(&map).map_err(upstream_error);
+            return upstream_config::to_settings(&map).map_err(upstream_error);
         }
     }
     Ok(config_file::parse(path, text)?)
@@ -615,6 +525,82 @@ log-format: json
             let first = Settings { node_name: a.clone(), ..Settings::default() };
             let second = Settings { node_name: b.clone(), ..Settings::default() };
             prop_assert_eq!(first.or(second).node_name, a.or(b));
+        }
+    }
+
+    /// The `driverConfig` of upstream's docs/user/configuration.md
+    /// ("#### Example"), which its chart writes as the config file.
+    const UPSTREAM_DOCS_EXAMPLE: &str =
+        "apiVersion: v1alpha1\ncpuDeviceMode: grouped\ngroupBy: numanode\nreservedCPUs: \"0-3\"\n";
+
+    /// The `driverConfig` example in upstream's
+    /// deployment/helm/dra-driver-cpu/values.yaml.
+    const UPSTREAM_VALUES_EXAMPLE: &str = "cpuDeviceMode: grouped\ngroupBy: socket\nreservedCPUs: \"0-3\"\npublishNodeAllocatableResourceMapping: true # requires the DRANodeAllocatableResources feature gate\n";
+
+    fn parse_upstream(text: &str) -> Result<Settings, ConfigError> {
+        parse_file(Path::new("/etc/dracpu/config.yaml"), text)
+    }
+
+    #[test]
+    fn upstreams_examples_resolve_to_their_settings() {
+        let cases = [
+            (UPSTREAM_DOCS_EXAMPLE, GroupBy::Numanode, false),
+            (UPSTREAM_VALUES_EXAMPLE, GroupBy::Socket, true),
+        ];
+        for (text, group_by, mapping) in cases {
+            let config = parse_upstream(text)
+                .expect("upstream's example parses")
+                .resolve(Some("node-a".into()))
+                .expect("resolves");
+            assert_eq!(config.device_mode, CpuDeviceMode::Grouped, "{text}");
+            assert_eq!(config.group_by, group_by, "{text}");
+            assert_eq!(config.reserved_cpus.to_cpulist(), "0-3", "{text}");
+            assert_eq!(config.node_allocatable_mapping, mapping, "{text}");
+            assert_eq!(config.node_name, "node-a");
+        }
+    }
+
+    #[test]
+    fn explicit_flags_win_over_an_upstream_file() {
+        let file = parse_upstream(UPSTREAM_DOCS_EXAMPLE).expect("parses");
+        let flags = Settings {
+            group_by: Some(GroupBy::Socket),
+            disable_node_allocatable_mapping: Some(false),
+            ..Settings::default()
+        };
+        let config = flags
+            .or(file)
+            .resolve(Some("node-a".into()))
+            .expect("resolves");
+        assert_eq!(config.group_by, GroupBy::Socket);
+        assert!(config.node_allocatable_mapping);
+        // From the file, no flag given.
+        assert_eq!(config.reserved_cpus.to_cpulist(), "0-3");
+        // Defaults where neither says anything.
+        assert_eq!(config.driver_name, "dra.cpu");
+    }
+
+    #[test]
+    fn parse_file_refuses_mixed_and_unknown_keys_by_name() {
+        for (text, names) in [
+            // Upstream refuses a repeated key rather than keep one at random.
+            (
+                "apiVersion: v1alpha1\nreservedCPUs: \"0-1\"\nreservedCPUs: \"2-3\"\n",
+                ["reservedCPUs", "duplicate"],
+            ),
+            (
+                "apiVersion: v1alpha1\nstate-dir: /s\n",
+                ["apiVersion", "state-dir"],
+            ),
+            ("groupBy: socket\nbogusKey: 1\n", ["bogusKey", "bogusKey"]),
+        ] {
+            let message = match parse_upstream(text) {
+                Err(e) => e.to_string(),
+                Ok(s) => panic!("{text} accepted: {s:?}"),
+            };
+            for name in names {
+                assert!(message.contains(name), "{message}");
+            }
         }
     }
 }

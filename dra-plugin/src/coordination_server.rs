@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 /// How often a quiet stream gets a heartbeat.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
-pub use dra_cpu_proto::coordination::{claim_message, snapshot_message};
+use dra_cpu_proto::coordination::claim_message;
 use dra_cpu_proto::coordination::{
     heartbeat_event, prepared_event, snapshot_event, unprepared_event,
 };

@@ -5,7 +5,7 @@
 //! name in an allocation result means exactly the CPUs published for it.
 
 use crate::opaque_config::NodeCpus;
-use crate::slices::SliceError;
+use crate::slice_error::SliceError;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use shared_state::topology::Topology;

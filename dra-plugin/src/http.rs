@@ -1,9 +1,10 @@
 //! What dra-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
 //! routes and the server are `dra_cpu_proto::http`'s.
 
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::run::Health;
-use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
+use ::http::StatusCode;
+use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use shared_state::exposition::{
-    self, register, AtomicCounter, AtomicGauge, Computed, Counter, Declared, DurationHistogram,
-    Family, Registry,
+    self, register, AtomicCounter, AtomicGauge, Computed, Declared, DurationHistogram,
 };
 
 /// Upper bounds (seconds) of the latency histogram buckets: a prepare is a

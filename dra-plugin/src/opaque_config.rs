@@ -26,7 +26,7 @@
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use serde_json::Value;
-use shared_state::tuning::{parse_tuning, Tuning, TuningError};
+use shared_state::tuning::request::{parse_tuning, Tuning, TuningError};
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 

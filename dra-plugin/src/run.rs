@@ -14,14 +14,16 @@ use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
 use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
-use crate::driver::{Driver, DriverOptions, StoreFault};
+use crate::driver::{Driver, DriverOptions};
+use crate::health::Health;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
-use crate::kubelet::registration::{Registrar, RegistrationState};
+use crate::kubelet::registration::Registrar;
 use crate::metrics::Metrics;
-use crate::publisher::{DesiredDevices, PublishStatus, Publisher};
+use crate::publisher::{DesiredDevices, Publisher};
 use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
-use crate::tuning::{KernelPaths, NodeTuner};
+use crate::tuning::kernel::KernelPaths;
+use crate::tuning::NodeTuner;
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
@@ -29,45 +31,17 @@ use dra_cpu_proto::transport::{
     bind_unix, incoming_for_kubelet, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
 use k8s_openapi::api::resource::v1::Device;
-use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::AssignmentStore;
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
-use shared_state::tuning::NodeSupport;
+use shared_state::tuning::support::NodeSupport;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-
-/// Liveness and readiness, as `/healthz` and `/readyz` report them.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// Every socket is served.
-    pub serving: AtomicBool,
-    pub registration: Arc<RegistrationState>,
-    /// The driver's last failed store write; set, the process is unhealthy.
-    pub store: Arc<StoreFault>,
-    /// Why the node's devices are not (correctly) published, if they are not.
-    pub publishing: Arc<PublishStatus>,
-}
-
-impl Health {
-    pub fn ready(&self) -> bool {
-        self.unready_reason().is_none()
-    }
-
-    /// Why `/readyz` says not ready, if it does.
-    pub fn unready_reason(&self) -> Option<String> {
-        if let Some(error) = self.store.error() {
-            return Some(format!("store write failed: {error}"));
-        }
-        if !self.serving.load(Ordering::Relaxed) {
-            return Some("not serving yet".to_string());
-        }
-        self.publishing.unready_reason()
-    }
-}
 
 /// Kubelet runs as root; our own uid is admitted too so that the plugin can
 /// be run and tested unprivileged.
@@ -236,7 +210,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // no future container once the specs name the configured one.
         let default_root = crate::device_metadata::default_host_root(&config.plugin_data_dir());
         if default_root != config.device_metadata_dir
-            && crate::device_metadata::remove_all(&default_root)
+            && crate::device_metadata::host_files::remove_all(&default_root)
                 .context("removing device metadata files from their earlier directory")?
         {
             tracing::info!(
@@ -256,7 +230,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .collect(),
         ))
     } else {
-        if crate::device_metadata::remove_all(&config.device_metadata_dir)
+        if crate::device_metadata::host_files::remove_all(&config.device_metadata_dir)
             .context("removing device metadata files (--disable-device-metadata)")?
         {
             tracing::info!("device metadata is off: removed the files written while it was on");
@@ -562,7 +536,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub settings: crate::config::Settings,
+    pub settings: crate::settings::Settings,
 }
 
 impl RunArgs {
@@ -570,7 +544,7 @@ impl RunArgs {
     pub fn resolve(self) -> anyhow::Result<Config> {
         let file = match &self.config {
             Some(path) => crate::config::load_file(path)?,
-            None => crate::config::Settings::default(),
+            None => crate::settings::Settings::default(),
         };
         let env_node = std::env::var(crate::config::NODE_NAME_ENV).ok();
         Ok(self.settings.or(file).resolve(env_node)?)

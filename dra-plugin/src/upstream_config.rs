@@ -14,8 +14,9 @@
 //! CPU, which a driver switch must not do silently). Explicit flags still
 //! win over the file.
 
-use crate::config::{GroupBy, Settings};
 use crate::devices::CpuDeviceMode;
+use crate::devices::GroupBy;
+use crate::settings::Settings;
 use serde_json::{Map, Value};
 use shared_state::CpuSet;
 use std::path::PathBuf;
@@ -262,82 +263,6 @@ mod tests {
         match shared_state::config_file::from_yaml(text) {
             Ok(m) => m,
             Err(e) => panic!("{text}: {e}"),
-        }
-    }
-
-    /// The `driverConfig` of upstream's docs/user/configuration.md
-    /// ("#### Example"), which its chart writes as the config file.
-    const UPSTREAM_DOCS_EXAMPLE: &str =
-        "apiVersion: v1alpha1\ncpuDeviceMode: grouped\ngroupBy: numanode\nreservedCPUs: \"0-3\"\n";
-
-    /// The `driverConfig` example in upstream's
-    /// deployment/helm/dra-driver-cpu/values.yaml.
-    const UPSTREAM_VALUES_EXAMPLE: &str = "cpuDeviceMode: grouped\ngroupBy: socket\nreservedCPUs: \"0-3\"\npublishNodeAllocatableResourceMapping: true # requires the DRANodeAllocatableResources feature gate\n";
-
-    fn parse(text: &str) -> Result<Settings, crate::config::ConfigError> {
-        crate::config::parse_file(std::path::Path::new("/etc/dracpu/config.yaml"), text)
-    }
-
-    #[test]
-    fn upstreams_examples_resolve_to_their_settings() {
-        let cases = [
-            (UPSTREAM_DOCS_EXAMPLE, GroupBy::Numanode, false),
-            (UPSTREAM_VALUES_EXAMPLE, GroupBy::Socket, true),
-        ];
-        for (text, group_by, mapping) in cases {
-            let config = parse(text)
-                .expect("upstream's example parses")
-                .resolve(Some("node-a".into()))
-                .expect("resolves");
-            assert_eq!(config.device_mode, CpuDeviceMode::Grouped, "{text}");
-            assert_eq!(config.group_by, group_by, "{text}");
-            assert_eq!(config.reserved_cpus.to_cpulist(), "0-3", "{text}");
-            assert_eq!(config.node_allocatable_mapping, mapping, "{text}");
-            assert_eq!(config.node_name, "node-a");
-        }
-    }
-
-    #[test]
-    fn explicit_flags_win_over_an_upstream_file() {
-        let file = parse(UPSTREAM_DOCS_EXAMPLE).expect("parses");
-        let flags = Settings {
-            group_by: Some(GroupBy::Socket),
-            disable_node_allocatable_mapping: Some(false),
-            ..Settings::default()
-        };
-        let config = flags
-            .or(file)
-            .resolve(Some("node-a".into()))
-            .expect("resolves");
-        assert_eq!(config.group_by, GroupBy::Socket);
-        assert!(config.node_allocatable_mapping);
-        // From the file, no flag given.
-        assert_eq!(config.reserved_cpus.to_cpulist(), "0-3");
-        // Defaults where neither says anything.
-        assert_eq!(config.driver_name, "dra.cpu");
-    }
-
-    #[test]
-    fn parse_file_refuses_mixed_and_unknown_keys_by_name() {
-        for (text, names) in [
-            // Upstream refuses a repeated key rather than keep one at random.
-            (
-                "apiVersion: v1alpha1\nreservedCPUs: \"0-1\"\nreservedCPUs: \"2-3\"\n",
-                ["reservedCPUs", "duplicate"],
-            ),
-            (
-                "apiVersion: v1alpha1\nstate-dir: /s\n",
-                ["apiVersion", "state-dir"],
-            ),
-            ("groupBy: socket\nbogusKey: 1\n", ["bogusKey", "bogusKey"]),
-        ] {
-            let message = match parse(text) {
-                Err(e) => e.to_string(),
-                Ok(s) => panic!("{text} accepted: {s:?}"),
-            };
-            for name in names {
-                assert!(message.contains(name), "{message}");
-            }
         }
     }
 

@@ -20,7 +20,7 @@ use common::{eventually, prepare_ok, Node, DRIVER, NODE};
 use dra_cpu_tests::apiserver::RequestLine;
 use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use dra_plugin::slices::{build_slices, slice_name};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use std::collections::BTreeSet;

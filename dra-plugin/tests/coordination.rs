@@ -10,7 +10,7 @@ use common::{pod_uid, prepare_ok, Node, WAIT};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::connect_unix;
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use std::os::unix::fs::PermissionsExt;
 
 async fn next(stream: &mut tonic::Streaming<coord::WatchEvent>) -> coord::watch_event::Event {

@@ -25,7 +25,7 @@ use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError}
 use dra_cpu_tests::seed::{seed_from_env, XorShift};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::cli::inspect_state::StateReport;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use dra_plugin::driver::crash_points::CRASH_AT_ENV;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -180,7 +180,7 @@ fn check_state(node: &Node, claims: &[Claim], known: &[Known], report: &StateRep
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !name.starts_with('.') {
-                let uid = dra_plugin::cdi::claim_uid_of_file(&name);
+                let uid = shared_state::cdi_spec::claim_uid_of_file(&name);
                 assert!(
                     uid.is_some_and(|u| stored.contains_key(u)),
                     "{when}: stray file {name} in the CDI directory"

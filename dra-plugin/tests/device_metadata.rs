@@ -8,9 +8,9 @@
 mod common;
 
 use dra_plugin::cdi::CdiDir;
-use dra_plugin::config::{DeviceMode, GroupBy};
 use dra_plugin::device_metadata::{published_attributes, DeviceMetadata};
 use dra_plugin::devices::{DeviceCatalog, DeviceOptions};
+use dra_plugin::devices::{DeviceMode, GroupBy};
 use dra_plugin::driver::{Driver, DriverOptions};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::prepare::{ClaimRef, POD_CLAIM_NAME_ANNOTATION};
@@ -18,7 +18,8 @@ use dra_plugin::slices::devices_for;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::Value;
 use shared_state::alloc::Policy;
-use shared_state::store::{AssignmentStore, MemoryStore};
+use shared_state::store::memory::MemoryStore;
+use shared_state::store::AssignmentStore;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@ mod common;
 
 use common::{pod_uid, prepare_ok, Node, RawResult, DRIVER, NODE, WAIT};
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use proptest::strategy::{Strategy, ValueTree};
 use shared_state::CpuSet;
 use std::os::unix::fs::PermissionsExt;

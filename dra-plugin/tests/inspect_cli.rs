@@ -257,7 +257,8 @@ socket 1
 /// 48-51.
 fn store_with_one_claim() -> tempfile::TempDir {
     use shared_state::assignment::{AllocatedDevice, ClaimAssignment};
-    use shared_state::store::{AssignmentStore, SledStore};
+    use shared_state::store::sled_store::SledStore;
+    use shared_state::store::AssignmentStore;
     let state = tempfile::tempdir().expect("temp dir");
     let store = SledStore::open(&state.path().join("store")).expect("store");
     store

@@ -9,7 +9,7 @@ mod common;
 
 use common::{cpus_of, pod_uid, prepare_ok, Node, WAIT};
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;

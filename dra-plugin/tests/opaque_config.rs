@@ -11,7 +11,7 @@ mod common;
 use common::{cpus_of, pod_uid, Node, DRIVER, NODE};
 use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, PrepareOutcome};
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, OpaqueDeviceConfiguration};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde_json::json;

@@ -14,7 +14,8 @@ use dra_cpu_tests::apiserver::{
 };
 use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
-use dra_plugin::publisher::{PublishStatus, Publisher};
+use dra_plugin::publisher::status::PublishStatus;
+use dra_plugin::publisher::Publisher;
 use dra_plugin::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use shared_state::topology::pcie::{Locality, PcieRoot, PcieRoots};
@@ -149,7 +150,7 @@ async fn the_daemon_publishes_the_roots_of_the_fixture() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/sysfs-pci/2s-nic-node1-gpu-node0");
     for expose in [true, false] {
-        let node = common::Node::with(dra_plugin::config::DeviceMode::Grouped, |s| {
+        let node = common::Node::with(dra_plugin::devices::DeviceMode::Grouped, |s| {
             s.sysfs_root = Some(fixture.clone());
             s.expose_pcie_roots = Some(expose);
         });

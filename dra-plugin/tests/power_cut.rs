@@ -64,7 +64,7 @@ use dra_cpu_tests::repin::{self, Recreated, RepinSetup, Verdict};
 use dra_cpu_tests::seed::XorShift;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::cli::inspect_state::StateReport;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use shared_state::CpuSet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

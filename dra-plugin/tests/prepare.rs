@@ -9,7 +9,7 @@ mod common;
 
 use common::{cpus_of, pod_uid, prepare_answer, prepare_ok, unprepare_one, Node, DRIVER, NODE};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
 

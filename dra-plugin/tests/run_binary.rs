@@ -10,7 +10,7 @@ mod common;
 use common::{pod_uid, prepare_ok, Node, DRIVER, FIXTURE_NUMA_DEVICES, WAIT};
 use dra_cpu_tests::kubelet_dra::{DraVersion, KubeletDra};
 use dra_cpu_tests::served_series::{check_served, Series};
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use std::io::{Read, Write};
 use std::time::Instant;
 

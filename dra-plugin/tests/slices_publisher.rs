@@ -14,7 +14,8 @@ use dra_cpu_tests::apiserver::{
 };
 use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
-use dra_plugin::publisher::{DesiredDevices, PublishError, PublishStatus, Publisher};
+use dra_plugin::publisher::status::PublishStatus;
+use dra_plugin::publisher::{DesiredDevices, PublishError, Publisher};
 use dra_plugin::slices::devices_for;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;

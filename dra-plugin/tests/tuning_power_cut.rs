@@ -17,7 +17,7 @@ mod common;
 use common::{cut_power, pod_uid, prepare_one, unprepare_one, Node, DRIVER};
 use dra_cpu_tests::interrupts::KernelTuning;
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_plugin::config::DeviceMode;
+use dra_plugin::devices::DeviceMode;
 use serde_json::json;
 use shared_state::CpuSet;
 use std::io::Write;

@@ -16,8 +16,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
-use nri_plugin::nri::creation_reply;
-use nri_plugin::view::{ContainerInfo, NodeView, NumaMap};
+use nri_plugin::nri::messages::creation_reply;
+use nri_plugin::view::numa::NumaMap;
+use nri_plugin::view::{ContainerInfo, NodeView};
 use shared_state::topology::synthetic::{build, MACHINE_512};
 use shared_state::{ClaimAssignment, CpuSet};
 

@@ -9,12 +9,12 @@
 use clap::ValueEnum;
 use serde::Deserialize;
 use shared_state::config_file::{self, ConfigFileError};
-pub use shared_state::daemon::LogFormat;
+use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_proto::nri::DEFAULT_NRI_SOCKET;
+pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_proto::nri::client::DEFAULT_NRI_SOCKET;
 pub const DEFAULT_PLUGIN_NAME: &str = "dra_cpu";
 pub const DEFAULT_PLUGIN_INDEX: &str = "10";
 pub const DEFAULT_COORDINATION_SOCKET: &str = "/var/lib/dra-cpu/coordination.sock";

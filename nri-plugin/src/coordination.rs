@@ -9,18 +9,18 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::transport::connect_unix;
+use dra_cpu_proto::coordination::MessageError;
+use dra_cpu_proto::transport::{connect_unix, TransportError};
 
 use crate::enforcer::Enforcer;
+use crate::view::ViewError;
 
 /// dra-plugin heartbeats every 10 s; three missed ones mean a dead stream.
 pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(35);
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-pub use dra_cpu_proto::coordination::{
-    claim_from_message, snapshot_from_message, MessageError as CoordinationError,
-};
+use dra_cpu_proto::coordination::{claim_from_message, snapshot_from_message};
 
 /// The waits between resubscriptions: 100 ms, doubling up to 5 s, without
 /// jitter and without end.
@@ -75,13 +75,36 @@ pub async fn run(
     }
 }
 
+/// Why a subscription to dra-plugin's Watch stream ended.
+#[derive(Debug, thiserror::Error)]
+enum WatchError {
+    #[error(transparent)]
+    Connect(#[from] TransportError),
+    #[error("Watch: {}", .0.message())]
+    Watch(#[source] tonic::Status),
+    #[error("nothing received for {:?}", STREAM_IDLE_TIMEOUT)]
+    Idle,
+    #[error("Watch stream: {}", .0.message())]
+    Stream(#[source] tonic::Status),
+    #[error("the stream did not start with a snapshot")]
+    NoSnapshotFirst,
+    #[error("dropping snapshot {revision}: {source}")]
+    BadSnapshot {
+        revision: u64,
+        #[source]
+        source: MessageError,
+    },
+    #[error(transparent)]
+    Apply(#[from] ViewError),
+}
+
 async fn subscribe_once(
     enforcer: &Enforcer,
     socket: &Path,
     subscriber: &str,
     started: &mut bool,
-) -> Result<(), String> {
-    let channel = connect_unix(socket).await.map_err(|e| e.to_string())?;
+) -> Result<(), WatchError> {
+    let channel = connect_unix(socket).await?;
     let mut client = coord::coordination_client::CoordinationClient::new(channel);
     let from_revision = enforcer.view_revision();
     let mut stream = client
@@ -90,7 +113,7 @@ async fn subscribe_once(
             subscriber: subscriber.to_string(),
         })
         .await
-        .map_err(|s| format!("Watch: {}", s.message()))?
+        .map_err(WatchError::Watch)?
         .into_inner();
     let mut reported = 0u64;
     let mut first = true;
@@ -104,8 +127,8 @@ async fn subscribe_once(
             }
         };
         let message = received
-            .map_err(|_| format!("nothing received for {STREAM_IDLE_TIMEOUT:?}"))?
-            .map_err(|s| format!("Watch stream: {}", s.message()))?;
+            .map_err(|_| WatchError::Idle)?
+            .map_err(WatchError::Stream)?;
         let Some(event) = message else {
             return Ok(());
         };
@@ -113,7 +136,7 @@ async fn subscribe_once(
             continue;
         };
         if first && !matches!(event, coord::watch_event::Event::Snapshot(_)) {
-            return Err("the stream did not start with a snapshot".into());
+            return Err(WatchError::NoSnapshotFirst);
         }
         use coord::watch_event::Event as E;
         let applied = match event {
@@ -129,7 +152,10 @@ async fn subscribe_once(
                 }
                 Err(e) => {
                     // Keep the old view rather than free CPUs in use.
-                    return Err(format!("dropping snapshot {}: {e}", s.revision));
+                    return Err(WatchError::BadSnapshot {
+                        revision: s.revision,
+                        source: e,
+                    });
                 }
             },
             E::ClaimPrepared(p) => match p.claim.as_ref().map(claim_from_message) {
@@ -149,7 +175,7 @@ async fn subscribe_once(
             E::ClaimUnprepared(u) => enforcer.apply_unprepared(u.revision, &u.claim_uid).await,
             E::Heartbeat(_) => Ok(()),
         };
-        applied.map_err(|e| e.to_string())?;
+        applied?;
         if first {
             first = false;
             *started = true;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use dra_cpu_proto::nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
 use shared_state::topology::Topology;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +18,10 @@ use crate::metrics::{self, Metrics};
 use crate::nri::DraCpuPlugin;
 use crate::partition::IsolatedPartitions;
 use crate::resolve::{scan_claims, CoordinationResolver};
-use crate::view::{cdi_claim, ClaimOrigin, NodeView, NumaMap};
+use crate::view::admission::cdi_claim;
+use crate::view::claims::ClaimOrigin;
+use crate::view::numa::NumaMap;
+use crate::view::NodeView;
 
 /// How often host cgroups are checked for a cpuset changed by someone else.
 const HOST_CGROUP_CHECK: Duration = Duration::from_secs(10);

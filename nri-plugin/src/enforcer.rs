@@ -10,14 +10,15 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use dra_cpu_proto::nri::NriUpdater;
+use dra_cpu_proto::nri::client::NriUpdater;
 use shared_state::pool::Update;
 use shared_state::{ClaimAssignment, NodeSnapshot};
 
 use crate::config::UnsolicitedUpdates;
-use crate::host_cgroups::{host_cpuset, HostCgroups};
+use crate::host_cgroups::cpusets::host_cpuset;
+use crate::host_cgroups::HostCgroups;
 use crate::metrics::Metrics;
-use crate::nri::to_nri_updates;
+use crate::nri::messages::to_nri_updates;
 use crate::view::{NodeView, ViewError};
 
 /// The view plus everything needed to make it real on containers.

@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dra_cpu_proto::http::{self, Endpoints, Reply, StatusCode, TEXT};
+use ::http::StatusCode;
+use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use shared_state::exposition::{
-    self, register, AtomicGauge, Computed, Counter, Declared, DurationHistogram, Family, Registry,
+    self, register, AtomicGauge, Computed, Declared, DurationHistogram,
 };
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned

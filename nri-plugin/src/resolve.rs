@@ -1,7 +1,7 @@
 //! The resolver of claims the view has not heard of: ask dra-plugin by
 //! Lookup over one lazily dialled channel; when it does not answer, read the
 //! claim's CDI spec on disk (provisional, see
-//! [`ClaimOrigin::CdiSpec`](crate::view::ClaimOrigin::CdiSpec)).
+//! [`ClaimOrigin::CdiSpec`](crate::view::claims::ClaimOrigin::CdiSpec)).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,6 +39,15 @@ pub trait ClaimResolver: Send + Sync {
     async fn resolve(&self, claim_uid: &str) -> Resolution;
 }
 
+/// Why dra-plugin gave no answer to a Lookup.
+#[derive(Debug, thiserror::Error)]
+enum LookupError {
+    #[error("Lookup: {}", .0.message())]
+    Refused(#[source] tonic::Status),
+    #[error("no answer within {:?}", LOOKUP_TIMEOUT)]
+    Timeout,
+}
+
 /// Asks dra-plugin by Lookup; falls back to the CDI spec when dra-plugin
 /// does not answer. Every Lookup goes over one channel, dialled at the
 /// first one and redialled after dra-plugin restarts, not over a new Unix
@@ -62,7 +71,7 @@ impl CoordinationResolver {
         })
     }
 
-    async fn lookup(&self, claim_uid: &str) -> Result<coord::LookupResponse, String> {
+    async fn lookup(&self, claim_uid: &str) -> Result<coord::LookupResponse, LookupError> {
         let mut client = coord::coordination_client::CoordinationClient::new(self.channel.clone());
         client
             .lookup(coord::LookupRequest {
@@ -70,7 +79,7 @@ impl CoordinationResolver {
             })
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| format!("Lookup: {}", status.message()))
+            .map_err(LookupError::Refused)
     }
 }
 
@@ -93,7 +102,7 @@ impl ClaimResolver for CoordinationResolver {
                 };
             }
             Ok(Err(e)) => e,
-            Err(_) => format!("no answer within {LOOKUP_TIMEOUT:?}"),
+            Err(_) => LookupError::Timeout,
         };
         tracing::warn!(claim = %claim_uid, reason = %why_not, "dra-plugin unavailable; checking the CDI spec");
         match read_claim_cpus(&self.cdi_dir, claim_uid) {

@@ -9,7 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use dra_cpu_tests::chart::{object, render};
-use nri_plugin::config::{parse_file, Config, LogFormat, UnsolicitedUpdates};
+use nri_plugin::config::{parse_file, Config, UnsolicitedUpdates};
+use shared_state::daemon::LogFormat;
 use std::path::{Path, PathBuf};
 
 struct Rendered {

@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use dra_cpu_proto::coordination::v1 as coord;
-use nri_plugin::coordination::{claim_from_message, snapshot_from_message, CoordinationError};
+use dra_cpu_proto::coordination::{claim_from_message, snapshot_from_message, MessageError};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
@@ -73,7 +73,7 @@ fn check_claim(claim: &coord::Claim) -> Result<(), TestCaseError> {
                 message,
                 claim.uid
             );
-            if let CoordinationError::BadCpus { value, .. } = &e {
+            if let MessageError::BadCpus { value, .. } = &e {
                 prop_assert_eq!(value, &claim.cpus);
             }
         }

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, PodSandbox};
-use dra_cpu_proto::nri::mux::{encode_frame, FrameDecoder};
-use dra_cpu_proto::nri::{ContainerCreation, NriClientOptions};
+use dra_cpu_proto::nri::client::NriClientOptions;
+use dra_cpu_proto::nri::mux::frame::{encode_frame, FrameDecoder};
+use dra_cpu_proto::nri::plugin::ContainerCreation;
 use nri_runtime::CreateOnly;
 
 /// Pins the container and updates ten others, as a busy node would.

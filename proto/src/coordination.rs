@@ -10,7 +10,7 @@
 //! neither a claim's devices nor its pod claim name: those stay in
 //! dra-plugin and read back empty.
 
-use shared_state::tuning::Tuning;
+use shared_state::tuning::request::Tuning;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 
 /// `dracpu.v1`: Coordination (Watch, Lookup, ReportApplied).

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use axum::http::{Method, StatusCode};
+use ::http::{Method, StatusCode};
 
 /// Content type of the probes' and errors' answers.
 pub const TEXT: &str = "text/plain; charset=utf-8";

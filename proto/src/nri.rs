@@ -49,13 +49,3 @@ pub mod client;
 pub mod events;
 pub mod mux;
 pub mod plugin;
-
-pub use client::{
-    run_with_reconnect, ConnectionUpdater, NriClient, NriClientOptions, NriError, NriUpdater,
-    SocketSource, DEFAULT_NRI_SOCKET, PLUGIN_SOCKET_ENV,
-};
-pub use events::{state_change_target, EventMask, StateChangeTarget};
-pub use plugin::{
-    ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo, Validation,
-    DEFAULT_HANDLER_TIMEOUT,
-};

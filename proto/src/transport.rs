@@ -226,8 +226,8 @@ impl PeerPolicy {
     }
 
     /// Decides on a peer from its credentials, or from the failure to read them.
-    pub fn admit(&self, peer: Result<PeerIdentity, String>) -> Result<PeerIdentity, PeerRefusal> {
-        let peer = peer.map_err(|reason| PeerRefusal::CredentialsUnavailable { reason })?;
+    pub fn admit(&self, peer: io::Result<PeerIdentity>) -> Result<PeerIdentity, PeerRefusal> {
+        let peer = peer.map_err(|source| PeerRefusal::CredentialsUnavailable { source })?;
         if self.allowed_uids.contains(&peer.uid) {
             Ok(peer)
         } else {
@@ -259,7 +259,7 @@ impl From<UCred> for PeerIdentity {
 }
 
 /// Why a peer was turned away.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum PeerRefusal {
     #[error("peer uid {uid} (pid {pid:?}) is not among the allowed uids {allowed:?}")]
     UidNotAllowed {
@@ -267,8 +267,11 @@ pub enum PeerRefusal {
         pid: Option<i32>,
         allowed: Vec<u32>,
     },
-    #[error("peer credentials unavailable: {reason}")]
-    CredentialsUnavailable { reason: String },
+    #[error("peer credentials unavailable: {source}")]
+    CredentialsUnavailable {
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// The connections accepted on `listener` whose peer `policy` admits, for
@@ -292,10 +295,7 @@ pub fn incoming_with_peer_check(
             loop {
                 match listener.accept().await {
                     Ok((stream, _)) => {
-                        let peer = stream
-                            .peer_cred()
-                            .map(PeerIdentity::from)
-                            .map_err(|e| e.to_string());
+                        let peer = stream.peer_cred().map(PeerIdentity::from);
                         match policy.admit(peer) {
                             Ok(peer) => {
                                 tracing::debug!(
@@ -418,7 +418,7 @@ mod tests {
         }
     }
 
-    fn peer(uid: u32) -> Result<PeerIdentity, String> {
+    fn peer(uid: u32) -> io::Result<PeerIdentity> {
         Ok(PeerIdentity {
             uid,
             gid: uid,
@@ -428,21 +428,22 @@ mod tests {
 
     #[test]
     fn admit_table() {
-        let cases: &[(&[u32], Result<PeerIdentity, String>, bool)] = &[
+        let cases: Vec<(&[u32], io::Result<PeerIdentity>, bool)> = vec![
             (&[0], peer(0), true),
             (&[0], peer(1000), false),
             (&[0, 1000], peer(1000), true),
             (&[12345], peer(0), false),
             (&[], peer(0), false),
-            (&[0], Err("ENOTSOCK".into()), false),
+            (&[0], Err(io::Error::other("ENOTSOCK")), false),
         ];
         for (allowed, who, expected) in cases {
             let policy = PeerPolicy::allow_uids(allowed.iter().copied());
-            let got = policy.admit(who.clone());
+            let shown = format!("{who:?}");
+            let got = policy.admit(who);
             assert_eq!(
                 got.is_ok(),
-                *expected,
-                "allowed {allowed:?}, peer {who:?}: {got:?}"
+                expected,
+                "allowed {allowed:?}, peer {shown}: {got:?}"
             );
         }
     }

@@ -11,10 +11,10 @@
 
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::nri::api;
+use dra_cpu_proto::nri::mux::frame::{encode_frame, FrameDecoder, MessageSplitter};
 use dra_cpu_proto::nri::mux::{
-    encode_frame, FrameDecoder, MessageSplitter, Multiplexer, MuxError, FRAME_HEADER_LEN,
-    MAX_FRAME_PAYLOAD, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, TTRPC_HEADER_LEN,
-    TTRPC_MAX_MESSAGE,
+    Multiplexer, MuxError, FRAME_HEADER_LEN, MAX_FRAME_PAYLOAD, PLUGIN_SERVICE_CONN,
+    RUNTIME_SERVICE_CONN, TTRPC_HEADER_LEN, TTRPC_MAX_MESSAGE,
 };
 use proptest::prelude::*;
 use std::time::Duration;

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
-use dra_cpu_proto::nri::{
-    ContainerCreation, EventMask, NriClient, NriClientOptions, NriPlugin, PluginError, RuntimeInfo,
-};
+use dra_cpu_proto::nri::client::{NriClient, NriClientOptions};
+use dra_cpu_proto::nri::events::EventMask;
+use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 use support::nri_runtime::{self, CreateOnly, InProcessRuntime};
 
 const CALL: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use shared_state::claim_env::EnvClaim;
-use shared_state::pool::PoolState;
+use shared_state::pool::state::PoolState;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::hint::black_box;
 

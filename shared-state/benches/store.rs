@@ -6,7 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use shared_state::store::{AssignmentStore, SledStore, StoreOp};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::{AssignmentStore, StoreOp};
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 use std::hint::black_box;
 use std::io::Write;

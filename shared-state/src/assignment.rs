@@ -2,7 +2,7 @@
 //! sends to nri-plugin.
 
 use crate::cpuset::CpuSet;
-use crate::tuning::Tuning;
+use crate::tuning::request::Tuning;
 use serde::{Deserialize, Serialize};
 
 /// The consumable capacity of a grouped device, in whole CPUs: what a

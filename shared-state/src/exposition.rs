@@ -21,11 +21,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Metric;
 
-pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
-pub use prometheus_client::metrics::counter::Counter;
-pub use prometheus_client::metrics::family::Family;
-pub use prometheus_client::metrics::histogram::Histogram;
-pub use prometheus_client::registry::Registry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 
 /// Register `metric` so that it is served as `name` with `help`, both as
 /// written here: a counter's `name` ends in `_total` like its samples.
@@ -234,6 +231,7 @@ impl EncodeMetric for DurationHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::family::Family;
 
     #[test]
     fn names_and_help_are_served_as_registered() {

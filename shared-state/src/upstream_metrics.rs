@@ -7,9 +7,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::exposition::{
-    register, AtomicGauge, Counter, DurationHistogram, Family, Histogram, Registry,
-};
+use crate::exposition::{register, AtomicGauge, DurationHistogram};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Prometheus client_golang's `DefBuckets`, which upstream's claim duration
 /// histograms use.

@@ -8,7 +8,8 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shared_state::store::{apply_to_map, AssignmentStore, SledStore, StoreError, StoreOp};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::{apply_to_map, AssignmentStore, StoreError, StoreOp};
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};

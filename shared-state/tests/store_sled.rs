@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use shared_state::store::{
-    AssignmentStore, MemoryStore, SledStore, StoreError, StoreOp, SCHEMA_VERSION,
-};
+use shared_state::store::memory::MemoryStore;
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::{AssignmentStore, StoreError, StoreOp, SCHEMA_VERSION};
 use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{self, Container, Event, PodSandbox};
-use dra_cpu_proto::nri::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
-use dra_cpu_proto::nri::{ContainerCreation, EventMask, NriPlugin, PluginError};
+use dra_cpu_proto::nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use dra_cpu_proto::nri::events::EventMask;
+use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use dra_cpu_tests::cgroup::{container_cpus, container_env};
 use dra_cpu_tests::containerd::{Containerd, ContainerdError, ContainerdOptions};
 use dra_cpu_tests::cri::{ContainerSpec, CriClient};

@@ -2,7 +2,7 @@
 //! the claim holding it, an overlap of two claims (a bug worth seeing) or
 //! unknown, and the colour of each mark.
 
-use super::inspect_table::NodeState;
+use super::node_state::NodeState;
 use shared_state::topology::Topology;
 use std::collections::BTreeMap;
 

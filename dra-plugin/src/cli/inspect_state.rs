@@ -7,14 +7,16 @@
 //! subscriber gets first). When the daemon is stopped the store is opened
 //! directly; nothing is written to its records.
 
-use crate::cli::inspect_table::{self, ClaimCpus, Layout, NodeState, Style};
+use crate::cli::inspect_table::{self, Layout, Style};
+use crate::cli::node_state::{ClaimCpus, NodeState};
 use crate::config::{COORDINATION_SOCKET_NAME, DEFAULT_STATE_DIR, STORE_DIR_NAME};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::transport::connect_unix;
 use serde::Serialize;
-use shared_state::store::{AssignmentStore, SledStore};
+use shared_state::store::sled_store::SledStore;
+use shared_state::store::AssignmentStore;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -104,7 +106,8 @@ impl StateReport {
         StateReport {
             source,
             revision,
-            shared: shared_state::pool::shared_pool(&allocatable, &exclusive).to_cpulist(),
+            shared: shared_state::pool::arithmetic::shared_pool(&allocatable, &exclusive)
+                .to_cpulist(),
             allocatable: allocatable.to_cpulist(),
             reserved: reserved.to_cpulist(),
             exclusive: exclusive.to_cpulist(),

@@ -19,6 +19,7 @@
 //!   between cores), which is what shows a half-used core.
 
 use super::inspect_marks::{marks, Mark, Marks};
+use super::node_state::NodeState;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
@@ -35,29 +36,6 @@ pub enum Layout {
     Auto,
     Full,
     Compact,
-}
-
-/// One prepared claim, as the grid needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimCpus {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
-    /// UIDs of the pods the claim is reserved for.
-    pub pods: Vec<String>,
-    pub cpus: CpuSet,
-    pub prepared_at_unix_ms: u64,
-}
-
-/// The daemon's state at one revision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeState {
-    /// Where it was read: `socket` or `store`.
-    pub source: String,
-    pub revision: u64,
-    pub allocatable: CpuSet,
-    pub reserved: CpuSet,
-    pub claims: Vec<ClaimCpus>,
 }
 
 /// What the grid shows besides the daemon's state.
@@ -356,6 +334,7 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::node_state::ClaimCpus;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
 
     fn cs(list: &str) -> CpuSet {

@@ -6,5 +6,6 @@
 mod inspect_marks;
 pub mod inspect_state;
 pub mod inspect_table;
+pub mod node_state;
 pub mod slices;
 pub mod topology;

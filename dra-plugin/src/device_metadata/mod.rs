@@ -93,10 +93,8 @@
 //! differ before kubelet can call us, as it does for the CDI specs. A
 //! prepare therefore adds no fsync.
 
-mod host_files;
+pub mod host_files;
 mod render;
-
-pub use host_files::{plan_metadata, remove_all, MetadataPlan};
 
 use crate::publisher::DesiredDevices;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};

@@ -3,14 +3,24 @@
 //! the worker threads that write a batch's files at once.
 
 use super::Driver;
-use crate::cdi::ClaimSpec;
+use crate::cdi::CdiError;
 use crate::device_metadata::{ClaimMetadata, MetadataError};
 use crate::prepare::ClaimRef;
+use shared_state::cdi_spec::ClaimSpec;
 use shared_state::ClaimAssignment;
 
 /// Most threads writing or removing the CDI specs of one batch at once:
 /// their fsyncs overlap instead of queueing one behind another.
 const CDI_WORKERS: usize = 16;
+
+/// Why a claim's files could not be written or removed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ClaimFilesError {
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Cdi(#[from] CdiError),
+}
 
 impl Driver {
     /// The CDI spec a prepared claim should have, and its metadata files
@@ -31,29 +41,25 @@ impl Driver {
 
     /// Metadata files then the CDI spec that mounts them, so the runtime
     /// never finds a spec whose files are not there yet.
-    pub(super) fn write_claim(&self, assignment: &ClaimAssignment) -> Result<(), String> {
-        let (spec, files) = self.claim_spec(assignment).map_err(|e| e.to_string())?;
+    pub(super) fn write_claim(&self, assignment: &ClaimAssignment) -> Result<(), ClaimFilesError> {
+        let (spec, files) = self.claim_spec(assignment)?;
         if let (Some(metadata), Some(files)) = (&self.metadata, &files) {
-            metadata.write(files).map_err(|e| e.to_string())?;
+            metadata.write(files)?;
         }
-        self.cdi
-            .write_spec(&assignment.claim_uid, &spec)
-            .map_err(|e| e.to_string())
+        Ok(self.cdi.write_spec(&assignment.claim_uid, &spec)?)
     }
 
     /// The CDI spec first (no container can be given the claim any more),
     /// then the metadata files it mounted.
-    pub(super) fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), String> {
+    pub(super) fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), ClaimFilesError> {
         match self.cdi.remove(&claim.uid) {
             Ok(()) => {}
             // A UID we could never have written a spec for: nothing to do.
-            Err(crate::cdi::CdiError::BadClaimUid(_)) => return Ok(()),
-            Err(e) => return Err(e.to_string()),
+            Err(CdiError::BadClaimUid(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
         if let Some(metadata) = &self.metadata {
-            metadata
-                .remove(&claim.namespace, &claim.name, &claim.uid)
-                .map_err(|e| e.to_string())?;
+            metadata.remove(&claim.namespace, &claim.name, &claim.uid)?;
         }
         Ok(())
     }

@@ -41,10 +41,10 @@ impl Driver {
             .collect();
         let removed = in_parallel(&removals, |&i| self.remove_claim_files(&batch[i].claim));
         for (&i, result) in removals.iter().zip(removed) {
-            if let Err(reason) = result {
+            if let Err(error) = result {
                 settled[i] = Some(Settled::Failed(PrepareError::Cdi {
                     claim: batch[i].claim.to_string(),
-                    reason,
+                    reason: error.to_string(),
                 }));
             }
         }
@@ -103,12 +103,12 @@ impl Driver {
         for &(i, assignment, revision) in &writes {
             match self.tune(assignment) {
                 Ok(()) => to_write.push((i, assignment, revision)),
-                Err(reason) => failed_writes.push((
+                Err(error) => failed_writes.push((
                     i,
                     revision.unwrap_or_default(),
                     PrepareError::Tuning {
                         claim: batch[i].claim.to_string(),
-                        reason,
+                        reason: error.to_string(),
                     },
                 )),
             }
@@ -119,14 +119,14 @@ impl Driver {
             let revision = revision.unwrap_or_default();
             match result {
                 Ok(()) => settled[*i] = Some(Settled::Prepared(revision)),
-                Err(reason) => {
+                Err(error) => {
                     self.untune(&batch[*i].claim.uid);
                     failed_writes.push((
                         *i,
                         revision,
                         PrepareError::Cdi {
                             claim: batch[*i].claim.to_string(),
-                            reason,
+                            reason: error.to_string(),
                         },
                     ));
                 }

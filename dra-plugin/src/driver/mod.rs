@@ -13,7 +13,7 @@
 //! nothing behind. The store is the source of truth; the in-memory map
 //! mirrors it so that a decision does not read the disk.
 
-use crate::cdi::{device_id, CdiDir};
+use crate::cdi::CdiDir;
 use crate::device_metadata::DeviceMetadata;
 use crate::devices::DeviceCatalog;
 use crate::metrics::Metrics;
@@ -25,9 +25,11 @@ use crate::prepare::{
 use crate::tuning::{NodeTuner, Pass as TuningPass, TuningError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
+use shared_state::cdi_spec::device_id;
 use shared_state::store::{AssignmentStore, StoreError};
 use shared_state::topology::Topology;
-use shared_state::tuning::{NodeSupport, TunedClaim};
+use shared_state::tuning::plan::TunedClaim;
+use shared_state::tuning::support::NodeSupport;
 use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
@@ -40,10 +42,9 @@ mod claim_files;
 mod commit;
 pub mod crash_points;
 mod group_commit;
-mod reconcile;
+pub mod reconcile;
 
 use group_commit::{CommitQueue, GroupCommit};
-pub use reconcile::{ReconcileError, Reconciled};
 
 /// Events a subscriber lags behind by before it is sent a fresh snapshot
 /// instead of the deltas it missed.
@@ -265,14 +266,13 @@ impl Driver {
     }
 
     /// Tune the node for a claim being prepared.
-    fn tune(&self, assignment: &ClaimAssignment) -> Result<(), String> {
+    fn tune(&self, assignment: &ClaimAssignment) -> Result<(), TuningError> {
         match &self.tuner {
             Some(tuner) if assignment.tuning.touches_node() => tuner
                 .add(tuned_claim(assignment))
                 .map(|pass| {
                     tracing::info!(claim_uid = %assignment.claim_uid, knobs = ?assignment.tuning.knobs(), tuned = pass.tuned, unmovable_irqs = ?pass.unmovable_irqs, "claim's CPUs tuned");
-                })
-                .map_err(|e| e.to_string()),
+                }),
             _ => Ok(()),
         }
     }
@@ -567,9 +567,9 @@ impl Driver {
             // Also clears files left by a crash between removal steps.
             return self
                 .remove_claim_files(claim)
-                .map_err(|reason| PrepareError::Cdi {
+                .map_err(|error| PrepareError::Cdi {
                     claim: claim.to_string(),
-                    reason,
+                    reason: error.to_string(),
                 });
         }
         state.in_flight.insert(claim.uid.clone(), CpuSet::new());

@@ -2,8 +2,9 @@
 //! disk brought in line with the stored claims.
 
 use super::Driver;
-use crate::cdi::ClaimSpec;
-use crate::device_metadata::{MetadataError, MetadataPlan};
+use crate::device_metadata::host_files::MetadataPlan;
+use crate::device_metadata::MetadataError;
+use shared_state::cdi_spec::ClaimSpec;
 
 impl Driver {
     /// Rewrite missing or stale CDI specs of stored claims and remove specs

@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use dra_cpu_proto::kubelet::{health_v1, health_v1alpha1};
-use shared_state::topology::read_online_cpus;
+use shared_state::topology::discover::read_online_cpus;
 use shared_state::CpuSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};

@@ -21,12 +21,24 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+/// Why a ResourceClaim could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimSourceError {
+    /// The API server could not be asked, or refused.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// Where ResourceClaims are read from.
 #[tonic::async_trait]
 pub trait ClaimSource: Send + Sync + 'static {
-    /// The claim, `Ok(None)` if it does not exist, `Err` with a reason if
-    /// the API server could not be asked.
-    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String>;
+    /// The claim, `Ok(None)` if it does not exist, `Err` if the API server
+    /// could not be asked.
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, ClaimSourceError>;
 }
 
 /// Claims from the API server through kube.
@@ -43,11 +55,13 @@ impl KubeClaims {
 
 #[tonic::async_trait]
 impl ClaimSource for KubeClaims {
-    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, ClaimSourceError> {
         let api: kube::Api<ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
-        api.get_opt(name)
-            .await
-            .map_err(|e| crate::api_client::error_chain(&e))
+        Ok(api.get_opt(name).await?)
     }
 }
 
@@ -113,10 +127,10 @@ impl DraService {
                     self.driver.metrics().error("prepare", e.reason());
                     return Err(e);
                 }
-                Err(reason) => {
+                Err(error) => {
                     let e = PrepareError::ApiServer {
                         claim: claim.to_string(),
-                        reason,
+                        reason: crate::api_client::error_chain(&error),
                     };
                     self.driver.metrics().error("prepare", e.reason());
                     return Err(e);

@@ -28,19 +28,28 @@ pub enum Verdict {
     Refuse(String),
 }
 
+/// Why a `cpu_manager_state` file's text names no policy.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("not a CPU manager checkpoint: {0}")]
+    NotACheckpoint(#[source] serde_json::Error),
+    #[error("no policyName in the checkpoint")]
+    NoPolicyName,
+}
+
 /// The `policyName` of a `cpu_manager_state` file's text.
-pub fn policy_name(text: &str) -> Result<String, String> {
+pub fn policy_name(text: &str) -> Result<String, CheckpointError> {
     #[derive(serde::Deserialize)]
     struct Checkpoint {
         #[serde(rename = "policyName")]
         policy_name: Option<String>,
     }
     let checkpoint: Checkpoint =
-        serde_json::from_str(text).map_err(|e| format!("not a CPU manager checkpoint: {e}"))?;
+        serde_json::from_str(text).map_err(CheckpointError::NotACheckpoint)?;
     checkpoint
         .policy_name
         .filter(|name| !name.is_empty())
-        .ok_or_else(|| "no policyName in the checkpoint".to_string())
+        .ok_or(CheckpointError::NoPolicyName)
 }
 
 /// The verdict for the state file at `path`, read as `read` gives it.

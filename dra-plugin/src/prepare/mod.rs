@@ -15,13 +15,14 @@ pub mod validation;
 use crate::opaque_config::{claim_tuning, cpusets_by_request, validate, OpaqueConfigError};
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use shared_state::alloc::{AllocError, Allocator, Policy};
-use shared_state::tuning::{NodeSupport, Tuning, Unsupported};
+use shared_state::tuning::request::Tuning;
+use shared_state::tuning::support::{NodeSupport, Unsupported};
 use shared_state::{AllocatedDevice, CpuSet};
 use std::collections::BTreeMap;
 
 /// The consumable capacity a grouped device counts CPUs in (the one the
 /// slices publish).
-pub use crate::slices::CPU_CAPACITY;
+use shared_state::assignment::CPU_CAPACITY;
 
 /// Why a claim reserved only for other consumers is refused: the CPUs of a
 /// claim are pinned to the pod that consumes it, and nri-plugin admits a

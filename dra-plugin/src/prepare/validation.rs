@@ -2,8 +2,9 @@
 //! ResourceClaim read from the API server and checked against what kubelet
 //! asked for (UID, node, pool, devices, consumed capacity, consumers).
 
-use super::{ClaimRef, ParsedClaim, PrepareError, CPU_CAPACITY, POD_CLAIM_NAME_ANNOTATION};
+use super::{ClaimRef, ParsedClaim, PrepareError, POD_CLAIM_NAME_ANNOTATION};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use shared_state::assignment::CPU_CAPACITY;
 use shared_state::claim_env::is_claim_uid;
 use shared_state::AllocatedDevice;
 

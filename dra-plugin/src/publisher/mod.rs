@@ -42,15 +42,14 @@
 
 mod comparison;
 pub mod server_support;
-mod status;
+pub mod status;
 
-pub use status::PublishStatus;
+use status::PublishStatus;
 
 use crate::metrics::Metrics;
+use crate::slice_error::SliceError;
 use crate::slices::device_attributes::{has_pcie_roots, without_pcie_roots};
-use crate::slices::{
-    build_slices, field_selector, label_selector, NodeOwner, SliceError, ATTR_PCIE_ROOT,
-};
+use crate::slices::{build_slices, field_selector, label_selector, NodeOwner, ATTR_PCIE_ROOT};
 use comparison::{content_hash, slice_matches};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;

@@ -7,7 +7,7 @@ use super::{
     ATTR_CACHE_L3_ID, ATTR_CFS_QUOTA_CONTROL, ATTR_CORE_ID, ATTR_CORE_TYPE, ATTR_CPU_ID,
     ATTR_GOVERNORS, ATTR_IDLE_LATENCY_CONTROL, ATTR_IRQ_ISOLATION, ATTR_ISOLATED_PARTITION,
     ATTR_NUMA_NODE, ATTR_NUMA_NODE_COMPAT, ATTR_NUMA_NODE_ID, ATTR_NUM_CPUS, ATTR_PCIE_ROOT,
-    ATTR_SMT_ENABLED, ATTR_SOCKET_ID, CPU_CAPACITY, MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
+    ATTR_SMT_ENABLED, ATTR_SOCKET_ID, MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE,
     MAX_ATTRIBUTE_VALUES_PER_DEVICE, NO_L3_CACHE_ID,
 };
 use crate::devices::{DeviceCpus, DeviceScope};
@@ -15,9 +15,10 @@ use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceCapacity, NodeAllocatableMapping, NodeAllocatableResource,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use shared_state::assignment::CPU_CAPACITY;
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
-use shared_state::tuning::NodeSupport;
+use shared_state::tuning::support::NodeSupport;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 

@@ -24,12 +24,12 @@ pub mod device_attributes;
 
 use crate::devices::{plan_devices, DeviceOptions};
 use crate::k8s_names::{is_dns_subdomain, is_driver_name};
+use crate::slice_error::SliceError;
 use device_attributes::{add_pcie_roots, build_devices, is_list_attribute, LeftOutRoots};
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use shared_state::topology::pcie::PcieRoots;
 use shared_state::topology::Topology;
-use shared_state::CpuSet;
 use std::collections::BTreeMap;
 
 /// The API server refuses a slice with more devices than this.
@@ -43,7 +43,6 @@ pub const MAX_ATTRIBUTE_VALUES_PER_DEVICE: usize = 48;
 /// Attributes and capacities of one device
 /// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
 pub const MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: usize = 32;
-pub use shared_state::assignment::CPU_CAPACITY;
 /// Label on every slice this product publishes, with [`MANAGED_BY`].
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "dra-cpu";
@@ -83,22 +82,6 @@ pub(crate) const NO_L3_CACHE_ID: i64 = -1;
 pub struct NodeOwner {
     pub name: String,
     pub uid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SliceError {
-    #[error("the topology has no online CPUs")]
-    NoOnlineCpus,
-    #[error("reserved CPUs {reserved}: CPUs {not_online} are not online (online: {online})")]
-    ReservedNotOnline {
-        reserved: CpuSet,
-        not_online: CpuSet,
-        online: CpuSet,
-    },
-    #[error("node name {0:?} is not a lowercase DNS subdomain of at most 253 characters")]
-    InvalidNodeName(String),
-    #[error("driver name {0:?} is not a lowercase DNS subdomain of at most 63 characters")]
-    InvalidDriverName(String),
 }
 
 /// Devices per slice for these devices: fewer once one carries a list.
@@ -278,7 +261,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::devices::{DeviceMode, GroupBy};
     use proptest::prelude::*;
+    use shared_state::assignment::CPU_CAPACITY;
     use shared_state::topology::synthetic::{build, Shape, SiblingNumbering};
+    use shared_state::CpuSet;
     use std::collections::BTreeSet;
 
     pub(crate) fn cs(list: &str) -> CpuSet {

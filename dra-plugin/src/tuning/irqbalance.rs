@@ -13,7 +13,7 @@
 //! shows it from then on.
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixCredentials};
-use shared_state::CpuSet;
+use shared_state::{CpuSet, CpuSetError};
 use std::io::{self, IoSlice, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -118,17 +118,35 @@ fn is_socket_name(name: &str) -> bool {
         .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// Why a `setup` answer names no banned CPUs.
+#[derive(Debug, thiserror::Error)]
+enum SetupAnswerError {
+    #[error("not an irqbalance setup answer: {0:?}")]
+    NotSetup(String),
+    #[error("no BANNED mask in the setup answer {0:?}")]
+    NoBannedMask(String),
+    #[error("the BANNED mask {mask:?}: {source}")]
+    BadMask {
+        mask: String,
+        #[source]
+        source: CpuSetError,
+    },
+}
+
 /// The banned CPUs of a `setup` answer: the hex mask after `BANNED`.
-fn banned_of_setup(answer: &str) -> Result<CpuSet, String> {
+fn banned_of_setup(answer: &str) -> Result<CpuSet, SetupAnswerError> {
     let mut words = answer.split_whitespace();
     if words.next() != Some("SLEEP") {
-        return Err(format!("not an irqbalance setup answer: {answer:?}"));
+        return Err(SetupAnswerError::NotSetup(answer.into()));
     }
     let mask = words
         .skip_while(|word| *word != "BANNED")
         .nth(1)
-        .ok_or_else(|| format!("no BANNED mask in the setup answer {answer:?}"))?;
-    CpuSet::parse_hex_mask(mask).map_err(|e| format!("the BANNED mask {mask:?}: {e}"))
+        .ok_or_else(|| SetupAnswerError::NoBannedMask(answer.into()))?;
+    CpuSet::parse_hex_mask(mask).map_err(|source| SetupAnswerError::BadMask {
+        mask: mask.into(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -154,7 +172,7 @@ mod tests {
             let got = banned_of_setup(answer);
             match (want, got) {
                 (Ok(cpus), Ok(got)) => assert_eq!(got.to_cpulist(), *cpus, "{answer}"),
-                (Err(part), Err(e)) => assert!(e.contains(part), "{answer}: {e}"),
+                (Err(part), Err(e)) => assert!(e.to_string().contains(part), "{answer}: {e}"),
                 (want, got) => panic!("{answer}: want {want:?}, got {got:?}"),
             }
         }

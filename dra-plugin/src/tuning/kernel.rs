@@ -1,7 +1,7 @@
 //! The kernel files tuning reads and writes, and what this node supports,
 //! found from them.
 
-use shared_state::tuning::{isolated_partition_support, CgroupFacts, NodeSupport};
+use shared_state::tuning::support::{isolated_partition_support, CgroupFacts, NodeSupport};
 use shared_state::CpuSet;
 use std::collections::BTreeSet;
 use std::io;
@@ -71,20 +71,20 @@ impl KernelPaths {
     pub fn support(&self, cpus: &CpuSet) -> NodeSupport {
         let mut support = NodeSupport::default();
         if let Err(why) = writable(&self.default_irq_affinity()) {
-            support.irqs = Some(why);
+            support.irqs = Some(why.to_string());
         }
         if let Some(why) = cpus
             .iter()
             .find_map(|cpu| writable(&self.idle_latency(cpu)).err())
         {
-            support.idle = Some(why);
+            support.idle = Some(why.to_string());
         }
         match self.governors_of(cpus) {
             Ok(governors) if governors.is_empty() => {
                 support.governor = Some("the CPUs share no cpufreq governor".into());
             }
             Ok(governors) => support.governors = governors,
-            Err(why) => support.governor = Some(why),
+            Err(why) => support.governor = Some(why.to_string()),
         }
         support.load_balancing = isolated_partition_support(
             &self.cgroup_root.display().to_string(),
@@ -105,19 +105,16 @@ impl KernelPaths {
     }
 
     /// The governors every CPU of `cpus` offers and can be set to.
-    fn governors_of(&self, cpus: &CpuSet) -> Result<BTreeSet<String>, String> {
+    fn governors_of(&self, cpus: &CpuSet) -> Result<BTreeSet<String>, KnobError> {
         let mut common: Option<BTreeSet<String>> = None;
         for cpu in cpus.iter() {
             let path = self.available_governors(cpu);
             let text = match read_value(&path) {
                 Ok(text) => text,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(format!(
-                        "the node has no cpufreq ({} is missing)",
-                        path.display()
-                    ))
+                    return Err(KnobError::NoCpufreq(path))
                 }
-                Err(e) => return Err(format!("{}: {e}", path.display())),
+                Err(source) => return Err(KnobError::Read { path, source }),
             };
             writable(&self.governor(cpu))?;
             let offered: BTreeSet<String> = text.split_whitespace().map(str::to_string).collect();
@@ -130,10 +127,33 @@ impl KernelPaths {
     }
 }
 
+/// Why a kernel knob cannot be used here.
+#[derive(Debug, thiserror::Error)]
+enum KnobError {
+    #[error("the node has no cpufreq ({} is missing)", .0.display())]
+    NoCpufreq(PathBuf),
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is not writable: {}", path.display(), errno.desc())]
+    NotWritable {
+        path: PathBuf,
+        #[source]
+        errno: nix::errno::Errno,
+    },
+}
+
 /// Whether this process may write `path`, and why not.
-fn writable(path: &Path) -> Result<(), String> {
-    nix::unistd::access(path, nix::unistd::AccessFlags::W_OK)
-        .map_err(|errno| format!("{} is not writable: {}", path.display(), errno.desc()))
+fn writable(path: &Path) -> Result<(), KnobError> {
+    nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).map_err(|errno| {
+        KnobError::NotWritable {
+            path: path.to_path_buf(),
+            errno,
+        }
+    })
 }
 
 /// A kernel value's text, trimmed.

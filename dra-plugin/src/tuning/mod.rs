@@ -15,14 +15,15 @@
 //! The pure part (what the values should be) is `shared_state::tuning`.
 
 pub mod irqbalance;
-mod kernel;
+pub mod kernel;
 pub mod owner;
 
-pub use kernel::KernelPaths;
+use kernel::KernelPaths;
 use kernel::{read_value, write_value};
 use serde::{Deserialize, Serialize};
 use shared_state::tuning::plan::{irq_affinity, wanted, IrqBalanceBaseline, Wanted};
-use shared_state::tuning::{Baseline, NodeSupport, TunedClaim};
+use shared_state::tuning::plan::{Baseline, TunedClaim};
+use shared_state::tuning::support::NodeSupport;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 use std::io;

@@ -4,7 +4,7 @@
 //! tests/tests/vm_node.rs shows it on a real kernel.
 
 use super::*;
-use shared_state::tuning::Tuning;
+use shared_state::tuning::request::Tuning;
 
 struct FakeNode {
     dir: tempfile::TempDir,

@@ -10,7 +10,9 @@ pub mod checked_store;
 use dra_cpu_tests::apiserver::FakeApiServer;
 use dra_cpu_tests::claims::AllocatedClaim;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, PrepareOutcome};
-use dra_plugin::config::{Config, DeviceMode, GroupBy, Settings};
+use dra_plugin::config::Config;
+use dra_plugin::devices::{DeviceMode, GroupBy};
+use dra_plugin::settings::Settings;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
     DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim,

@@ -38,9 +38,9 @@ pub mod cpusets;
 pub mod paths;
 pub mod state_file;
 
-pub use cpusets::{drifted, host_cpuset, lists_cpuset, needs_write, use_parent_instead_of_empty};
-pub use paths::parse_cgroup_path;
-pub use state_file::{stale_entries, HostCgroupState, STATE_FILE};
+use cpusets::{drifted, lists_cpuset, needs_write, use_parent_instead_of_empty};
+use paths::parse_cgroup_path;
+use state_file::{stale_entries, HostCgroupState, STATE_FILE};
 
 use paths::find_pod_cgroup;
 use state_file::{load_state, save_state};

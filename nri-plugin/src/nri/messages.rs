@@ -6,13 +6,14 @@ use dra_cpu_proto::nri::api::{
     self, Container, ContainerAdjustment, ContainerUpdate, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use dra_cpu_proto::nri::ContainerCreation;
+use dra_cpu_proto::nri::plugin::ContainerCreation;
 use shared_state::claim_env::parse_claim_env;
 use shared_state::pool::Update;
 use shared_state::upstream_metrics::CpuAllocationMode;
 use shared_state::CpuSet;
 
-use crate::view::{ContainerInfo, CreateDecision, UpdateDecision};
+use crate::view::planning::{CreateDecision, UpdateDecision};
+use crate::view::ContainerInfo;
 
 fn cpu_resources(cpus: &CpuSet, mems: Option<&CpuSet>) -> LinuxResources {
     let mut cpu = api::LinuxCPU::new();
@@ -162,7 +163,7 @@ mod tests {
     use super::*;
     use crate::test_support::set;
     use dra_cpu_proto::nri::api;
-    use shared_state::pool::ContainerKind;
+    use shared_state::pool::arithmetic::ContainerKind;
 
     #[test]
     fn upstream_allocation_mode_follows_the_claim_env() {

@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerUpdate, Event, LinuxResources, PodSandbox,
 };
-use dra_cpu_proto::nri::{
-    ContainerCreation, ContainerUpdates, EventMask, NriPlugin, PluginError, RuntimeInfo,
+use dra_cpu_proto::nri::events::EventMask;
+use dra_cpu_proto::nri::plugin::{
+    ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo,
 };
 use shared_state::pool::Update;
 use shared_state::upstream_metrics::{NriCallback, OpResult};
@@ -21,12 +22,13 @@ use shared_state::CpuSet;
 use crate::enforcer::Enforcer;
 use crate::partition::{Isolated, IsolatedPartitions};
 use crate::resolve::ClaimResolver;
-use crate::view::{admit_container, synchronize_containers, ContainerInfo};
+use crate::view::admission::{admit_container, synchronize_containers};
+use crate::view::ContainerInfo;
 
 pub mod messages;
 
 use messages::allocation_mode;
-pub use messages::{container_info, creation_reply, to_nri_updates, update_info, update_reply};
+use messages::{container_info, creation_reply, to_nri_updates, update_info, update_reply};
 
 /// The NRI plugin of dra-cpu.
 pub struct DraCpuPlugin {
@@ -486,7 +488,7 @@ mod tests {
     use crate::test_support::{claim, run, set};
     use crate::view::NodeView;
     use dra_cpu_proto::nri::api;
-    use dra_cpu_proto::nri::NriUpdater;
+    use dra_cpu_proto::nri::client::NriUpdater;
     use shared_state::{ClaimAssignment, CpuSet};
     use std::sync::atomic::Ordering;
 

@@ -29,15 +29,15 @@ use shared_state::CpuSet;
 pub mod plan;
 
 use plan::{
-    ancestors, container_cgroup, isolate_writes, partition_state, release_writes, PartitionState,
-    Write, EXCLUSIVE, PARTITION,
+    ancestors, container_cgroup, isolate_writes, partition_state, release_writes, CgroupPathError,
+    PartitionState, Write, EXCLUSIVE, PARTITION,
 };
 
 /// Why a container could not get its isolated partition.
 #[derive(Debug, thiserror::Error)]
 pub enum PartitionError {
-    #[error("{0}")]
-    Path(String),
+    #[error(transparent)]
+    Path(#[from] CgroupPathError),
     #[error("{}: {source}", file.display())]
     Io {
         file: PathBuf,

@@ -5,14 +5,31 @@ use std::path::{Component, Path, PathBuf};
 
 use shared_state::CpuSet;
 
+/// Why a container's `linux.cgroupsPath` names no cgroup below the root.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CgroupPathError {
+    #[error("the container has no cgroups path")]
+    Empty,
+    #[error("systemd cgroups path {path:?} has no unit name")]
+    NoUnitName { path: String },
+    #[error("systemd slice {slice:?} does not end in .slice")]
+    NotSliceSuffix { slice: String },
+    #[error("systemd slice {slice:?} is not a slice name")]
+    NotSliceName { slice: String },
+    #[error("cgroups path {path:?} leaves the cgroup root")]
+    LeavesRoot { path: String },
+    #[error("cgroups path {path:?} is the root cgroup")]
+    RootCgroup { path: String },
+}
+
 /// A container's cgroup, relative to the cgroup root, from its OCI
 /// `linux.cgroupsPath`: the cgroupfs form (`/kubepods/pod<uid>/<id>`) or
 /// the systemd form (`<slice>:<prefix>:<name>`, which systemd places at
 /// the slice's path, each `-` of its name a level, then `<prefix>-<name>.scope`).
-pub fn container_cgroup(cgroups_path: &str) -> Result<PathBuf, String> {
+pub fn container_cgroup(cgroups_path: &str) -> Result<PathBuf, CgroupPathError> {
     let path = cgroups_path.trim();
     if path.is_empty() {
-        return Err("the container has no cgroups path".into());
+        return Err(CgroupPathError::Empty);
     }
     let relative = if !path.starts_with('/') && path.split(':').count() == 3 {
         let mut parts = path.split(':');
@@ -22,7 +39,7 @@ pub fn container_cgroup(cgroups_path: &str) -> Result<PathBuf, String> {
             parts.next().unwrap_or_default(),
         );
         if name.is_empty() {
-            return Err(format!("systemd cgroups path {path:?} has no unit name"));
+            return Err(CgroupPathError::NoUnitName { path: path.into() });
         }
         let mut dir = slice_dir(slice)?;
         dir.push(if prefix.is_empty() {
@@ -40,27 +57,31 @@ pub fn container_cgroup(cgroups_path: &str) -> Result<PathBuf, String> {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(name) => out.push(name),
             Component::ParentDir | Component::Prefix(_) => {
-                return Err(format!("cgroups path {path:?} leaves the cgroup root"))
+                return Err(CgroupPathError::LeavesRoot { path: path.into() })
             }
         }
     }
     if out.as_os_str().is_empty() {
-        return Err(format!("cgroups path {path:?} is the root cgroup"));
+        return Err(CgroupPathError::RootCgroup { path: path.into() });
     }
     Ok(out)
 }
 
 /// The directory systemd gives a slice: `a-b-c.slice` is
 /// `a.slice/a-b.slice/a-b-c.slice`; `-.slice` (or none) is the root.
-fn slice_dir(slice: &str) -> Result<PathBuf, String> {
+fn slice_dir(slice: &str) -> Result<PathBuf, CgroupPathError> {
     if slice.is_empty() || slice == "-.slice" {
         return Ok(PathBuf::new());
     }
     let Some(stem) = slice.strip_suffix(".slice") else {
-        return Err(format!("systemd slice {slice:?} does not end in .slice"));
+        return Err(CgroupPathError::NotSliceSuffix {
+            slice: slice.into(),
+        });
     };
     if stem.is_empty() || stem.contains('/') || stem.split('-').any(str::is_empty) {
-        return Err(format!("systemd slice {slice:?} is not a slice name"));
+        return Err(CgroupPathError::NotSliceName {
+            slice: slice.into(),
+        });
     }
     let mut dir = PathBuf::new();
     let mut prefix = String::new();
@@ -233,7 +254,7 @@ mod tests {
         for (raw, want) in cases {
             match (container_cgroup(raw), want) {
                 (Ok(got), Ok(path)) => assert_eq!(got, PathBuf::from(path), "{raw:?}"),
-                (Err(e), Err(needle)) => assert!(e.contains(needle), "{raw:?}: {e}"),
+                (Err(e), Err(needle)) => assert!(e.to_string().contains(needle), "{raw:?}: {e}"),
                 (got, want) => panic!("{raw:?}: got {got:?}, want {want:?}"),
             }
         }

@@ -7,10 +7,11 @@ use std::sync::Mutex;
 use shared_state::pool::PoolError;
 use shared_state::{ClaimAssignment, CpuSet};
 
-use super::{
-    unknown_claims, ClaimOrigin, ContainerInfo, CreateDecision, CreateOutcome, NodeView, Refusal,
-    SyncOutcome,
-};
+use super::claims::ClaimOrigin;
+use super::planning::{CreateDecision, CreateOutcome};
+use super::refusal::Refusal;
+use super::synchronize::{unknown_claims, SyncOutcome};
+use super::{ContainerInfo, NodeView};
 use crate::resolve::{ClaimResolver, Resolution};
 
 fn lock(view: &Mutex<NodeView>) -> std::sync::MutexGuard<'_, NodeView> {

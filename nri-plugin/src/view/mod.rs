@@ -25,7 +25,8 @@
 use std::collections::{HashMap, HashSet};
 
 use shared_state::claim_env::{parse_claim_env, EnvClaim};
-use shared_state::pool::{PoolError, PoolState, Update};
+use shared_state::pool::state::PoolState;
+use shared_state::pool::{PoolError, Update};
 use shared_state::CpuSet;
 
 pub mod admission;
@@ -35,12 +36,8 @@ pub mod planning;
 pub mod refusal;
 pub mod synchronize;
 
-pub use admission::{admit_container, cdi_claim, synchronize_containers};
-pub use claims::ClaimOrigin;
-pub use numa::NumaMap;
-pub use planning::{CreateDecision, CreateOutcome, UpdateDecision};
-pub use refusal::Refusal;
-pub use synchronize::{unknown_claims, SyncOutcome};
+use numa::NumaMap;
+use refusal::Refusal;
 
 /// What nri-plugin needs to know about a container, taken from the NRI
 /// `Container` and `PodSandbox` messages.
@@ -193,7 +190,7 @@ impl NodeView {
 mod tests {
     use crate::test_support::*;
     use proptest::prelude::*;
-    use shared_state::pool::ContainerKind;
+    use shared_state::pool::arithmetic::ContainerKind;
 
     #[test]
     fn an_update_sent_before_the_container_ran_is_sent_again_at_start() {

@@ -3,10 +3,12 @@
 //! here records an update as applied.
 
 use shared_state::claim_env::EnvClaim;
-use shared_state::pool::{ContainerKind, Update};
+use shared_state::pool::arithmetic::ContainerKind;
+use shared_state::pool::Update;
 use shared_state::CpuSet;
 
-use super::{ContainerInfo, NodeView, Refusal};
+use super::refusal::Refusal;
+use super::{ContainerInfo, NodeView};
 
 /// What [`NodeView::create`] decided for a container being created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +205,7 @@ impl NodeView {
 mod tests {
     use super::*;
     use crate::test_support::*;
-    use crate::view::NumaMap;
+    use crate::view::numa::NumaMap;
 
     #[test]
     fn kinds_and_cpusets_table() {

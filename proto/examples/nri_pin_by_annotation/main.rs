@@ -13,7 +13,7 @@ mod plugin;
 
 use std::sync::Arc;
 
-use dra_cpu_proto::nri::{
+use dra_cpu_proto::nri::client::{
     run_with_reconnect, NriClientOptions, NriUpdater, SocketSource, DEFAULT_NRI_SOCKET,
 };
 

@@ -20,7 +20,8 @@ use dra_cpu_proto::nri::api::{
     Container, ContainerAdjustment, ContainerUpdate, Event, LinuxCPU, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use dra_cpu_proto::nri::{ContainerCreation, EventMask, NriPlugin, PluginError, RuntimeInfo};
+use dra_cpu_proto::nri::events::EventMask;
+use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 
 pub const CPUSET_ANNOTATION: &str = "example.dra.cpu/cpuset";
 pub const ALSO_UPDATE_ANNOTATION: &str = "example.dra.cpu/also-update";

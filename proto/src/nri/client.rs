@@ -12,9 +12,8 @@ use ttrpc::r#async::transport::{Listener, Socket};
 use super::api;
 use super::api_ttrpc::RuntimeClient;
 use super::mux::{Multiplexer, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::plugin::{
-    NriPlugin, PluginService, RuntimeInfo, RuntimeInfoCell, DEFAULT_HANDLER_TIMEOUT,
-};
+use super::plugin::service::{PluginService, RuntimeInfoCell};
+use super::plugin::{NriPlugin, RuntimeInfo, DEFAULT_HANDLER_TIMEOUT};
 
 /// Default socket of the runtime's NRI service.
 pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";

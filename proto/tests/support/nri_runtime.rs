@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
 use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
+use dra_cpu_proto::nri::client::{NriClient, NriClientOptions};
+use dra_cpu_proto::nri::events::EventMask;
 use dra_cpu_proto::nri::mux::{Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use dra_cpu_proto::nri::{
-    ContainerCreation, EventMask, NriClient, NriClientOptions, NriPlugin, PluginError,
-};
+use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::TtrpcContext;
 

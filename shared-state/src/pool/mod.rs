@@ -13,17 +13,13 @@
 //! therefore planned again until sent, and one made moot by a later change
 //! disappears.
 
-mod arithmetic;
+pub mod arithmetic;
 mod planning;
-mod state;
-
-pub use arithmetic::{
-    classify, container_cpuset, shared_pool, ContainerKind, NO_REQUEST_CPU_SHARES,
-};
-pub use state::{Admission, ContainerEntry, Placement, PoolState};
+pub mod state;
 
 use crate::claim_env::ClaimEnvError;
 use crate::cpuset::CpuSet;
+use arithmetic::ContainerKind;
 
 /// A cpuset to apply to one container: `(container id, cpuset)`.
 pub type Update = (String, CpuSet);
@@ -128,7 +124,7 @@ mod fixtures {
             .collect()
     }
 
-    pub(super) fn node(mixed: bool) -> super::PoolState {
-        super::PoolState::new(set("0-7"), set("0"), mixed)
+    pub(super) fn node(mixed: bool) -> super::state::PoolState {
+        super::state::PoolState::new(set("0-7"), set("0"), mixed)
     }
 }

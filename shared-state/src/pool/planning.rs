@@ -1,7 +1,9 @@
 //! Planning of updates: which containers' cpusets differ from the one last
 //! applied, and recording what was actually sent.
 
-use super::{ContainerEntry, ContainerKind, PoolState, Update};
+use super::arithmetic::ContainerKind;
+use super::state::{ContainerEntry, PoolState};
+use super::Update;
 use crate::cpuset::CpuSet;
 use std::borrow::Cow;
 use std::cmp::Ordering;

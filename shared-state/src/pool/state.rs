@@ -1,9 +1,8 @@
 //! The node view: the claims prepared on the node and the containers the
 //! runtime knows, with admission, placement and claim changes.
 
-use super::{
-    classify, container_cpuset, shared_pool, ContainerKind, OwnershipConflict, PoolError, Update,
-};
+use super::arithmetic::{classify, container_cpuset, shared_pool, ContainerKind};
+use super::{OwnershipConflict, PoolError, Update};
 use crate::assignment::ClaimAssignment;
 use crate::claim_env::{validate_claims, EnvClaim};
 use crate::cpuset::CpuSet;

@@ -11,11 +11,8 @@
 //! and what nri-plugin reports back, so it must never go backwards, not even
 //! across a restart.
 
-mod memory;
-mod sled_store;
-
-pub use memory::MemoryStore;
-pub use sled_store::SledStore;
+pub mod memory;
+pub mod sled_store;
 
 use crate::assignment::ClaimAssignment;
 use std::collections::BTreeMap;

@@ -5,11 +5,10 @@
 //! written by [`sysfs_tree`] in tests).
 
 use crate::cpuset::CpuSet;
+use discover::TopologyError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
-
-pub use discover::{discover, read_online_cpus, TopologyError};
 
 /// Kind of core on hybrid parts; `Standard` everywhere else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

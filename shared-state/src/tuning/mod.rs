@@ -8,7 +8,3 @@
 pub mod plan;
 pub mod request;
 pub mod support;
-
-pub use plan::{Baseline, TunedClaim};
-pub use request::{parse_tuning, Tuning, TuningError};
-pub use support::{isolated_partition_support, CgroupFacts, NodeSupport, Unsupported};

@@ -7,9 +7,10 @@ use dra_cpu_proto::nri::api::{
     Container, CreateContainerResponse, LinuxCPU, LinuxContainer, LinuxResources, OptionalUInt64,
     PodSandbox,
 };
-use dra_cpu_proto::nri::{NriPlugin, NriUpdater};
-use dra_plugin::config::{DeviceMode, GroupBy};
+use dra_cpu_proto::nri::client::NriUpdater;
+use dra_cpu_proto::nri::plugin::NriPlugin;
 use dra_plugin::devices::DeviceCatalog;
+use dra_plugin::devices::{DeviceMode, GroupBy};
 use dra_plugin::prepare::{resolve_cpus, ClaimRef, ParsedClaim};
 use nri_plugin::config::UnsolicitedUpdates;
 use nri_plugin::enforcer::Enforcer;
@@ -391,7 +392,7 @@ fn snapshot(node: &NriNode) -> NodeSnapshot {
 }
 
 /// The reply bytes as they go on the wire.
-fn encode(reply: dra_cpu_proto::nri::ContainerCreation) -> Result<Vec<u8>, String> {
+fn encode(reply: dra_cpu_proto::nri::plugin::ContainerCreation) -> Result<Vec<u8>, String> {
     let mut rsp = CreateContainerResponse::new();
     rsp.adjust = reply.adjust.into();
     rsp.update = reply.update;

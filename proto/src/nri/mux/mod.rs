@@ -26,9 +26,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-mod frame;
+pub mod frame;
 
-pub use frame::{encode_frame, frames_for_message, Frame, FrameDecoder, MessageSplitter};
+use frame::{frames_for_message, FrameDecoder, MessageSplitter};
 
 /// Connection id of the `Plugin` service (plugin serves, runtime calls).
 pub const PLUGIN_SERVICE_CONN: u32 = 1;
@@ -316,6 +316,7 @@ async fn outbound_pump<R>(
 
 #[cfg(test)]
 mod tests {
+    use super::frame::encode_frame;
     use super::frame::tests::ttrpc_message;
     use super::*;
 

@@ -17,11 +17,8 @@
 //! time, and inside `catch_unwind`, so a panicking handler becomes an error
 //! reply instead of a lost request or a dead plugin.
 
-mod guard;
-mod service;
-
-pub use guard::{effective_handler_timeout, guard, HandlerFailure};
-pub use service::{PluginService, RuntimeInfoCell};
+pub mod guard;
+pub mod service;
 
 use std::time::Duration;
 

@@ -8,9 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ttrpc::r#async::TtrpcContext;
 
-use super::{
-    effective_handler_timeout, guard, HandlerFailure, NriPlugin, PluginError, RuntimeInfo,
-};
+use super::guard::{effective_handler_timeout, guard, HandlerFailure};
+use super::{NriPlugin, PluginError, RuntimeInfo};
 use crate::nri::api::{self, Container, PodSandbox};
 use crate::nri::api_ttrpc;
 use crate::nri::events::{state_change_target, StateChangeTarget};

@@ -26,11 +26,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::hpack::{self, HpackError};
 mod frames;
-mod rewriter;
+pub mod rewriter;
 #[cfg(test)]
 mod test_frames;
 
-pub use rewriter::AuthorityRewriter;
+use rewriter::AuthorityRewriter;
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
