@@ -85,6 +85,19 @@ fn claim_cpus(node: &RealNode, ns: &str, pod: &str) -> CpuSet {
     cpus.cgroup
 }
 
+/// The claim's own CPUs, from the `DRA_CPUSET_<claim>` env the CDI spec put
+/// into the pod's `app` container (a mixed container runs on more).
+fn claim_env_cpus(node: &RealNode, ns: &str, pod: &str) -> CpuSet {
+    let env = node
+        .kubectl(&["exec", "-n", ns, pod, "-c", "app", "--", "env"])
+        .unwrap();
+    env.lines()
+        .find_map(|l| l.strip_prefix("DRA_CPUSET_"))
+        .and_then(|rest| rest.split_once('='))
+        .map(|(_, cpus)| CpuSet::parse_cpulist(cpus).unwrap())
+        .unwrap_or_else(|| panic!("no DRA_CPUSET_ env in {ns}/{pod}: {env}"))
+}
+
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
 fn slices_are_published_and_accepted_by_the_real_api_server() {
@@ -319,15 +332,7 @@ fn a_mixed_pod_gets_its_claim_and_the_shared_pool() {
     ns.start_shared_and_claim_pods("mixed", Some("250m"), POD_START)
         .unwrap();
 
-    let env = node
-        .kubectl(&["exec", "-n", &ns.name, "mixed", "-c", "app", "--", "env"])
-        .unwrap();
-    let claim_cpus: CpuSet = env
-        .lines()
-        .find_map(|l| l.strip_prefix("DRA_CPUSET_"))
-        .and_then(|rest| rest.split_once('='))
-        .map(|(_, cpus)| CpuSet::parse_cpulist(cpus).unwrap())
-        .unwrap_or_else(|| panic!("no DRA_CPUSET_ env in the mixed container: {env}"));
+    let claim_cpus = claim_env_cpus(&node, &ns.name, "mixed");
     assert_eq!(claim_cpus.len(), 1);
     let pool = online.difference(&claim_cpus);
     node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
@@ -1163,7 +1168,9 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
     pod.templates = vec![("cpus", "quiet-cpu")];
     node.apply(&pod.yaml()).unwrap();
     node.wait_running(&ns.name, "quiet", POD_START).unwrap();
-    let cpus = claim_cpus(&node, &ns.name, "quiet");
+    // Its claim's CPUs: with a CPU request in mixed allocation mode the
+    // container also runs on the shared pool, which tuning leaves alone.
+    let cpus = claim_env_cpus(&node, &ns.name, "quiet");
     let now = KernelTuning::read(&online).unwrap();
     assert!(
         now.default_irq_affinity.is_disjoint(&cpus),
