@@ -21,6 +21,18 @@ pub struct KernelPaths {
 }
 
 impl KernelPaths {
+    /// A host laid out below `root` as it is below `/`: the tests' fake
+    /// nodes.
+    #[cfg(test)]
+    pub(crate) fn under(root: &Path) -> KernelPaths {
+        KernelPaths {
+            procfs: root.join("proc"),
+            host_root: root.to_path_buf(),
+            cgroup_root: root.join("cgroup"),
+            irqbalance_dir: root.join("run/irqbalance"),
+        }
+    }
+
     fn irq_dir(&self) -> PathBuf {
         self.procfs.join("irq")
     }
@@ -184,12 +196,7 @@ mod tests {
     #[test]
     fn support_follows_the_files_the_node_has() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let paths = KernelPaths {
-            procfs: dir.path().join("proc"),
-            host_root: dir.path().to_path_buf(),
-            cgroup_root: dir.path().join("cgroup"),
-            irqbalance_dir: dir.path().join("run/irqbalance"),
-        };
+        let paths = KernelPaths::under(dir.path());
         let cpus = CpuSet::parse_cpulist("0-1").expect("cpus");
         // A node without any of the files.
         let bare = paths.support(&cpus);

@@ -20,12 +20,7 @@ impl FakeNode {
     /// bounds and governors on every CPU.
     fn new() -> FakeNode {
         let dir = tempfile::tempdir().expect("tempdir");
-        let paths = KernelPaths {
-            procfs: dir.path().join("proc"),
-            host_root: dir.path().to_path_buf(),
-            cgroup_root: dir.path().join("cgroup"),
-            irqbalance_dir: dir.path().join("run/irqbalance"),
-        };
+        let paths = KernelPaths::under(dir.path());
         let node = FakeNode { dir, paths };
         node.put(
             &node.paths.procfs.join("sys/kernel/random/boot_id"),
