@@ -149,7 +149,8 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
     // they do not queue behind each other.
     let answers = futures::future::join_all(unknown.iter().map(|uid| resolver.resolve(uid))).await;
     for (uid, answer) in unknown.iter().zip(answers) {
-        if learn_resolution(view, uid, answer).is_err() {
+        let provisional = lock(view).is_provisional(uid);
+        if learn_resolution(view, uid, answer).is_err() && !provisional {
             tracing::warn!(claim = %uid, "claim of a running container could not be resolved");
         }
     }
@@ -267,6 +268,53 @@ mod tests {
         ));
         assert_eq!(out.updates, updates(&[("c", "6-7"), ("s", "1-5")]));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+    }
+
+    #[test]
+    fn synchronize_asks_dra_plugin_about_a_provisional_claim_and_learns_its_tuning() {
+        // nri-plugin restarted: the claim is known from its CDI spec only,
+        // which says nothing of its pod or its tuning.
+        let mut v = view(false);
+        v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
+            .expect("from the spec");
+        let view = Mutex::new(v);
+        let mut tuned = claim(CLAIM_2, "6-7", POD_A);
+        tuned.tuning.load_balancing_off = true;
+        let resolver = TableResolver {
+            answers: HashMap::from([(CLAIM_2.to_string(), Resolution::Prepared(tuned))]),
+            ..Default::default()
+        };
+        let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
+        run(synchronize_containers(&view, &[c], &resolver));
+        assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+        assert!(!lock(&view).is_provisional(CLAIM_2));
+        assert_eq!(lock(&view).isolated_cpus("c"), Some(set("6-7")));
+
+        // The control: dra-plugin unreachable, the claim stays what the
+        // spec says, untuned, and the container is kept on its CPUs.
+        let mut v = self::view(false);
+        v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
+            .expect("from the spec");
+        let view = Mutex::new(v);
+        let resolver = TableResolver {
+            answers: HashMap::from([(
+                CLAIM_2.to_string(),
+                Resolution::Unverifiable("dra-plugin down".into()),
+            )]),
+            ..Default::default()
+        };
+        let mut c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
+        c.cpus = set("0-7");
+        let out = run(synchronize_containers(&view, &[c], &resolver));
+        assert!(lock(&view).is_provisional(CLAIM_2));
+        assert_eq!(lock(&view).isolated_cpus("c"), None);
+        assert!(
+            out.updates
+                .iter()
+                .any(|(id, cpus)| id == "c" && *cpus == set("6-7")),
+            "{:?}",
+            out.updates
+        );
     }
 
     /// Answers only once every claim of the Synchronize has been asked, so

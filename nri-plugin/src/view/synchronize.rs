@@ -77,7 +77,8 @@ impl NodeView {
     }
 }
 
-/// Claim UIDs that containers name but the view does not know, in order.
+/// Claim UIDs that containers name but the view does not know, or knows
+/// only from a CDI spec (provisional), in order.
 pub fn unknown_claims(view: &NodeView, containers: &[ContainerInfo]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for info in containers.iter().filter(|c| !c.stopped) {
@@ -85,7 +86,14 @@ pub fn unknown_claims(view: &NodeView, containers: &[ContainerInfo]) -> Vec<Stri
             continue;
         };
         for r in refs {
-            if view.pool().claim(&r.claim_uid).is_none() && !out.contains(&r.claim_uid) {
+            // A provisional claim (read from its CDI spec while dra-plugin
+            // was away) is asked about too: dra-plugin's answer has what the
+            // spec lacks, the claim's pods and its tuning (a running
+            // container whose claim asks for an isolated partition gets it
+            // here, whether or not the snapshot has arrived yet).
+            let known =
+                view.pool().claim(&r.claim_uid).is_some() && !view.is_provisional(&r.claim_uid);
+            if !known && !out.contains(&r.claim_uid) {
                 out.push(r.claim_uid);
             }
         }
