@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::prepare::shared_pool::check_shared_pool_floor;
 use crate::prepare::validation::parse_claim;
 use crate::prepare::{
-    opaque_cpusets, requested_tuning, resolve_cpus_configured, ClaimRef, PrepareError,
+    opaque_cpusets, requested_tuning, resolve_cpus_configured, ClaimRef, HeldCpus, PrepareError,
 };
 use crate::tuning::{NodeTuner, Pass as TuningPass, TuningError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -482,12 +482,19 @@ impl Driver {
             &self.options.node_name,
         )?;
         // CPUs of claims still being committed are as taken as committed ones.
-        let held: BTreeMap<String, CpuSet> = state
-            .claims
-            .iter()
-            .map(|(uid, a)| (uid.clone(), a.cpus.clone()))
-            .chain(state.in_flight.iter().map(|(u, c)| (u.clone(), c.clone())))
-            .collect();
+        let held = HeldCpus::others_than(
+            &claim.uid,
+            state
+                .claims
+                .iter()
+                .map(|(uid, a)| (uid.as_str(), &a.cpus))
+                .chain(
+                    state
+                        .in_flight
+                        .iter()
+                        .map(|(uid, cpus)| (uid.as_str(), cpus)),
+                ),
+        );
         let cpusets = opaque_cpusets(claim, object, &parsed, &self.options.driver_name)?;
         let tuning = requested_tuning(
             claim,

@@ -2,9 +2,8 @@
 //! containers without a claim run on, are never prepared away below
 //! `--min-shared-cpus`.
 
-use super::{ClaimRef, PrepareError};
+use super::{ClaimRef, HeldCpus, PrepareError};
 use shared_state::CpuSet;
-use std::collections::BTreeMap;
 
 /// Refuse `cpus` for `claim` when they would leave the shared pool
 /// (allocatable CPUs no claim holds) with fewer than `min` CPUs.
@@ -18,15 +17,10 @@ pub fn check_shared_pool_floor(
     claim: &ClaimRef,
     cpus: &CpuSet,
     allocatable: &CpuSet,
-    held: &BTreeMap<String, CpuSet>,
+    held: &HeldCpus<'_>,
     min: u32,
 ) -> Result<(), PrepareError> {
-    let mut left = allocatable.difference(cpus);
-    for (holder, taken) in held {
-        if holder != &claim.uid {
-            left = left.difference(taken);
-        }
-    }
+    let left = allocatable.difference(cpus).difference(held.taken());
     if left.len() >= min as usize {
         return Ok(());
     }
@@ -42,6 +36,7 @@ pub fn check_shared_pool_floor(
 mod tests {
     use super::*;
     use crate::prepare::tests::{claim_ref, set, UID_A};
+    use std::collections::BTreeMap;
 
     #[test]
     fn the_shared_pool_keeps_its_floor_of_cpus() {
@@ -73,7 +68,7 @@ mod tests {
                 &claim_ref(UID_A),
                 &set(cpus),
                 &set(allocatable),
-                &held,
+                &HeldCpus::of_map(UID_A, &held),
                 *min,
             );
             match (refused, result) {
@@ -99,7 +94,7 @@ mod tests {
             &claim_ref(UID_A),
             &set("0-3"),
             &set("0-3"),
-            &BTreeMap::new(),
+            &HeldCpus::default(),
             1,
         )
         .expect_err("every CPU")

@@ -11,7 +11,7 @@ use dra_cpu_proto::nri::client::NriUpdater;
 use dra_cpu_proto::nri::plugin::NriPlugin;
 use dra_plugin::devices::DeviceCatalog;
 use dra_plugin::devices::{DeviceMode, GroupBy};
-use dra_plugin::prepare::{resolve_cpus, ClaimRef, ParsedClaim};
+use dra_plugin::prepare::{resolve_cpus, ClaimRef, HeldCpus, ParsedClaim};
 use nri_plugin::config::UnsolicitedUpdates;
 use nri_plugin::enforcer::Enforcer;
 use nri_plugin::metrics::Metrics;
@@ -82,7 +82,8 @@ fn half_full_node(
             pod_claim_name: None,
         };
         let claim = claim_ref(n);
-        let cpus = resolve_cpus(&claim, &parsed, catalog, allocator, &held, Policy::Packed)
+        let others = HeldCpus::of_map(&claim.uid, &held);
+        let cpus = resolve_cpus(&claim, &parsed, catalog, allocator, &others, Policy::Packed)
             .map_err(|e| format!("filling the node: {e}"))?;
         taken += cpus.len();
         held.insert(claim.uid, cpus);
@@ -146,7 +147,18 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
         pod_claim_name: None,
     };
     // The pick must give CPUs, or the timing measures an error path.
-    let pick = || resolve_cpus(&claim, &parsed, &grouped, &allocator, &held, Policy::Packed);
+    // What the driver does per prepare: fold the other claims' CPUs, pick.
+    let pick = || {
+        let others = HeldCpus::of_map(&claim.uid, &held);
+        resolve_cpus(
+            &claim,
+            &parsed,
+            &grouped,
+            &allocator,
+            &others,
+            Policy::Packed,
+        )
+    };
     match pick() {
         Ok(cpus) if cpus.len() == 8 && cpus.is_subset(&numa0) => {
             let measured = time_each(samples, pick);
@@ -208,12 +220,13 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
         pod_claim_name: None,
     };
     let resolve = || {
+        let others = HeldCpus::of_map(&claim.uid, &held);
         resolve_cpus(
             &claim,
             &parsed,
             &individual,
             &allocator,
-            &held,
+            &others,
             Policy::Packed,
         )
     };
