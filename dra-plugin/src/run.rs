@@ -13,13 +13,13 @@ use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
-use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
+use crate::devices::{plan_devices, DeviceCatalog, DeviceMode, DeviceOptions};
 use crate::driver::{Driver, DriverOptions};
 use crate::health::Health;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::kubelet::registration::Registrar;
 use crate::metrics::Metrics;
-use crate::publisher::{DesiredDevices, Publisher};
+use crate::publisher::{DesiredDevices, FallbackDevices, Publisher};
 use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use crate::tuning::kernel::KernelPaths;
@@ -105,12 +105,13 @@ pub fn limit_malloc_arenas() {
 
 /// Run the plugin until `shutdown` is cancelled, then stop gracefully.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let topology = Topology::discover(&config.sysfs_root).with_context(|| {
+    // Shared with the fallback devices, which are built from it later.
+    let topology = Arc::new(Topology::discover(&config.sysfs_root).with_context(|| {
         format!(
             "discovering the CPU topology under {}",
             config.sysfs_root.display()
         )
-    })?;
+    })?);
     // Two owners of exclusive CPUs give one CPU to two workloads.
     let (cpu_manager_state, verdict) = crate::kubelet::kubelet_cpu_manager::check(
         &config.kubelet_root_dir,
@@ -182,24 +183,39 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     // The devices this node may publish, in every mode it may publish:
     // one copy, shared by the publisher and the device metadata.
-    let devices_in = |mode| {
-        let (devices, left_out) = node_devices(
-            &config,
-            &topology,
-            pcie_roots.as_ref(),
-            tuner.support(),
-            mode,
-        )?;
-        for LeftOutRoots { device, roots } in left_out {
-            tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
+    let build_devices = {
+        let topology = topology.clone();
+        let pcie_roots = pcie_roots.clone();
+        let support = tuner.support().clone();
+        let low_latency_tuning = config.low_latency_tuning;
+        move |options: &DeviceOptions| {
+            let (devices, left_out) = node_devices(
+                options,
+                &topology,
+                pcie_roots.as_ref(),
+                low_latency_tuning.then_some(&support),
+            )?;
+            for LeftOutRoots { device, roots } in left_out {
+                tracing::warn!(%device, ?roots, "PCIe roots left out of {ATTR_PCIE_ROOT}: the device has no room for more attribute values");
+            }
+            anyhow::Ok(devices)
         }
-        anyhow::Ok(devices)
     };
     let desired = Arc::new(match config.device_mode.modes() {
         [preferred, fallback @ ..] => DesiredDevices {
-            devices: devices_in(*preferred)?,
+            devices: build_devices(&device_options(&config, *preferred))?,
             without_consumable_capacity: match fallback.first() {
-                Some(mode) => Some(devices_in(*mode)?),
+                Some(&mode) => {
+                    // Planned now, so that a node that cannot have them
+                    // fails its start as before; built when a server
+                    // first needs them.
+                    let options = device_options(&config, mode);
+                    plan_devices(&topology, &options)
+                        .with_context(|| format!("planning the node's {mode} devices"))?;
+                    Some(Arc::new(FallbackDevices::lazy(move || {
+                        build_devices(&options).map_err(|e| format!("{e:#}"))
+                    })))
+                }
                 None => None,
             },
         },
@@ -494,30 +510,30 @@ async fn join_server(
 /// The devices this node publishes in `mode`, and the PCIe roots that found
 /// no room on them.
 fn node_devices(
-    config: &Config,
+    options: &DeviceOptions,
     topology: &Topology,
     pcie_roots: Option<&PcieRoots>,
-    tuning: &NodeSupport,
-    mode: DeviceMode,
+    tuning: Option<&NodeSupport>,
 ) -> anyhow::Result<(Vec<Device>, Vec<LeftOutRoots>)> {
-    let (mut devices, left_out) = devices_with_pcie_roots(
-        topology,
-        &DeviceOptions {
-            mode,
-            group_by: config.group_by,
-            reserved: config.reserved_cpus.clone(),
-            node_allocatable_mapping: config.node_allocatable_mapping,
-        },
-        pcie_roots,
-    )
-    .with_context(|| format!("building the node's {mode} devices"))?;
-    if config.low_latency_tuning {
+    let (mut devices, left_out) = devices_with_pcie_roots(topology, options, pcie_roots)
+        .with_context(|| format!("building the node's {} devices", options.mode))?;
+    if let Some(tuning) = tuning {
         let without = add_tuning_attributes(&mut devices, tuning);
         if !without.is_empty() {
             tracing::warn!(devices = ?without, "no room for the tuning attributes on these devices (their PCIe roots filled the attribute limits)");
         }
     }
     Ok((devices, left_out))
+}
+
+/// How the node's devices in `mode` are cut, as configured.
+fn device_options(config: &Config, mode: DeviceMode) -> DeviceOptions {
+    DeviceOptions {
+        mode,
+        group_by: config.group_by,
+        reserved: config.reserved_cpus.clone(),
+        node_allocatable_mapping: config.node_allocatable_mapping,
+    }
 }
 
 /// Paths the daemon creates, for tests and for `inspect`.

@@ -15,7 +15,7 @@ use dra_cpu_tests::apiserver::{
 use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::publisher::status::PublishStatus;
-use dra_plugin::publisher::{DesiredDevices, PublishError, Publisher};
+use dra_plugin::publisher::{DesiredDevices, FallbackDevices, PublishError, Publisher};
 use dra_plugin::slices::devices_for;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use serde_json::Value;
@@ -471,11 +471,22 @@ async fn a_refused_apply_shows_in_readiness_and_metrics_within_one_retry_then_cl
         .unwrap();
 }
 
+/// `--cpu-device-mode auto`: the individual devices built only when asked.
 fn auto(mode_devices: Vec<Device>) -> DesiredDevices {
     DesiredDevices {
         devices: mode_devices,
-        without_consumable_capacity: Some(devices(DeviceMode::Individual)),
+        without_consumable_capacity: Some(Arc::new(FallbackDevices::lazy(|| {
+            Ok(devices(DeviceMode::Individual))
+        }))),
     }
+}
+
+fn fallback_built(desired: &DesiredDevices) -> bool {
+    desired
+        .without_consumable_capacity
+        .as_deref()
+        .and_then(FallbackDevices::if_built)
+        .is_some()
 }
 
 #[tokio::test]
@@ -487,11 +498,11 @@ async fn without_consumable_capacity_auto_publishes_individual_devices_and_group
         let mut p = publisher(&server)
             .await
             .with_reporting(status.clone(), metrics.clone());
-        let outcome = p
-            .sync_desired(&auto(devices(DeviceMode::Grouped)))
-            .await
-            .unwrap();
+        let desired = auto(devices(DeviceMode::Grouped));
+        assert!(!fallback_built(&desired), "built only when asked");
+        let outcome = p.sync_desired(&desired).await.unwrap();
         assert_eq!(p.consumable_capacity(), Some(false), "{version}");
+        assert!(fallback_built(&desired), "{version}: asked for");
         assert_eq!(
             outcome.applied.len(),
             3,
@@ -535,10 +546,13 @@ async fn without_consumable_capacity_auto_publishes_individual_devices_and_group
     // 1.36 turns the gate on by default: auto stays grouped.
     let server = server_at(KubernetesVersion::V1_36);
     let mut p = publisher(&server).await;
-    p.sync_desired(&auto(devices(DeviceMode::Grouped)))
-        .await
-        .unwrap();
+    let desired = auto(devices(DeviceMode::Grouped));
+    p.sync_desired(&desired).await.unwrap();
     assert_eq!(p.consumable_capacity(), Some(true));
+    assert!(
+        !fallback_built(&desired),
+        "a server that keeps allowMultipleAllocations never needs the individual devices"
+    );
     assert!(server.slices()[0].spec.devices.as_ref().unwrap()[0]
         .name
         .starts_with("cpudevnuma"));

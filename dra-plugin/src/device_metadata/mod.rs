@@ -102,7 +102,7 @@ use shared_state::cdi_spec::Mount;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The versions written, newest first.
 pub const API_VERSIONS: [&str; 2] = [
@@ -134,41 +134,49 @@ const TEMP_SUFFIX: &str = ".tmp";
 #[derive(Debug, Clone, Default)]
 pub struct PublishedAttributes {
     devices: Arc<DesiredDevices>,
-    /// Device name: whether it is in the fallback list, and where.
-    index: BTreeMap<String, (bool, usize)>,
+    /// Device name: where in the preferred list.
+    index: BTreeMap<String, usize>,
+    /// Device name: where in the fallback list, made when a name is not in
+    /// the preferred list (the fallback is built then if it was not yet).
+    fallback_index: OnceLock<BTreeMap<String, usize>>,
 }
 
 impl PublishedAttributes {
     /// The attributes of every device `desired` may publish, in either list.
     pub fn of(desired: Arc<DesiredDevices>) -> PublishedAttributes {
-        let fallback = desired.without_consumable_capacity.iter().flatten();
-        let index = desired
-            .devices
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (d.name.clone(), (false, i)))
-            .chain(
-                fallback
-                    .enumerate()
-                    .map(|(i, d)| (d.name.clone(), (true, i))),
-            )
-            .collect();
+        let index = names_index(&desired.devices);
         PublishedAttributes {
             devices: desired,
             index,
+            fallback_index: OnceLock::new(),
         }
     }
 
     /// The published attributes of the device named `name`.
     pub fn get(&self, name: &str) -> Option<&BTreeMap<String, DeviceAttribute>> {
-        let &(in_fallback, i) = self.index.get(name)?;
-        let list = if in_fallback {
-            self.devices.without_consumable_capacity.as_deref()?
-        } else {
-            &self.devices.devices
+        let device = match self.index.get(name) {
+            Some(&i) => self.devices.devices.get(i)?,
+            None => {
+                let fallback = self
+                    .devices
+                    .without_consumable_capacity
+                    .as_deref()?
+                    .get()
+                    .ok()?;
+                let index = self.fallback_index.get_or_init(|| names_index(fallback));
+                fallback.get(*index.get(name)?)?
+            }
         };
-        list.get(i)?.attributes.as_ref()
+        device.attributes.as_ref()
     }
+}
+
+fn names_index(devices: &[Device]) -> BTreeMap<String, usize> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.name.clone(), i))
+        .collect()
 }
 
 /// The attributes of `devices` as published.
@@ -412,6 +420,36 @@ pub(crate) mod test_support {
             attributes: Some(attributes),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_fallback_devices_are_built_only_for_a_name_of_theirs() {
+        use crate::publisher::FallbackDevices;
+        let desired = Arc::new(DesiredDevices {
+            devices: vec![device(
+                "cpudevnuma000",
+                BTreeMap::from([("dra.cpu/numCPUs".to_string(), int(8))]),
+            )],
+            without_consumable_capacity: Some(Arc::new(FallbackDevices::lazy(|| {
+                Ok(vec![device(
+                    "cpudev005",
+                    BTreeMap::from([("dra.cpu/cpuID".to_string(), int(5))]),
+                )])
+            }))),
+        });
+        let fallback = || desired.without_consumable_capacity.as_deref().unwrap();
+        let attributes = PublishedAttributes::of(desired.clone());
+        assert!(attributes.get("cpudevnuma000").is_some());
+        assert!(
+            fallback().if_built().is_none(),
+            "a preferred device needs no fallback"
+        );
+        assert_eq!(
+            attributes.get("cpudev005").map(|a| a["dra.cpu/cpuID"].int),
+            Some(Some(5))
+        );
+        assert!(fallback().if_built().is_some());
+        assert!(attributes.get("cpudev006").is_none());
     }
 
     pub fn metadata(root: &Path) -> DeviceMetadata {

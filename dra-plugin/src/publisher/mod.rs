@@ -64,7 +64,7 @@ use server_support::{
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -140,14 +140,69 @@ impl PublishError {
 }
 
 /// What to publish, given the answers of the server.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct DesiredDevices {
     /// What to publish where the server keeps everything.
     pub devices: Vec<Device>,
     /// What to publish instead of shareable `devices` on a server that drops
     /// `allowMultipleAllocations` (`--cpu-device-mode auto`: the individual
     /// devices). `None` refuses: nothing is published and readiness says why.
-    pub without_consumable_capacity: Option<Vec<Device>>,
+    pub without_consumable_capacity: Option<Arc<FallbackDevices>>,
+}
+
+/// Builds the fallback devices; an error is said by readiness.
+type BuildDevices = dyn Fn() -> Result<Vec<Device>, String> + Send + Sync;
+
+/// The devices published on a server that drops `allowMultipleAllocations`,
+/// built the first time they are asked for: a server that keeps the field
+/// (1.36 and later by default) never needs them, and on a 1024-CPU node the
+/// individual devices hold about 4 MiB.
+pub struct FallbackDevices {
+    built: OnceLock<Result<Vec<Device>, String>>,
+    build: Box<BuildDevices>,
+}
+
+impl FallbackDevices {
+    /// Devices `build` makes when first asked for.
+    pub fn lazy(
+        build: impl Fn() -> Result<Vec<Device>, String> + Send + Sync + 'static,
+    ) -> FallbackDevices {
+        FallbackDevices {
+            built: OnceLock::new(),
+            build: Box::new(build),
+        }
+    }
+
+    /// Devices built already.
+    pub fn built(devices: Vec<Device>) -> FallbackDevices {
+        FallbackDevices {
+            built: OnceLock::from(Ok(devices)),
+            build: Box::new(|| Err("built already".to_string())),
+        }
+    }
+
+    /// The devices, built now if they were not yet.
+    pub fn get(&self) -> Result<&[Device], &str> {
+        match self.built.get_or_init(|| (self.build)()) {
+            Ok(devices) => Ok(devices),
+            Err(reason) => Err(reason),
+        }
+    }
+
+    /// The devices if something asked for them before.
+    pub fn if_built(&self) -> Option<&[Device]> {
+        self.built.get()?.as_deref().ok()
+    }
+}
+
+impl std::fmt::Debug for FallbackDevices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.built.get() {
+            None => f.write_str("FallbackDevices(not built)"),
+            Some(Ok(devices)) => write!(f, "FallbackDevices({} devices)", devices.len()),
+            Some(Err(reason)) => write!(f, "FallbackDevices(failed: {reason})"),
+        }
+    }
 }
 
 impl From<Vec<Device>> for DesiredDevices {
@@ -290,45 +345,8 @@ impl Publisher {
         desired: &DesiredDevices,
         owner: &NodeOwner,
     ) -> Result<Vec<Device>, PublishError> {
-        let wants_mapping = desired
-            .devices
-            .iter()
-            .chain(desired.without_consumable_capacity.iter().flatten())
-            .any(|d| d.node_allocatable_resources.is_some());
-        if wants_mapping && self.mapping.is_none() {
-            let supported = self.learn_mapping_support().await?;
-            if !supported {
-                tracing::info!(node = %self.node, "the API server does not declare Device.{MAPPING_FIELD} (Kubernetes before 1.37): publishing without the node-allocatable mapping");
-            }
-            self.mapping = Some(supported);
-        }
-        let wants_lists = has_pcie_roots(&desired.devices)
-            || has_pcie_roots(
-                desired
-                    .without_consumable_capacity
-                    .as_deref()
-                    .unwrap_or_default(),
-            );
-        if wants_lists && self.list_attributes.is_none() {
-            let supported = self.learn_list_attribute_support().await?;
-            if !supported {
-                tracing::info!(node = %self.node, "the API server does not declare list-typed attributes (Kubernetes before 1.36): publishing without {ATTR_PCIE_ROOT}");
-            }
-            self.list_attributes = Some(supported);
-        }
-        let fit = |devices: &[Device]| {
-            let devices = if self.mapping == Some(true) {
-                devices.to_vec()
-            } else {
-                without_mapping(devices)
-            };
-            if self.list_attributes == Some(false) {
-                without_pcie_roots(&devices)
-            } else {
-                devices
-            }
-        };
-        let base = fit(&desired.devices);
+        self.learn_support_for(&desired.devices).await?;
+        let base = self.fit(&desired.devices);
         if !shares_devices(&base) {
             self.status.set_refusal(None);
             return Ok(base);
@@ -352,16 +370,65 @@ impl Publisher {
             self.status.set_refusal(None);
             return Ok(base);
         }
-        Ok(match &desired.without_consumable_capacity {
-            Some(fallback) => {
+        let fallback = desired
+            .without_consumable_capacity
+            .as_deref()
+            .map(FallbackDevices::get);
+        Ok(match fallback {
+            Some(Ok(fallback)) => {
+                self.learn_support_for(fallback).await?;
                 self.status.set_refusal(None);
-                fit(fallback)
+                self.fit(fallback)
+            }
+            Some(Err(reason)) => {
+                tracing::error!(node = %self.node, "cannot build the devices to publish without allowMultipleAllocations: {reason}");
+                self.status.set_refusal(Some(format!(
+                    "cannot build the devices to publish without allowMultipleAllocations: {reason}"
+                )));
+                Vec::new()
             }
             None => {
                 self.status.set_refusal(Some(grouped_refusal()));
                 Vec::new()
             }
         })
+    }
+
+    /// Asks the server, once, whether it declares what `devices` use: the
+    /// node-allocatable mapping and list-typed attributes.
+    async fn learn_support_for(&mut self, devices: &[Device]) -> Result<(), PublishError> {
+        let wants_mapping = devices
+            .iter()
+            .any(|d| d.node_allocatable_resources.is_some());
+        if wants_mapping && self.mapping.is_none() {
+            let supported = self.learn_mapping_support().await?;
+            if !supported {
+                tracing::info!(node = %self.node, "the API server does not declare Device.{MAPPING_FIELD} (Kubernetes before 1.37): publishing without the node-allocatable mapping");
+            }
+            self.mapping = Some(supported);
+        }
+        if has_pcie_roots(devices) && self.list_attributes.is_none() {
+            let supported = self.learn_list_attribute_support().await?;
+            if !supported {
+                tracing::info!(node = %self.node, "the API server does not declare list-typed attributes (Kubernetes before 1.36): publishing without {ATTR_PCIE_ROOT}");
+            }
+            self.list_attributes = Some(supported);
+        }
+        Ok(())
+    }
+
+    /// `devices` without what the server was found not to declare.
+    fn fit(&self, devices: &[Device]) -> Vec<Device> {
+        let devices = if self.mapping == Some(true) {
+            devices.to_vec()
+        } else {
+            without_mapping(devices)
+        };
+        if self.list_attributes == Some(false) {
+            without_pcie_roots(&devices)
+        } else {
+            devices
+        }
     }
 
     /// One publish with what is known of the server.
