@@ -13,7 +13,7 @@ use crate::cdi::CdiDir;
 use crate::config::Config;
 use crate::coordination_server::{CoordinationService, DEFAULT_HEARTBEAT};
 use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
-use crate::devices::{plan_devices, DeviceCatalog, DeviceMode, DeviceOptions};
+use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
 use crate::driver::{Driver, DriverOptions};
 use crate::health::Health;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
@@ -206,12 +206,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             devices: build_devices(&device_options(&config, *preferred))?,
             without_consumable_capacity: match fallback.first() {
                 Some(&mode) => {
-                    // Planned now, so that a node that cannot have them
-                    // fails its start as before; built when a server
-                    // first needs them.
+                    // Built when a server first needs them. The catalog
+                    // planned them above from the same topology and
+                    // reserved CPUs, so a node that cannot have them has
+                    // failed its start already.
                     let options = device_options(&config, mode);
-                    plan_devices(&topology, &options)
-                        .with_context(|| format!("planning the node's {mode} devices"))?;
                     Some(Arc::new(FallbackDevices::lazy(move || {
                         build_devices(&options).map_err(|e| format!("{e:#}"))
                     })))
