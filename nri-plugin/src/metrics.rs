@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::StatusCode;
+use dra_cpu_daemon::exposition::{
+    self, register, AtomicGauge, Computed, Declared, DurationHistogram,
+};
 use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use shared_state::exposition::{
-    self, register, AtomicGauge, Computed, Declared, DurationHistogram,
-};
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
 /// in microseconds; a claim lookup may take up to half a second.
@@ -60,7 +60,7 @@ pub struct Metrics {
     pub coordination_connected: Arc<AtomicBool>,
     pub nri_registered: Arc<AtomicBool>,
     /// The upstream Go driver's NRI callback series, exported as well.
-    pub upstream: shared_state::upstream_metrics::NriMetrics,
+    pub upstream: dra_cpu_daemon::upstream_metrics::NriMetrics,
 }
 
 impl Default for Metrics {
@@ -316,7 +316,7 @@ mod tests {
 
     /// Every family with at least one sample, as after a busy while.
     fn populated() -> Metrics {
-        use shared_state::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
+        use dra_cpu_daemon::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
         let m = Metrics::new();
         m.event("CreateContainer", "ok", Duration::from_micros(30));
         m.updates_sent("reply", 1);

@@ -23,6 +23,7 @@ use crate::prepare::{
     opaque_cpusets, requested_tuning, resolve_cpus_configured, ClaimRef, HeldCpus, PrepareError,
 };
 use crate::tuning::{NodeTuner, Pass as TuningPass, TuningError};
+use dra_cpu_daemon::upstream_metrics::AllocationState;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::cdi_spec::device_id;
@@ -30,7 +31,6 @@ use shared_state::store::{AssignmentStore, StoreError};
 use shared_state::topology::Topology;
 use shared_state::tuning::plan::TunedClaim;
 use shared_state::tuning::support::NodeSupport;
-use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
