@@ -14,6 +14,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+pub mod upstream;
+
 /// Upper bounds (seconds) of the latency histogram buckets: a prepare is a
 /// few fsyncs, so the interesting range is 100 µs to a few seconds.
 const LATENCY_BUCKETS: [f64; 12] = [
@@ -52,7 +54,7 @@ pub struct Metrics {
     /// 1 while the published devices carry `resource.kubernetes.io/pcieRoot`.
     pub pcie_roots_published: AtomicGauge,
     /// The upstream Go driver's series, exported as well.
-    pub upstream: dra_cpu_daemon::upstream_metrics::DriverMetrics,
+    pub upstream: upstream::DriverMetrics,
     /// Claim device-status writes (KEP-4817), done and failed.
     pub claim_status: Arc<crate::claim_status::StatusWriteStats>,
 }

@@ -17,6 +17,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+pub mod upstream;
+
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
 /// in microseconds; a claim lookup may take up to half a second.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -60,7 +62,7 @@ pub struct Metrics {
     pub coordination_connected: Arc<AtomicBool>,
     pub nri_registered: Arc<AtomicBool>,
     /// The upstream Go driver's NRI callback series, exported as well.
-    pub upstream: dra_cpu_daemon::upstream_metrics::NriMetrics,
+    pub upstream: upstream::NriMetrics,
 }
 
 impl Default for Metrics {
@@ -316,7 +318,8 @@ mod tests {
 
     /// Every family with at least one sample, as after a busy while.
     fn populated() -> Metrics {
-        use dra_cpu_daemon::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
+        use super::upstream::{CpuAllocationMode, NriCallback};
+        use dra_cpu_daemon::upstream_metrics::OpResult;
         let m = Metrics::new();
         m.event("CreateContainer", "ok", Duration::from_micros(30));
         m.updates_sent("reply", 1);

@@ -16,6 +16,7 @@
 use crate::cdi::CdiDir;
 use crate::device_metadata::DeviceMetadata;
 use crate::devices::DeviceCatalog;
+use crate::metrics::upstream::AllocationState;
 use crate::metrics::Metrics;
 use crate::prepare::shared_pool::check_shared_pool_floor;
 use crate::prepare::validation::parse_claim;
@@ -23,7 +24,6 @@ use crate::prepare::{
     opaque_cpusets, requested_tuning, resolve_cpus_configured, ClaimRef, HeldCpus, PrepareError,
 };
 use crate::tuning::{NodeTuner, Pass as TuningPass, TuningError};
-use dra_cpu_daemon::upstream_metrics::AllocationState;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::cdi_spec::device_id;

@@ -2,7 +2,7 @@
 //! [`ContainerInfo`] from the runtime's `Container` and `PodSandbox`, and
 //! the replies and updates built from the view's decisions.
 
-use dra_cpu_daemon::upstream_metrics::CpuAllocationMode;
+use crate::metrics::upstream::CpuAllocationMode;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerAdjustment, ContainerUpdate, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,

@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::metrics::upstream::NriCallback;
 use async_trait::async_trait;
-use dra_cpu_daemon::upstream_metrics::{NriCallback, OpResult};
+use dra_cpu_daemon::upstream_metrics::OpResult;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerUpdate, Event, LinuxResources, PodSandbox,
 };
