@@ -6,6 +6,7 @@ pub mod config;
 pub mod coordination;
 pub mod enforcer;
 pub mod host_cgroups;
+pub mod http;
 pub mod metrics;
 pub mod nri;
 pub mod partition;

@@ -1,18 +1,14 @@
 //! Prometheus metrics of nri-plugin, each series registered once with a
-//! `prometheus-client` registry under the name dashboards know, and the
-//! small HTTP server for `/metrics`, `/healthz` and `/readyz`.
+//! `prometheus-client` registry under the name dashboards know; `http.rs`
+//! serves them with `/healthz` and `/readyz`.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::http::StatusCode;
 use dra_cpu_daemon::exposition::{
     self, register, AtomicGauge, Computed, Declared, DurationHistogram,
 };
-use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -233,34 +229,6 @@ impl Metrics {
     }
 }
 
-/// What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
-/// routes and the server are `dra_cpu_proto::http`'s.
-impl Endpoints for Metrics {
-    fn metrics(&self) -> String {
-        self.render()
-    }
-
-    fn health(&self) -> Reply {
-        (StatusCode::OK, TEXT, "ok\n".into())
-    }
-
-    fn readiness(&self) -> Reply {
-        if self.nri_registered.load(Ordering::Relaxed) {
-            (
-                StatusCode::OK,
-                TEXT,
-                "registered with the NRI runtime\n".into(),
-            )
-        } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                "not registered with the NRI runtime\n".into(),
-            )
-        }
-    }
-}
-
 /// Clear `nri_registered` whenever the runtime connection is lost (the
 /// connection can drop without a Shutdown when containerd is killed);
 /// returns when `connection`'s sender is gone. Only a lost connection
@@ -277,28 +245,9 @@ pub async fn follow_registration(
     }
 }
 
-/// Bind `addr` and serve until `shutdown` completes.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    http::serve(addr, http::router(metrics), shutdown).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers() {
-        let metrics = Metrics::new();
-        assert_eq!(metrics.health().0, StatusCode::OK);
-        assert_eq!(metrics.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
-        metrics.nri_registered.store(true, Ordering::Relaxed);
-        assert_eq!(metrics.readiness().0, StatusCode::OK);
-    }
 
     #[tokio::test]
     async fn a_lost_connection_clears_the_registration() {
