@@ -13,9 +13,9 @@ use crate::k8s_names::is_driver_name;
 use crate::settings::Settings;
 use crate::tuning::owner::DaemonSetRef;
 use crate::upstream_config::{self, UpstreamConfigError};
+use dra_cpu_daemon::config_file::{self, ConfigFileError};
+use dra_cpu_daemon::daemon::LogFormat;
 use shared_state::alloc::Policy;
-use shared_state::config_file::{self, ConfigFileError};
-use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -257,8 +257,8 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dra_cpu_daemon::daemon::parse_flags;
     use proptest::prelude::*;
-    use shared_state::daemon::parse_flags;
 
     fn flags(args: &[&str]) -> Settings {
         match parse_flags(args) {

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
 fn serve(args: run::RunArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     run::limit_malloc_arenas();
-    shared_state::daemon::serve(config.log_format, |shutdown| run::run(config, shutdown))
+    dra_cpu_daemon::daemon::serve(config.log_format, |shutdown| run::run(config, shutdown))
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

@@ -7,12 +7,14 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use dra_cpu_daemon::exposition::{
+    self, register, AtomicCounter, AtomicGauge, Computed, Declared, DurationHistogram,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use shared_state::exposition::{
-    self, register, AtomicCounter, AtomicGauge, Computed, Declared, DurationHistogram,
-};
+
+pub mod upstream;
 
 /// Upper bounds (seconds) of the latency histogram buckets: a prepare is a
 /// few fsyncs, so the interesting range is 100 µs to a few seconds.
@@ -52,7 +54,7 @@ pub struct Metrics {
     /// 1 while the published devices carry `resource.kubernetes.io/pcieRoot`.
     pub pcie_roots_published: AtomicGauge,
     /// The upstream Go driver's series, exported as well.
-    pub upstream: shared_state::upstream_metrics::DriverMetrics,
+    pub upstream: upstream::DriverMetrics,
     /// Claim device-status writes (KEP-4817), done and failed.
     pub claim_status: Arc<crate::claim_status::StatusWriteStats>,
 }
@@ -283,7 +285,7 @@ mod tests {
 
     /// Every family with at least one sample, as after a busy while.
     fn populated() -> Metrics {
-        use shared_state::upstream_metrics::OpResult;
+        use dra_cpu_daemon::upstream_metrics::OpResult;
         let m = Metrics::new();
         m.prepares.fetch_add(1, Ordering::Relaxed);
         m.unprepares.fetch_add(1, Ordering::Relaxed);

@@ -3,13 +3,13 @@
 
 use crate::devices::{CpuDeviceMode, GroupBy};
 use crate::tuning::owner::DaemonSetRef;
+use dra_cpu_daemon::daemon::LogFormat;
 use shared_state::alloc::Policy;
-use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-shared_state::layered_settings! {
+dra_cpu_daemon::layered_settings! {
     /// Every setting of `dra-plugin run`, as flags or as config-file keys.
     pub struct Settings {
         /// DRA driver name (ResourceSlices, claims' allocation results, sockets).

@@ -260,7 +260,7 @@ mod tests {
     use super::*;
 
     fn mapping(text: &str) -> Map<String, Value> {
-        match shared_state::config_file::from_yaml(text) {
+        match dra_cpu_daemon::config_file::from_yaml(text) {
             Ok(m) => m,
             Err(e) => panic!("{text}: {e}"),
         }

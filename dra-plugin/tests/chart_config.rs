@@ -8,11 +8,11 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dra_cpu_daemon::daemon::LogFormat;
 use dra_cpu_tests::chart::{object, render};
 use dra_plugin::config::{parse_file, Config};
 use dra_plugin::devices::{CpuDeviceMode, GroupBy};
 use shared_state::alloc::Policy;
-use shared_state::daemon::LogFormat;
 use std::path::{Path, PathBuf};
 
 fn str_at<'a>(value: &'a serde_json::Value, path: &[&str]) -> &'a str {

@@ -7,9 +7,9 @@
 //! error, so a typo cannot silently leave a default in force.
 
 use clap::ValueEnum;
+use dra_cpu_daemon::config_file::{self, ConfigFileError};
+use dra_cpu_daemon::daemon::LogFormat;
 use serde::Deserialize;
-use shared_state::config_file::{self, ConfigFileError};
-use shared_state::daemon::LogFormat;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,7 @@ impl UnsolicitedUpdates {
     }
 }
 
-shared_state::layered_settings! {
+dra_cpu_daemon::layered_settings! {
     /// Every setting of nri-plugin, as flags or as config-file keys.
     pub struct Settings {
         /// The runtime's NRI socket.
@@ -186,7 +186,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shared_state::daemon::parse_flags;
+    use dra_cpu_daemon::daemon::parse_flags;
 
     fn flags(args: &[&str]) -> Settings {
         parse_flags(args).expect("flags")

@@ -4,18 +4,19 @@
 
 pub mod config;
 pub mod coordination;
-pub mod daemon;
 pub mod enforcer;
 pub mod host_cgroups;
+pub mod http;
 pub mod metrics;
 pub mod nri;
 pub mod partition;
 pub mod resolve;
+pub mod run;
 #[cfg(test)]
 mod test_support;
 pub mod view;
 
-pub use daemon::run;
+pub use run::run;
 
 /// The allocator the nri-plugin binary runs on. A CreateContainer reply on a
 /// busy node builds hundreds of small update messages, and with glibc's

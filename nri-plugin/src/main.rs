@@ -39,7 +39,7 @@ fn start() -> anyhow::Result<()> {
         None => Settings::default(),
     };
     let config = cli.settings.or(file).resolve()?;
-    shared_state::daemon::serve(config.log_format, |shutdown| {
+    dra_cpu_daemon::daemon::serve(config.log_format, |shutdown| {
         nri_plugin::run(config, shutdown)
     })
 }

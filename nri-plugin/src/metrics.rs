@@ -1,21 +1,19 @@
 //! Prometheus metrics of nri-plugin, each series registered once with a
-//! `prometheus-client` registry under the name dashboards know, and the
-//! small HTTP server for `/metrics`, `/healthz` and `/readyz`.
+//! `prometheus-client` registry under the name dashboards know; `http.rs`
+//! serves them with `/healthz` and `/readyz`.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::http::StatusCode;
-use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
+use dra_cpu_daemon::exposition::{
+    self, register, AtomicGauge, Computed, Declared, DurationHistogram,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use shared_state::exposition::{
-    self, register, AtomicGauge, Computed, Declared, DurationHistogram,
-};
+
+pub mod upstream;
 
 /// Upper bounds (seconds) of the reply latency buckets: a reply is planned
 /// in microseconds; a claim lookup may take up to half a second.
@@ -60,7 +58,7 @@ pub struct Metrics {
     pub coordination_connected: Arc<AtomicBool>,
     pub nri_registered: Arc<AtomicBool>,
     /// The upstream Go driver's NRI callback series, exported as well.
-    pub upstream: shared_state::upstream_metrics::NriMetrics,
+    pub upstream: upstream::NriMetrics,
 }
 
 impl Default for Metrics {
@@ -231,34 +229,6 @@ impl Metrics {
     }
 }
 
-/// What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
-/// routes and the server are `dra_cpu_proto::http`'s.
-impl Endpoints for Metrics {
-    fn metrics(&self) -> String {
-        self.render()
-    }
-
-    fn health(&self) -> Reply {
-        (StatusCode::OK, TEXT, "ok\n".into())
-    }
-
-    fn readiness(&self) -> Reply {
-        if self.nri_registered.load(Ordering::Relaxed) {
-            (
-                StatusCode::OK,
-                TEXT,
-                "registered with the NRI runtime\n".into(),
-            )
-        } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                "not registered with the NRI runtime\n".into(),
-            )
-        }
-    }
-}
-
 /// Clear `nri_registered` whenever the runtime connection is lost (the
 /// connection can drop without a Shutdown when containerd is killed);
 /// returns when `connection`'s sender is gone. Only a lost connection
@@ -275,28 +245,9 @@ pub async fn follow_registration(
     }
 }
 
-/// Bind `addr` and serve until `shutdown` completes.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    http::serve(addr, http::router(metrics), shutdown).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers() {
-        let metrics = Metrics::new();
-        assert_eq!(metrics.health().0, StatusCode::OK);
-        assert_eq!(metrics.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
-        metrics.nri_registered.store(true, Ordering::Relaxed);
-        assert_eq!(metrics.readiness().0, StatusCode::OK);
-    }
 
     #[tokio::test]
     async fn a_lost_connection_clears_the_registration() {
@@ -316,7 +267,8 @@ mod tests {
 
     /// Every family with at least one sample, as after a busy while.
     fn populated() -> Metrics {
-        use shared_state::upstream_metrics::{CpuAllocationMode, NriCallback, OpResult};
+        use super::upstream::{CpuAllocationMode, NriCallback};
+        use dra_cpu_daemon::upstream_metrics::OpResult;
         let m = Metrics::new();
         m.event("CreateContainer", "ok", Duration::from_micros(30));
         m.updates_sent("reply", 1);

@@ -8,9 +8,9 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dra_cpu_daemon::daemon::LogFormat;
 use dra_cpu_tests::chart::{object, render};
 use nri_plugin::config::{parse_file, Config, UnsolicitedUpdates};
-use shared_state::daemon::LogFormat;
 use std::path::{Path, PathBuf};
 
 struct Rendered {
@@ -29,7 +29,7 @@ fn nri_plugin(values: Option<&str>) -> Rendered {
     let config = parse_file(Path::new("/etc/dra-cpu/nri-plugin.yaml"), text)
         .and_then(|s| s.resolve())
         .unwrap_or_else(|e| panic!("{values:?}: {e}"));
-    let dra_plugin = shared_state::config_file::from_yaml(
+    let dra_plugin = dra_cpu_daemon::config_file::from_yaml(
         data["dra-plugin.yaml"].as_str().expect("dra-plugin.yaml"),
     )
     .expect("dra-plugin.yaml is YAML");

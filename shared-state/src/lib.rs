@@ -12,18 +12,13 @@ pub mod assignment;
 pub mod cdi_read;
 pub mod cdi_spec;
 pub mod claim_env;
-pub mod config_file;
 pub mod cpuset;
-#[cfg(feature = "daemon")]
-pub mod daemon;
-pub mod exposition;
 pub mod pool;
 pub mod snapshot;
 pub mod store;
 pub mod sync;
 pub mod topology;
 pub mod tuning;
-pub mod upstream_metrics;
 
 pub use assignment::{AllocatedDevice, ClaimAssignment};
 pub use cpuset::{CpuSet, CpuSetError};

@@ -42,7 +42,7 @@ pub fn render(values: Option<&str>) -> Vec<serde_json::Value> {
     };
     template("dra-cpu", &extra)
         .split("\n---")
-        .filter_map(|doc| shared_state::config_file::from_yaml::<serde_json::Value>(doc).ok())
+        .filter_map(|doc| dra_cpu_daemon::config_file::from_yaml::<serde_json::Value>(doc).ok())
         .filter(|doc| doc.get("kind").is_some())
         .collect()
 }

@@ -16,6 +16,7 @@
 use crate::cdi::CdiDir;
 use crate::device_metadata::DeviceMetadata;
 use crate::devices::DeviceCatalog;
+use crate::metrics::upstream::AllocationState;
 use crate::metrics::Metrics;
 use crate::prepare::shared_pool::check_shared_pool_floor;
 use crate::prepare::validation::parse_claim;
@@ -30,7 +31,6 @@ use shared_state::store::{AssignmentStore, StoreError};
 use shared_state::topology::Topology;
 use shared_state::tuning::plan::TunedClaim;
 use shared_state::tuning::support::NodeSupport;
-use shared_state::upstream_metrics::AllocationState;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

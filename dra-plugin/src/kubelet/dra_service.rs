@@ -13,9 +13,9 @@ use crate::claim_status::{
 };
 use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
+use dra_cpu_daemon::upstream_metrics::OpResult;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use shared_state::upstream_metrics::OpResult;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};

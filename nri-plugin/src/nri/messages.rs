@@ -2,6 +2,7 @@
 //! [`ContainerInfo`] from the runtime's `Container` and `PodSandbox`, and
 //! the replies and updates built from the view's decisions.
 
+use crate::metrics::upstream::CpuAllocationMode;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerAdjustment, ContainerUpdate, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
@@ -9,7 +10,6 @@ use dra_cpu_proto::nri::api::{
 use dra_cpu_proto::nri::plugin::ContainerCreation;
 use shared_state::claim_env::parse_claim_env;
 use shared_state::pool::Update;
-use shared_state::upstream_metrics::CpuAllocationMode;
 use shared_state::CpuSet;
 
 use crate::view::planning::{CreateDecision, UpdateDecision};

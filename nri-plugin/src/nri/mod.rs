@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::metrics::upstream::NriCallback;
 use async_trait::async_trait;
+use dra_cpu_daemon::upstream_metrics::OpResult;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerUpdate, Event, LinuxResources, PodSandbox,
 };
@@ -16,7 +18,6 @@ use dra_cpu_proto::nri::plugin::{
     ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo,
 };
 use shared_state::pool::Update;
-use shared_state::upstream_metrics::{NriCallback, OpResult};
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;

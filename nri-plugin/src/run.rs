@@ -14,6 +14,7 @@ use crate::config::Config;
 use crate::coordination;
 use crate::enforcer::Enforcer;
 use crate::host_cgroups::HostCgroups;
+use crate::http;
 use crate::metrics::{self, Metrics};
 use crate::nri::DraCpuPlugin;
 use crate::partition::IsolatedPartitions;
@@ -59,7 +60,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = Arc::new(Metrics::new());
     // Everything stops on this one, after the host cgroups are given back.
     let stop = CancellationToken::new();
-    metrics::serve(
+    http::serve(
         config.metrics_address,
         metrics.clone(),
         stop.clone().cancelled_owned(),
