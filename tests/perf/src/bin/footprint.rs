@@ -73,14 +73,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     report(&bench, "idle");
     if claims > 0 {
-        let batch: Vec<_> = (0..claims)
-            .map(|_| bench.new_claim(1))
-            .collect::<Result<_, _>>()?;
-        bench.prepare_all(&batch, 32).await?;
-        if bench.nri_pid().is_some() {
-            let revision = bench.dra_revision().context("dra-plugin revision")?;
-            bench.wait_nri_revision(revision).await?;
-        }
+        bench.prepare_new_claims(claims).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         report(&bench, &format!("{claims} claims"));
     }

@@ -421,4 +421,18 @@ impl DraBench {
         }
         Ok(())
     }
+
+    /// Row 7's load: `count` new claims of 1 CPU prepared 32 at a time,
+    /// and nri-plugin (when running) caught up with them.
+    pub async fn prepare_new_claims(&mut self, count: usize) -> anyhow::Result<Vec<Claim>> {
+        let claims: Vec<Claim> = (0..count)
+            .map(|_| self.new_claim(1))
+            .collect::<Result<_, _>>()?;
+        self.prepare_all(&claims, 32).await?;
+        if self.nri_pid().is_some() {
+            let revision = self.dra_revision().context("dra-plugin revision")?;
+            self.wait_nri_revision(revision).await?;
+        }
+        Ok(claims)
+    }
 }

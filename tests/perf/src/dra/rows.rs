@@ -172,14 +172,7 @@ pub async fn footprint_rows(bench: &mut DraBench, restarts: usize) -> anyhow::Re
     tokio::time::sleep(Duration::from_millis(500)).await;
     let dra_fresh = bench.dra_pid().filter(|_| restarts > 0).and_then(rss_kib);
 
-    let claims: Vec<Claim> = (0..1000)
-        .map(|_| bench.new_claim(1))
-        .collect::<Result<_, _>>()?;
-    bench.prepare_all(&claims, 32).await?;
-    if bench.nri_pid().is_some() {
-        let revision = bench.dra_revision().context("dra-plugin revision")?;
-        bench.wait_nri_revision(revision).await?;
-    }
+    let claims = bench.prepare_new_claims(1000).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let dra_full = bench
         .dra_pid()
