@@ -197,7 +197,7 @@ async fn report_applied(
     subscriber: &str,
     reported: &mut u64,
 ) {
-    let applied_revision = enforcer.metrics.applied_revision.load(Ordering::Relaxed);
+    let applied_revision = enforcer.applied_revision();
     if applied_revision == *reported {
         return;
     }

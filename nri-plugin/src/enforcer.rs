@@ -4,7 +4,7 @@
 //! ride on the next event reply, and keeps `--host-cgroups` on the shared
 //! pool.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
 
@@ -31,6 +31,9 @@ pub struct Enforcer {
     pub(crate) runtime_safe: AtomicBool,
     /// Whether the last refresh saw stranded containers (logged once).
     over_committed: AtomicBool,
+    /// The last view revision whose updates all reached the runtime (the
+    /// `nri_plugin_applied_revision` gauge shows it; this is the state).
+    applied_revision: AtomicU64,
     /// Signalled when the applied revision advances, so the subscription
     /// reports it to dra-plugin without waiting for the next stream event.
     pub applied_changed: Notify,
@@ -63,6 +66,7 @@ impl Enforcer {
             policy,
             runtime_safe: AtomicBool::new(false),
             over_committed: AtomicBool::new(false),
+            applied_revision: AtomicU64::new(0),
             applied_changed: Notify::new(),
             host_cgroups: Mutex::new(None),
             host_cgroups_starved: AtomicBool::new(false),
@@ -129,6 +133,11 @@ impl Enforcer {
         self.view().revision()
     }
 
+    /// The last view revision whose updates all reached the runtime.
+    pub fn applied_revision(&self) -> u64 {
+        self.applied_revision.load(Ordering::Relaxed)
+    }
+
     /// Gauges from the view; the applied revision advances only when no
     /// update is waiting to be sent.
     pub(crate) fn refresh(&self, view: &NodeView) {
@@ -142,7 +151,10 @@ impl Enforcer {
             .store(pool.containers().len() as u64, Ordering::Relaxed);
         m.view_revision.store(view.revision(), Ordering::Relaxed);
         if !view.has_pending() {
-            let before = m.applied_revision.swap(view.revision(), Ordering::Relaxed);
+            let before = self
+                .applied_revision
+                .swap(view.revision(), Ordering::Relaxed);
+            m.applied_revision.store(view.revision(), Ordering::Relaxed);
             if before != view.revision() {
                 self.applied_changed.notify_one();
             }
