@@ -3,7 +3,6 @@
 //! revision back, and resubscribe with backoff when the stream ends.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,10 +53,7 @@ pub async fn run(
             // A stream that got going resets the backoff.
             delays = resubscribe_delays();
         }
-        enforcer
-            .metrics
-            .coordination_connected
-            .store(false, Ordering::Relaxed);
+        enforcer.health.set_coordination_connected(false);
         match ended {
             Ok(()) => {
                 tracing::warn!(socket = %socket.display(), "dra-plugin ended the watch stream")
@@ -179,10 +175,7 @@ async fn subscribe_once(
         if first {
             first = false;
             *started = true;
-            enforcer
-                .metrics
-                .coordination_connected
-                .store(true, Ordering::Relaxed);
+            enforcer.health.set_coordination_connected(true);
         }
         report_applied(&mut client, enforcer, subscriber, &mut reported).await;
     }

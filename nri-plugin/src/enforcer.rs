@@ -15,6 +15,7 @@ use shared_state::pool::Update;
 use shared_state::{ClaimAssignment, NodeSnapshot};
 
 use crate::config::UnsolicitedUpdates;
+use crate::health::Health;
 use crate::host_cgroups::cpusets::host_cpuset;
 use crate::host_cgroups::HostCgroups;
 use crate::metrics::Metrics;
@@ -25,6 +26,8 @@ use crate::view::{NodeView, ViewError};
 pub struct Enforcer {
     pub(crate) view: Mutex<NodeView>,
     pub metrics: Arc<Metrics>,
+    /// Whether the runtime and dra-plugin are connected.
+    pub health: Arc<Health>,
     pub(crate) updater: NriUpdater,
     pub(crate) policy: UnsolicitedUpdates,
     /// Set at Configure from the runtime's NRI version.
@@ -62,6 +65,7 @@ impl Enforcer {
         Enforcer {
             view: Mutex::new(view),
             metrics,
+            health: Arc::default(),
             updater,
             policy,
             runtime_safe: AtomicBool::new(false),
@@ -71,6 +75,13 @@ impl Enforcer {
             host_cgroups: Mutex::new(None),
             host_cgroups_starved: AtomicBool::new(false),
         }
+    }
+
+    /// Report connections through `health` (the one `/readyz` and the
+    /// gauges answer from) instead of a health of its own.
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
     }
 
     /// Manage these host cgroups from now on.

@@ -1,17 +1,23 @@
 //! What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
 //! routes and the server are `dra_cpu_proto::http`'s.
 
+use crate::health::Health;
 use crate::metrics::Metrics;
 use ::http::StatusCode;
 use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-impl Endpoints for Metrics {
+/// What the endpoints answer from.
+pub struct NriEndpoints {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+impl Endpoints for NriEndpoints {
     fn metrics(&self) -> String {
-        self.render()
+        self.metrics.render()
     }
 
     fn health(&self) -> Reply {
@@ -19,18 +25,13 @@ impl Endpoints for Metrics {
     }
 
     fn readiness(&self) -> Reply {
-        if self.nri_registered.load(Ordering::Relaxed) {
-            (
+        match self.health.unready_reason() {
+            None => (
                 StatusCode::OK,
                 TEXT,
                 "registered with the NRI runtime\n".into(),
-            )
-        } else {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                "not registered with the NRI runtime\n".into(),
-            )
+            ),
+            Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{reason}\n")),
         }
     }
 }
@@ -38,10 +39,10 @@ impl Endpoints for Metrics {
 /// Bind `addr` and serve until `shutdown` completes.
 pub async fn serve(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    endpoints: NriEndpoints,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    http::serve(addr, http::router(metrics), shutdown).await
+    http::serve(addr, http::router(Arc::new(endpoints)), shutdown).await
 }
 
 #[cfg(test)]
@@ -50,11 +51,18 @@ mod tests {
 
     #[test]
     fn answers() {
-        let metrics = Metrics::new();
-        assert_eq!(metrics.health().0, StatusCode::OK);
-        assert_eq!(metrics.readiness().0, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(Endpoints::metrics(&metrics).contains("nri_plugin_nri_registered 0"));
-        metrics.nri_registered.store(true, Ordering::Relaxed);
-        assert_eq!(metrics.readiness().0, StatusCode::OK);
+        let health = Arc::new(Health::default());
+        let endpoints = NriEndpoints {
+            metrics: Arc::new(Metrics::watching(&health)),
+            health: health.clone(),
+        };
+        assert_eq!(endpoints.health().0, StatusCode::OK);
+        let (status, _, body) = endpoints.readiness();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "not registered with the NRI runtime\n");
+        assert!(Endpoints::metrics(&endpoints).contains("nri_plugin_nri_registered 0"));
+        health.set_nri_registered(true);
+        assert_eq!(endpoints.readiness().0, StatusCode::OK);
+        assert!(Endpoints::metrics(&endpoints).contains("nri_plugin_nri_registered 1"));
     }
 }

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod coordination;
 pub mod enforcer;
+pub mod health;
 pub mod host_cgroups;
 pub mod http;
 pub mod metrics;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::health::Health;
 use dra_cpu_daemon::exposition::{
     self, register, AtomicGauge, Computed, Declared, DurationHistogram,
 };
@@ -55,8 +56,8 @@ pub struct Metrics {
     pub containers: AtomicGauge,
     /// Containers left on a stale cpuset because the shared pool is empty.
     pub over_committed: AtomicGauge,
-    pub coordination_connected: Arc<AtomicBool>,
-    pub nri_registered: Arc<AtomicBool>,
+    /// The connection flags the two connection gauges show.
+    health: WatchedFlags,
     /// The upstream Go driver's NRI callback series, exported as well.
     pub upstream: upstream::NriMetrics,
 }
@@ -71,8 +72,22 @@ fn count(family: &LabelledCounter, label: &'static str, value: &'static str) -> 
     family.get(&[(label, value)]).map_or(0, |c| c.get())
 }
 
+/// The flags of a [`Health`] the gauges read.
+#[derive(Debug)]
+struct WatchedFlags {
+    coordination_connected: Arc<AtomicBool>,
+    nri_registered: Arc<AtomicBool>,
+}
+
 impl Metrics {
+    /// Series with the connection gauges of a [`Health`] of their own,
+    /// which nothing sets (tests and benchmarks).
     pub fn new() -> Self {
+        Self::watching(&Health::default())
+    }
+
+    /// Series whose connection gauges show `health`.
+    pub fn watching(health: &Health) -> Self {
         let mut m = Metrics {
             registry: Registry::default(),
             events: Declared::default(),
@@ -89,8 +104,10 @@ impl Metrics {
             exclusive_cpus: AtomicGauge::default(),
             containers: AtomicGauge::default(),
             over_committed: AtomicGauge::default(),
-            coordination_connected: Arc::default(),
-            nri_registered: Arc::default(),
+            health: WatchedFlags {
+                coordination_connected: health.coordination_connected.clone(),
+                nri_registered: health.nri_registered.clone(),
+            },
             upstream: Default::default(),
         };
         m.register_all();
@@ -158,12 +175,12 @@ impl Metrics {
             (
                 "nri_plugin_coordination_connected",
                 "1 while subscribed to dra-plugin.",
-                &self.coordination_connected,
+                &self.health.coordination_connected,
             ),
             (
                 "nri_plugin_nri_registered",
                 "1 while registered with the NRI runtime.",
-                &self.nri_registered,
+                &self.health.nri_registered,
             ),
         ] {
             let flag = flag.clone();
@@ -229,41 +246,9 @@ impl Metrics {
     }
 }
 
-/// Clear `nri_registered` whenever the runtime connection is lost (the
-/// connection can drop without a Shutdown when containerd is killed);
-/// returns when `connection`'s sender is gone. Only a lost connection
-/// clears it and only Synchronize sets it: Synchronize may arrive before
-/// the client records its new connection.
-pub async fn follow_registration(
-    mut connection: tokio::sync::watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
-) {
-    while connection.changed().await.is_ok() {
-        if !*connection.borrow_and_update() {
-            metrics.nri_registered.store(false, Ordering::Relaxed);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn a_lost_connection_clears_the_registration() {
-        let metrics = Arc::new(Metrics::new());
-        let (connected, connection) = tokio::sync::watch::channel(false);
-        let follower = tokio::spawn(follow_registration(connection, metrics.clone()));
-        connected.send_replace(true);
-        // Synchronize: registered.
-        metrics.nri_registered.store(true, Ordering::Relaxed);
-        tokio::task::yield_now().await;
-        assert!(metrics.nri_registered.load(Ordering::Relaxed));
-        connected.send_replace(false);
-        drop(connected);
-        follower.await.expect("the follower ends with its sender");
-        assert!(!metrics.nri_registered.load(Ordering::Relaxed));
-    }
 
     /// Every family with at least one sample, as after a busy while.
     fn populated() -> Metrics {

@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::coordination;
 use crate::enforcer::Enforcer;
+use crate::health::{follow_registration, Health};
 use crate::host_cgroups::HostCgroups;
-use crate::http;
-use crate::metrics::{self, Metrics};
+use crate::http::{self, NriEndpoints};
+use crate::metrics::Metrics;
 use crate::nri::DraCpuPlugin;
 use crate::partition::IsolatedPartitions;
 use crate::resolve::{scan_claims, CoordinationResolver};
@@ -57,12 +58,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         "starting view"
     );
 
-    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let metrics = Arc::new(Metrics::watching(&health));
     // Everything stops on this one, after the host cgroups are given back.
     let stop = CancellationToken::new();
     http::serve(
         config.metrics_address,
-        metrics.clone(),
+        NriEndpoints {
+            metrics: metrics.clone(),
+            health: health.clone(),
+        },
         stop.clone().cancelled_owned(),
     )
     .await
@@ -77,7 +82,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics.clone(),
         updater.clone(),
         config.unsolicited_updates,
-    );
+    )
+    .with_health(health.clone());
     let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
         enforcer
     } else {
@@ -101,10 +107,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     // The connection can drop without a Shutdown (containerd killed): the
     // registered gauge follows the connection itself.
-    let monitor = tokio::spawn(metrics::follow_registration(
-        updater.connection(),
-        metrics.clone(),
-    ));
+    let monitor = tokio::spawn(follow_registration(updater.connection(), health.clone()));
     // Someone else (systemd applying a unit's AllowedCPUs=) may rewrite a
     // host cgroup's cpuset between pool changes.
     let host_repair = {

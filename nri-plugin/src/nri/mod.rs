@@ -184,10 +184,7 @@ impl NriPlugin for DraCpuPlugin {
     async fn configure(&self, runtime: &RuntimeInfo, _config: &str) -> Result<(), PluginError> {
         let safe = runtime.unsolicited_updates_safe();
         self.enforcer.runtime_safe.store(safe, Ordering::Relaxed);
-        self.enforcer
-            .metrics
-            .nri_registered
-            .store(true, Ordering::Relaxed);
+        self.enforcer.health.set_nri_registered(true);
         tracing::info!(
             runtime = %runtime.runtime_name, version = %runtime.runtime_version,
             nri = ?runtime.nri_version, unsolicited_updates_safe = safe,
@@ -248,10 +245,7 @@ impl NriPlugin for DraCpuPlugin {
             .metrics
             .updates_sent("synchronize", outcome.updates.len());
         // Registered means synchronized: from here on every event is seen.
-        self.enforcer
-            .metrics
-            .nri_registered
-            .store(true, Ordering::Relaxed);
+        self.enforcer.health.set_nri_registered(true);
         self.finish("Synchronize", "ok", started);
         self.enforcer
             .metrics
@@ -261,10 +255,7 @@ impl NriPlugin for DraCpuPlugin {
     }
 
     async fn shutdown(&self) {
-        self.enforcer
-            .metrics
-            .nri_registered
-            .store(false, Ordering::Relaxed);
+        self.enforcer.health.set_nri_registered(false);
         tracing::info!("the NRI runtime is shutting down");
     }
 
