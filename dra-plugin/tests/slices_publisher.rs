@@ -559,6 +559,36 @@ async fn without_consumable_capacity_auto_publishes_individual_devices_and_group
 }
 
 #[tokio::test]
+async fn fallback_devices_that_cannot_be_built_publish_nothing_and_readiness_says_why() {
+    let server = server_at(KubernetesVersion::V1_34);
+    let status = Arc::new(PublishStatus::default());
+    let mut p = publisher(&server)
+        .await
+        .with_reporting(status.clone(), Arc::new(Metrics::new()));
+    let desired = DesiredDevices {
+        devices: devices(DeviceMode::Grouped),
+        without_consumable_capacity: Some(Arc::new(FallbackDevices::lazy(|| {
+            Err("no online CPUs".to_string())
+        }))),
+    };
+    p.sync_desired(&desired).await.unwrap();
+    let published: usize = server
+        .slices()
+        .iter()
+        .map(|s| s.spec.devices.as_deref().unwrap_or_default().len())
+        .sum();
+    assert_eq!(
+        published, 0,
+        "neither the grouped nor any individual device"
+    );
+    let reason = status.unready_reason().expect("not ready");
+    assert!(
+        reason.contains("allowMultipleAllocations") && reason.contains("no online CPUs"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
 async fn an_unchanged_node_reapplies_nothing_across_watch_events_and_a_restart() {
     // Grouped devices whose capacity the server canonicalises ("1000" is
     // stored as "1k"), on a 1.37 server with its default gates (the mapping

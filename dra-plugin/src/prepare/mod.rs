@@ -439,7 +439,6 @@ pub fn resolve_cpus_configured(
     Ok(chosen)
 }
 
-/// The first claim (by UID) other than `own` holding any of `cpus`.
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -173,14 +173,6 @@ impl FallbackDevices {
         }
     }
 
-    /// Devices built already.
-    pub fn built(devices: Vec<Device>) -> FallbackDevices {
-        FallbackDevices {
-            built: OnceLock::from(Ok(devices)),
-            build: Box::new(|| Err("built already".to_string())),
-        }
-    }
-
     /// The devices, built now if they were not yet.
     pub fn get(&self) -> Result<&[Device], &str> {
         match self.built.get_or_init(|| (self.build)()) {
