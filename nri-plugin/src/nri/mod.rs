@@ -377,7 +377,18 @@ impl NriPlugin for DraCpuPlugin {
         container: Container,
     ) -> Result<(), PluginError> {
         let started = Instant::now();
-        let resend = self.enforcer.view().confirm_started(&container.id);
+        // The updates are planned under the same lock as the confirmation:
+        // an update in flight whose answer lands in between would otherwise
+        // be recorded as applied and drop the resend.
+        let (resend, updates) = {
+            let mut view = self.enforcer.view();
+            let resend = view.confirm_started(&container.id);
+            let updates = match resend {
+                Some(_) => view.pending_updates(),
+                None => Vec::new(),
+            };
+            (resend, updates)
+        };
         tracing::debug!(container = %container.id, resend = ?resend.as_ref().map(CpuSet::to_cpulist), "container started");
         if let Some(planned) = resend {
             tracing::info!(
@@ -385,7 +396,6 @@ impl NriPlugin for DraCpuPlugin {
                 namespace = %pod.namespace, cpuset = %planned,
                 "the pool changed while the container was starting; sending its cpuset again"
             );
-            let updates = self.enforcer.view().pending_updates();
             self.enforcer
                 .after_pool_change(updates, "changed while starting")
                 .await;

@@ -156,17 +156,21 @@ impl NodeView {
     /// report success. So if its cpuset changed since the CreateContainer
     /// reply, it is planned again from the cpuset it was created with.
     /// Returns the cpuset it should have when that must be sent again.
+    ///
+    /// "Changed" is judged on the planned cpuset as well as on the one
+    /// recorded as sent: an update still in flight (sent, its answer not yet
+    /// back, so not yet recorded) may have reached the runtime before the
+    /// container was marked running, and is then lost like the others.
     pub fn confirm_started(&mut self, container_id: &str) -> Option<CpuSet> {
         let created = self.starting.remove(container_id)?;
         let entry = self.pool.container(container_id)?;
-        if entry.cpuset == created {
+        let planned = self.pool.planned_cpuset(container_id);
+        if entry.cpuset == created && planned.as_ref().is_none_or(|p| *p == created) {
             return None;
         }
         self.pool
             .mark_applied(&[(container_id.to_string(), created.clone())]);
-        self.pool
-            .planned_cpuset(container_id)
-            .filter(|planned| *planned != created)
+        planned.filter(|planned| *planned != created)
     }
 
     /// The container stopped or is gone before it started.
@@ -220,6 +224,33 @@ mod tests {
         // Once only: a second start report, or an unknown container, is nothing.
         assert_eq!(v.confirm_started("shared"), None);
         assert_eq!(v.confirm_started("unknown"), None);
+
+        // The start reported while the shrink is still in flight (sent, not
+        // yet answered, so not recorded as applied): it may have reached the
+        // runtime before the container was marked running, so it is sent
+        // again too.
+        let racing = v
+            .create(&container("racing", POD_A, &[], Some(100)))
+            .decided()
+            .unwrap();
+        v.mark_applied(&racing.updates);
+        v.note_created("racing", &racing.cpuset);
+        let in_flight = v.apply_prepared(2, claim(CLAIM_2, "1", POD_B)).unwrap();
+        let racing_to = in_flight
+            .iter()
+            .find(|(id, _)| id == "racing")
+            .map(|(_, cpus)| cpus.clone())
+            .unwrap();
+        assert_ne!(racing_to, racing.cpuset);
+        assert_eq!(v.confirm_started("racing"), Some(racing_to.clone()));
+        // The resend is planned at once (PostStartContainer reads it under
+        // the same lock); the in-flight answer arriving afterwards does not
+        // take it back.
+        let resend = v.pending_updates();
+        assert!(resend.contains(&("racing".to_string(), racing_to.clone())));
+        v.mark_applied(&in_flight);
+        v.mark_applied(&resend);
+        assert!(v.pending_updates().is_empty());
 
         // The control: a container whose cpuset did not change since its
         // creation is not sent anything.
