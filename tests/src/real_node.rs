@@ -66,6 +66,131 @@ pub struct PodCpus {
     pub inside: CpuSet,
 }
 
+/// Reads one container's `cpuset.cpus` every [`CpusetRecorder::PERIOD`] on
+/// a thread of its own and keeps every value it takes, in order: a cpuset
+/// that moves for a moment during a restart and moves back shows here,
+/// where [`RealNode::wait_cpus`] sees only where it ends.
+#[derive(Debug)]
+pub struct CpusetRecorder {
+    what: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<CpusetHistory>>,
+}
+
+/// What a [`CpusetRecorder`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpusetHistory {
+    /// Each cpuset the container had, consecutive repeats folded.
+    pub values: Vec<CpuSet>,
+    /// How many reads were made (a history of one read proves little).
+    pub reads: usize,
+    /// Why reading stopped before it was asked to (the container gone).
+    pub ended: Option<String>,
+}
+
+impl CpusetHistory {
+    /// The history, printable.
+    pub fn describe(&self) -> String {
+        let values: Vec<String> = self.values.iter().map(CpuSet::to_cpulist).collect();
+        format!(
+            "[{}] in {} reads{}",
+            values.join(" -> "),
+            self.reads,
+            self.ended
+                .as_ref()
+                .map(|e| format!(", ended: {e}"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+impl CpusetRecorder {
+    pub const PERIOD: Duration = Duration::from_millis(5);
+
+    fn start(what: String, dir: PathBuf) -> Result<CpusetRecorder> {
+        // The first read is made here, so a recording always starts from the
+        // container's cpuset at the call.
+        let first = read_cpuset_dir(&dir)
+            .map_err(|e| RealNodeError::Unexpected(format!("{what}: {e}")))?
+            .cpus;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("cpuset-recorder".into())
+            .spawn(move || {
+                let mut history = CpusetHistory {
+                    values: vec![first],
+                    reads: 1,
+                    ended: None,
+                };
+                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::sleep(Self::PERIOD);
+                    match read_cpuset_dir(&dir) {
+                        Ok(read) => {
+                            history.reads += 1;
+                            if history.values.last() != Some(&read.cpus) {
+                                history.values.push(read.cpus);
+                            }
+                        }
+                        Err(e) => {
+                            history.ended = Some(e.to_string());
+                            break;
+                        }
+                    }
+                }
+                history
+            })
+            .map_err(|source| RealNodeError::Spawn {
+                what: format!("the cpuset recorder of {what}"),
+                source,
+            })?;
+        Ok(CpusetRecorder {
+            what,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops reading and returns what was seen.
+    pub fn finish(mut self) -> CpusetHistory {
+        self.stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(history)) => history,
+            _ => CpusetHistory {
+                values: Vec::new(),
+                reads: 0,
+                ended: Some(format!("the recorder of {} panicked", self.what)),
+            },
+        }
+    }
+
+    /// Stops reading and checks the container had `want` all along: read at
+    /// least twice, never anything else, and still readable at the end.
+    pub fn assert_held(self, want: &CpuSet, during: &str) {
+        let what = self.what.clone();
+        let history = self.finish();
+        assert!(
+            history.values == [want.clone()] && history.reads >= 2 && history.ended.is_none(),
+            "{what} was to stay on CPUs {} during {during}; it had {}",
+            want.to_cpulist(),
+            history.describe()
+        );
+        eprintln!(
+            "real node: {what} stayed on CPUs {} during {during} ({} reads)",
+            want.to_cpulist(),
+            history.reads
+        );
+    }
+}
+
+impl Drop for CpusetRecorder {
+    fn drop(&mut self) {
+        self.stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The node `scripts/real-node.sh` brought up.
 #[derive(Debug, Clone)]
 pub struct RealNode {
@@ -407,6 +532,20 @@ impl RealNode {
                 RealNodeError::Unexpected(format!("no Cpus_allowed_list in {pod}: {status}"))
             })?;
         Ok(PodCpus { cgroup, inside })
+    }
+
+    /// Starts recording a running container's `cpuset.cpus`
+    /// ([`CpusetRecorder`]).
+    pub fn record_cpus(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<CpusetRecorder> {
+        let id = self.container_id(namespace, pod, container)?;
+        let pid = self.container_pid(&id)?;
+        let dir = cpuset_dir_of(pid).map_err(|e| RealNodeError::Unexpected(e.to_string()))?;
+        CpusetRecorder::start(format!("{namespace}/{pod}/{container}"), dir)
     }
 
     /// Waits until a container's CPUs, read both ways, equal `want`.

@@ -216,6 +216,9 @@ fn an_exclusive_claim_is_pinned_and_the_shared_pool_shrinks_and_grows_back() {
     node.wait_running(&ns.name, "shared", POD_START).unwrap();
     node.wait_cpus(&ns.name, "shared", "app", &online, CPUSET_CHANGE)
         .unwrap();
+    // Every cpuset the shared pod takes from here on: the recorder the other
+    // scenarios use to show nothing moved, shown here to see each move.
+    let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
 
     node.apply(&pod_yaml(
         &ns.name,
@@ -320,6 +323,14 @@ fn an_exclusive_claim_is_pinned_and_the_shared_pool_shrinks_and_grows_back() {
     eprintln!(
         "real node: shared pods back on all CPUs {} ms after the exclusive pod's deletion",
         deleted.elapsed().as_millis()
+    );
+    // Exactly two moves: shrunk once, grown back once, nothing in between.
+    let history = shared_history.finish();
+    assert_eq!(
+        history.values,
+        [online.clone(), pool.clone(), online.clone()],
+        "the shared pod's cpusets: {}",
+        history.describe()
     );
 }
 
@@ -514,6 +525,9 @@ fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
     let pool = online.difference(&exclusive);
     node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
         .unwrap();
+    // Not even for a moment, through every restart below.
+    let exclusive_history = node.record_cpus(&ns.name, "exclusive", "app").unwrap();
+    let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
 
     let check = |what: &str, round: usize| {
         node.wait_cpus(&ns.name, "exclusive", "app", &exclusive, CPUSET_CHANGE)
@@ -548,6 +562,9 @@ fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
     node.script(&["restart", "kubelet"]).unwrap();
     wait_driver_ready(&node);
     check("kubelet restarted", 4);
+    let during = "both processes killed, the driver's pod deleted, containerd and kubelet restarted";
+    exclusive_history.assert_held(&exclusive, during);
+    shared_history.assert_held(&pool, during);
 }
 
 /// What kubelet says when the runtime refuses a container (NRI's
@@ -826,6 +843,8 @@ fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
             .to_string()
     };
     let old_image = image(&old_pod);
+    let exclusive_history = node.record_cpus(&ns.name, "exclusive", "app").unwrap();
+    let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
     // Another tag of the same build: the pod spec changes, so the DaemonSet
     // rolls (alternating, so that a second run upgrades again).
     let old_tag = old_image.rsplit_once(':').unwrap().1;
@@ -855,6 +874,8 @@ fn helm_upgrade_to_a_new_image_moves_no_pods_cpus() {
     node.wait_running(&ns.name, "after", POD_START).unwrap();
     node.wait_cpus(&ns.name, "after", "app", &pool, CPUSET_CHANGE)
         .unwrap();
+    exclusive_history.assert_held(&exclusive, "helm upgrade");
+    shared_history.assert_held(&pool, "helm upgrade");
     // The claim is still the driver's, with the same CPUs in its status.
     let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
     let status = claims["items"][0]["status"]["devices"].to_string();
@@ -876,6 +897,8 @@ fn the_driver_stopped_and_back_moves_no_exclusive_cpu() {
     let pool = online.difference(&exclusive);
     node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
         .unwrap();
+    let exclusive_history = node.record_cpus(&ns.name, "exclusive", "app").unwrap();
+    let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
 
     // Stopped as an operator would: the DaemonSet keeps to no node.
     let selector = |value: &str| {
@@ -935,6 +958,8 @@ fn the_driver_stopped_and_back_moves_no_exclusive_cpu() {
         .unwrap();
     node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
         .unwrap();
+    exclusive_history.assert_held(&exclusive, "the driver stopped and back");
+    shared_history.assert_held(&pool, "the driver stopped and back");
 }
 
 #[test]
@@ -1096,7 +1121,10 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
         .unwrap();
     wait_gauges(&node, "one claim after kubelet's restart", one_claim);
 
-    // nri-plugin killed while a pod starts: it starts on the pool.
+    // nri-plugin killed while a pod starts: it starts on the pool, and the
+    // running pods do not move meanwhile.
+    let first_history = node.record_cpus(&ns.name, "first", "app").unwrap();
+    let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
     node.apply(&pod_yaml(&ns.name, "shared-2", Some("100m"), &[]))
         .unwrap();
     kill_driver_container(&node, "nri-plugin");
@@ -1105,6 +1133,8 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
         .unwrap();
     node.wait_cpus(&ns.name, "first", "app", &first, CPUSET_CHANGE)
         .unwrap();
+    first_history.assert_held(&first, "nri-plugin killed while a pod started");
+    shared_history.assert_held(&pool, "nri-plugin killed while a pod started");
 
     // dra-plugin killed while a claim is prepared: the claim is prepared
     // once, on one CPU, by the next instance or before the kill.
