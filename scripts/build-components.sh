@@ -9,6 +9,8 @@
 #   etcd-V/         etcd
 #
 # Usage: scripts/build-components.sh [latest|oldest|all]   (default: latest)
+#        scripts/build-components.sh containerd   (containerd-$CONTAINERD_LATEST
+#                                     only: the performance table's 2.x rows)
 #        scripts/build-components.sh pair KUBERNETES CONTAINERD   (any versions;
 #                                     the matrix of scripts/real-node-matrix.sh)
 #        scripts/build-components.sh --print-dir NAME-VERSION
@@ -146,6 +148,11 @@ if [ "${1:-}" = "--print-dir" ]; then
   echo "$cache/$2"
   exit 0
 fi
+if [ "${1:-}" = "containerd" ]; then
+  build_entry "containerd-$CONTAINERD_LATEST" build_containerd
+  echo "$cache/containerd-$CONTAINERD_LATEST"
+  exit 0
+fi
 
 which="${1:-latest}"
 pairs=()
@@ -158,7 +165,7 @@ case "$which" in
       { echo "usage: $0 pair KUBERNETES CONTAINERD (versions such as 1.36.3 2.3.7)" >&2; exit 2; }
     pairs=("$2 $3")
     ;;
-  *) echo "usage: $0 [latest|oldest|all] | pair KUBERNETES CONTAINERD | --print-dir NAME-VERSION" >&2; exit 2 ;;
+  *) echo "usage: $0 [latest|oldest|all] | containerd | pair KUBERNETES CONTAINERD | --print-dir NAME-VERSION" >&2; exit 2 ;;
 esac
 
 need_libseccomp

@@ -9,9 +9,13 @@
 #   --out FILE          also write the table to FILE
 # Rows 4 and 5 start a private containerd, so they need root as the
 # end-to-end tests do (scripts/install-deps.sh installs containerd). Row 4b
-# needs the Go reference plugin (tests/perf/go-reference/main.go), built
-# here offline when Debian's golang-1.24-go (or any go) and
-# golang-github-containerd-nri-dev are installed.
+# needs Go and the module proxy: the Go reference plugin
+# (tests/perf/go-reference/main.go) is built with the NRI module Debian's
+# containerd 1.7 was built with (its Built-Using). Rows 4c, 4d and 5c are
+# the same on containerd $CONTAINERD_LATEST (tests/real-node/pins.env), built
+# from the Go module proxy by scripts/build-components.sh (cached), with the
+# Go reference plugin built with the NRI module that release requires; rows
+# are reported as not measured when what they need cannot be had.
 set -euo pipefail
 case "${1:-}" in
   -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
@@ -21,15 +25,58 @@ cargo build --release -p dra-plugin -p nri-plugin -p dra-cpu-perf --bin dra-plug
 target="${CARGO_TARGET_DIR:-$PWD/target}/release"
 export DRA_PLUGIN_BIN="$target/dra-plugin"
 export NRI_PLUGIN_BIN="$target/nri-plugin"
-go_bin="$(command -v go || true)"
-[ -n "$go_bin" ] || go_bin="$(ls /usr/lib/go-1.*/bin/go 2>/dev/null | sort -V | tail -1 || true)"
-if [ -n "$go_bin" ] && [ -d /usr/share/gocode/src/github.com/containerd/nri/pkg/stub ]; then
-  mkdir -p "$target/../tmp"
-  (cd tests/perf/go-reference &&
-    GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE="$target/../tmp/go-cache" \
-      "$go_bin" build -o "$target/../tmp/nri-go-reference" main.go)
-  export NRI_GO_REFERENCE_BIN="$target/../tmp/nri-go-reference"
-else
-  echo "no Go toolchain with the NRI stub: row 4b will not be measured" >&2
+want_containerd=1
+case " $* " in *" --skip-containerd "*) want_containerd=0 ;; esac
+case " $* " in *" --only "*) case " $* " in *containerd*) ;; *) want_containerd=0 ;; esac ;; esac
+
+# Builds the Go reference plugin with NRI module version "$1" into "$2"
+# (a directory), from the Go module proxy; its log is "$2.log".
+build_reference() {
+  local nri="$1" dir="$2"
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp tests/perf/go-reference/main.go "$dir/"
+  (
+    cd "$dir"
+    export GOTOOLCHAIN=auto GOFLAGS=-mod=mod
+    printf 'module dra-cpu.local/nri-go-reference\n\ngo 1.24\n' >go.mod
+    go get "github.com/containerd/nri@$nri" && go build -o nri-go-reference .
+  ) >"$dir.log" 2>&1
+}
+
+if [ "$want_containerd" = 1 ] && ! command -v go >/dev/null; then
+  echo "no Go toolchain: rows 4b, 4c, 4d and 5c will not be measured" >&2
+elif [ "$want_containerd" = 1 ]; then
+  # Debian's containerd 1.7 names the NRI it was built with in Built-Using.
+  nri="$(dpkg-query -W -f='${Built-Using}' containerd 2>/dev/null | tr ',' '\n' |
+    sed -n 's/^ *golang-github-containerd-nri (= \([0-9.]*\)-.*/v\1/p')"
+  ref="$target/../tmp/go-reference-containerd-1.7"
+  if [ -z "$nri" ]; then
+    echo "the installed containerd names no NRI in Built-Using: row 4b will not be measured" >&2
+  elif build_reference "$nri" "$ref"; then
+    export NRI_GO_REFERENCE_BIN="$ref/nri-go-reference"
+    echo "containerd 1.7: Go reference plugin built with NRI $nri" >&2
+  else
+    echo "the Go reference plugin for containerd 1.7 (NRI $nri) did not build (see $ref.log): row 4b will not be measured" >&2
+  fi
+  # shellcheck source=../tests/real-node/pins.env
+  . tests/real-node/pins.env
+  if ctd_dir="$(scripts/build-components.sh containerd | tail -n 1)" && [ -x "$ctd_dir/containerd" ]; then
+    export DRA_CPU_CONTAINERD2_DIR="$ctd_dir" DRA_CPU_CONTAINERD2_VERSION="$CONTAINERD_LATEST"
+    # The NRI module containerd $CONTAINERD_LATEST requires, from its go.mod.
+    ctd_mod="$(GOTOOLCHAIN=auto GOFLAGS=-mod=mod go mod download -json "github.com/containerd/containerd/v2@v$CONTAINERD_LATEST" |
+      sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')" || true
+    nri="$(awk '$1 == "github.com/containerd/nri" {print $2; exit}' "$ctd_mod" 2>/dev/null || true)"
+    ref="$target/../tmp/go-reference-containerd-$CONTAINERD_LATEST"
+    if [ -z "$nri" ]; then
+      echo "no NRI module found for containerd $CONTAINERD_LATEST: row 4d will not be measured" >&2
+    elif build_reference "$nri" "$ref"; then
+      export NRI_GO_REFERENCE2_BIN="$ref/nri-go-reference"
+      echo "containerd $CONTAINERD_LATEST: Go reference plugin built with NRI $nri" >&2
+    else
+      echo "the Go reference plugin for containerd $CONTAINERD_LATEST (NRI $nri) did not build (see $ref.log): row 4d will not be measured" >&2
+    fi
+  else
+    echo "containerd $CONTAINERD_LATEST could not be built: rows 4c, 4d and 5c will not be measured" >&2
+  fi
 fi
 exec "$target/perf-table" "$@"

@@ -382,14 +382,20 @@ pub fn build_driver_image(binaries: &[PathBuf], tag: &str) -> Result<OciArchive,
     build_archive_with(&layer, &[tag], &config).map_err(ImageError::Archive)
 }
 
-/// Writes the archive to `path` and imports it into the `k8s.io` namespace of
-/// the containerd listening on `address` (where the CRI plugin looks).
-pub fn import(archive: &OciArchive, path: &Path, address: &Path) -> Result<(), ImageError> {
+/// Writes the archive to `path` and imports it with `ctr` into the `k8s.io`
+/// namespace of the containerd listening on `address` (where the CRI plugin
+/// looks).
+pub fn import(
+    ctr: &Path,
+    archive: &OciArchive,
+    path: &Path,
+    address: &Path,
+) -> Result<(), ImageError> {
     std::fs::write(path, &archive.bytes).map_err(|source| ImageError::Write {
         path: path.to_path_buf(),
         source,
     })?;
-    let output = Command::new("ctr")
+    let output = Command::new(ctr)
         .arg("--address")
         .arg(address)
         .args(["--namespace", "k8s.io", "images", "import"])

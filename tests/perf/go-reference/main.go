@@ -4,9 +4,11 @@
 // perf-table compares container create+start with it registered against
 // nri-plugin registered and against no plugin at all.
 //
-// Build offline from Debian's golang-github-containerd-nri-dev:
+// scripts/perf.sh builds it once per runtime, with the NRI module version
+// that runtime was built with, in a throwaway module:
 //
-//	GO111MODULE=off GOPATH=/usr/share/gocode go build -o nri-go-reference main.go
+//	go mod init dra-cpu.local/nri-go-reference
+//	go get github.com/containerd/nri@v0.6.1 && go build -o nri-go-reference .
 package main
 
 import (

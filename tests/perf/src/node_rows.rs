@@ -1,11 +1,15 @@
 //! Rows that need a real containerd (the node of [`dra_cpu_tests::node`]):
 //! container create+start with nri-plugin registered against no NRI plugin
-//! at all, interleaved (row 4), and the time from NodeUnprepareResources
-//! returning to a shared container's cgroup showing the grown pool (row 5).
+//! at all and against the Go reference plugin, interleaved (rows 4 and 4b),
+//! and the time from NodeUnprepareResources returning to a shared
+//! container's cgroup showing the grown pool (row 5). Measured on Debian's
+//! containerd 1.7 and again, as rows 4c, 4d and 5c, on a build of the newest
+//! supported containerd 2.x when `scripts/perf.sh` provides one.
 
 use super::{summarize, Goal, Row, Verdict};
 use anyhow::{bail, Context};
 use dra_cpu_tests::cgroup;
+use dra_cpu_tests::containerd::ContainerdOptions;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
 use std::io::{BufRead, BufReader};
@@ -19,12 +23,69 @@ const CONVERGE_WHAT: &str =
 const GO_WHAT: &str =
     "container create+start, nri-plugin vs a Go reference plugin (official NRI stub, same cpuset adjustment)";
 
-/// The rows of this module with their goals, for reports that skip them.
-pub const ROWS: [(&str, &str, Goal); 3] = [
-    ("4", CREATE_WHAT, Goal::RatioAtMost(1.05)),
-    ("4b", GO_WHAT, Goal::RatioAtMost(1.0)),
-    ("5", CONVERGE_WHAT, Goal::AtMost(Duration::from_millis(100))),
-];
+const CREATE_GOAL: Goal = Goal::RatioAtMost(1.05);
+const GO_GOAL: Goal = Goal::RatioAtMost(1.0);
+const CONVERGE_GOAL: Goal = Goal::AtMost(Duration::from_millis(100));
+
+/// The containerd the rows run on, and the ids its rows get.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    /// Named in each row's description.
+    pub name: String,
+    /// `containerd`, `ctr` and the runc shim ([`ContainerdOptions::bin_dir`]).
+    pub bin_dir: PathBuf,
+    /// The Go reference plugin built with this runtime's NRI module.
+    pub go_reference: Option<PathBuf>,
+    /// Ids of the create, Go reference and convergence rows.
+    pub ids: [&'static str; 3],
+}
+
+impl Runtime {
+    /// Debian's containerd 1.7 and the Go reference plugin built with the
+    /// NRI it was built with (`NRI_GO_REFERENCE_BIN`, set by scripts/perf.sh).
+    pub fn debian() -> Runtime {
+        let go_reference = std::env::var_os("NRI_GO_REFERENCE_BIN")
+            .map(PathBuf::from)
+            .filter(|p| p.is_file());
+        Runtime {
+            name: "containerd 1.7".into(),
+            bin_dir: ContainerdOptions::default().bin_dir,
+            go_reference,
+            ids: ["4", "4b", "5"],
+        }
+    }
+
+    /// The containerd 2.x build scripts/perf.sh names in
+    /// `DRA_CPU_CONTAINERD2_DIR` (its version in `DRA_CPU_CONTAINERD2_VERSION`),
+    /// with the Go reference plugin built from the NRI module that release
+    /// requires (`NRI_GO_REFERENCE2_BIN`). `None` when none is named.
+    pub fn containerd2() -> Option<Runtime> {
+        let bin_dir = PathBuf::from(std::env::var_os("DRA_CPU_CONTAINERD2_DIR")?);
+        let version = std::env::var("DRA_CPU_CONTAINERD2_VERSION").unwrap_or_else(|_| "2.x".into());
+        let go_reference = std::env::var_os("NRI_GO_REFERENCE2_BIN")
+            .map(PathBuf::from)
+            .filter(|p| p.is_file());
+        Some(Runtime {
+            name: format!("containerd {version}"),
+            bin_dir,
+            go_reference,
+            ids: ["4c", "4d", "5c"],
+        })
+    }
+
+    fn what(&self, what: &str) -> String {
+        format!("{what} ({})", self.name)
+    }
+
+    /// The rows of this runtime with their goals, for reports that skip them.
+    pub fn rows(&self) -> [(&'static str, String, Goal); 3] {
+        [
+            (self.ids[0], self.what(CREATE_WHAT), CREATE_GOAL),
+            (self.ids[1], self.what(GO_WHAT), GO_GOAL),
+            (self.ids[2], self.what(CONVERGE_WHAT), CONVERGE_GOAL),
+        ]
+    }
+}
 
 fn shared_spec() -> ContainerSpec {
     ContainerSpec::sleeper("app").with_cpu(Some(100), None)
@@ -44,17 +105,6 @@ async fn create_start(node: &mut Node, n: usize) -> anyhow::Result<Duration> {
     node.cri.delete_pod(&sandbox.id).await?;
     result?;
     Ok(took)
-}
-
-/// The Go reference plugin (`go-reference/main.go`), built by
-/// `scripts/perf.sh` when a Go toolchain is installed.
-fn go_reference_bin() -> Option<PathBuf> {
-    let path = match std::env::var_os("NRI_GO_REFERENCE_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/tmp/nri-go-reference"),
-    };
-    path.is_file().then_some(path)
 }
 
 /// The Go reference plugin registered with the node's containerd.
@@ -109,10 +159,14 @@ const PER_ROUND: usize = 4;
 
 /// Row 4 (ours against no plugin) and 4b (ours against the Go reference),
 /// all three interleaved round by round.
-async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>> {
+async fn create_rows(
+    node: &mut Node,
+    runtime: &Runtime,
+    samples: usize,
+) -> anyhow::Result<Vec<Row>> {
     // One first, untimed: image and runtime caches warm.
     create_start(node, 0).await?;
-    let go = go_reference_bin();
+    let go = &runtime.go_reference;
     let (mut ours, mut none, mut reference) = (Vec::new(), Vec::new(), Vec::new());
     // Several starts per variant each round: a round restarts the plugins,
     // which costs far more than a start, and container starts on two shared
@@ -142,10 +196,11 @@ async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>
     let (Some(w), Some(wo)) = (summarize(&ours), summarize(&none)) else {
         bail!("no samples");
     };
+    let [create_id, go_id, _] = runtime.ids;
     let mut rows = vec![Row::timed(
-        "4",
-        CREATE_WHAT,
-        Goal::RatioAtMost(1.05),
+        create_id,
+        &runtime.what(CREATE_WHAT),
+        CREATE_GOAL,
         &w,
         Some(("no NRI plugin, interleaved", &wo)),
         w.median,
@@ -153,19 +208,19 @@ async fn create_rows(node: &mut Node, samples: usize) -> anyhow::Result<Vec<Row>
     )];
     rows.push(match summarize(&reference) {
         Some(g) => Row::timed(
-            "4b",
-            GO_WHAT,
-            Goal::RatioAtMost(1.0),
+            go_id,
+            &runtime.what(GO_WHAT),
+            GO_GOAL,
             &w,
             Some(("Go reference plugin, interleaved", &g)),
             w.median,
             true,
         ),
         None => Row::not_measured(
-            "4b",
-            GO_WHAT,
-            Goal::RatioAtMost(1.0),
-            "the Go reference plugin is not built (scripts/perf.sh builds it when Go and golang-github-containerd-nri-dev are installed)",
+            go_id,
+            &runtime.what(GO_WHAT),
+            GO_GOAL,
+            "the Go reference plugin is not built (scripts/perf.sh builds it with Go)",
         ),
     });
     Ok(rows)
@@ -191,7 +246,11 @@ async fn wait_cgroup(dir: &std::path::Path, want: &shared_state::CpuSet) -> anyh
     Ok(())
 }
 
-async fn convergence_row(node: &mut Node, samples: usize) -> anyhow::Result<Row> {
+async fn convergence_row(
+    node: &mut Node,
+    runtime: &Runtime,
+    samples: usize,
+) -> anyhow::Result<Row> {
     let all = node.allocatable()?;
     if all.len() < 2 {
         bail!("needs at least 2 CPUs, the node has {all}");
@@ -220,8 +279,15 @@ async fn convergence_row(node: &mut Node, samples: usize) -> anyhow::Result<Row>
     let Some(s) = summarize(&times) else {
         bail!("no samples");
     };
-    let goal = Goal::AtMost(Duration::from_millis(100));
-    let mut row = Row::timed("5", CONVERGE_WHAT, goal, &s, None, s.median, true);
+    let mut row = Row::timed(
+        runtime.ids[2],
+        &runtime.what(CONVERGE_WHAT),
+        CONVERGE_GOAL,
+        &s,
+        None,
+        s.median,
+        true,
+    );
     if unsolicited {
         row.baseline = "unsolicited update (runtime allows it)".into();
     } else {
@@ -232,34 +298,35 @@ async fn convergence_row(node: &mut Node, samples: usize) -> anyhow::Result<Row>
     Ok(row)
 }
 
-/// Rows 4, 4b and 5.
-pub async fn rows(samples: usize) -> Vec<Row> {
+/// Rows 4, 4b and 5 on `runtime` (4c, 4d and 5c on containerd 2.x).
+pub async fn rows(runtime: &Runtime, samples: usize) -> Vec<Row> {
     let mut rows = Vec::new();
-    let mut node = match Node::start(NodeOptions::default()).await {
+    let [create, go, converge] = runtime.rows();
+    let mut options = NodeOptions::default();
+    options.containerd.bin_dir = runtime.bin_dir.clone();
+    let mut node = match Node::start(options).await {
         Ok(n) => n,
         Err(e) => {
-            for (id, what, goal) in ROWS {
-                rows.push(Row::not_measured(id, what, goal, format!("node: {e}")));
+            for (id, what, goal) in [create, go, converge] {
+                rows.push(Row::not_measured(id, &what, goal, format!("node: {e}")));
             }
             return rows;
         }
     };
-    match create_rows(&mut node, samples).await {
+    match create_rows(&mut node, runtime, samples).await {
         Ok(r) => rows.extend(r),
         Err(e) => {
-            for (id, what, goal) in &ROWS[..2] {
-                rows.push(Row::not_measured(id, what, *goal, format!("{e:#}")));
+            for (id, what, goal) in [create, go] {
+                rows.push(Row::not_measured(id, &what, goal, format!("{e:#}")));
             }
         }
     }
-    match convergence_row(&mut node, samples).await {
+    match convergence_row(&mut node, runtime, samples).await {
         Ok(r) => rows.push(r),
-        Err(e) => rows.push(Row::not_measured(
-            "5",
-            CONVERGE_WHAT,
-            ROWS[2].2,
-            format!("{e:#}"),
-        )),
+        Err(e) => {
+            let (id, what, goal) = converge;
+            rows.push(Row::not_measured(id, &what, goal, format!("{e:#}")))
+        }
     }
     rows
 }

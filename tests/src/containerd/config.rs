@@ -23,6 +23,20 @@ pub struct ContainerdOptions {
     pub start_timeout: Duration,
     /// Where instance directories are created (keep it short).
     pub parent_dir: PathBuf,
+    /// The directory holding `containerd`, `ctr` and
+    /// `containerd-shim-runc-v2`: Debian's 1.7 in `/usr/bin` by default, or
+    /// a build of another release (scripts/build-components.sh). containerd
+    /// 2.x reads this version-2 config too (it migrates it at start).
+    pub bin_dir: PathBuf,
+}
+
+impl ContainerdOptions {
+    pub fn containerd_bin(&self) -> PathBuf {
+        self.bin_dir.join("containerd")
+    }
+    pub fn ctr_bin(&self) -> PathBuf {
+        self.bin_dir.join("ctr")
+    }
 }
 
 impl Default for ContainerdOptions {
@@ -34,6 +48,7 @@ impl Default for ContainerdOptions {
             import_image: true,
             start_timeout: Duration::from_secs(60),
             parent_dir: PathBuf::from("/tmp"),
+            bin_dir: PathBuf::from(super::DEFAULT_BIN_DIR),
         }
     }
 }

@@ -46,8 +46,8 @@ use crate::cri::CriClient;
 use crate::image::{self, OciArchive, SANDBOX_IMAGE, WORKLOAD_IMAGE};
 use cleanup::process_start_time;
 
-pub const CONTAINERD_BIN: &str = "/usr/bin/containerd";
-pub const CTR_BIN: &str = "/usr/bin/ctr";
+/// Where Debian's containerd 1.7, its shim and `ctr` are installed.
+pub const DEFAULT_BIN_DIR: &str = "/usr/bin";
 /// Prefix of instance directories; the reaper only looks at these.
 pub const INSTANCE_PREFIX: &str = "dcpu-";
 /// containerd 1.7 puts shim sockets here whatever its state dir is.
@@ -67,8 +67,12 @@ pub enum ContainerdError {
     CreateDir { parent: PathBuf, source: io::Error },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
-    #[error("cannot start {CONTAINERD_BIN} with {config}: {source}")]
-    Spawn { config: PathBuf, source: io::Error },
+    #[error("cannot start {} with {config}: {source}", bin.display())]
+    Spawn {
+        bin: PathBuf,
+        config: PathBuf,
+        source: io::Error,
+    },
     #[error("containerd ({config}) exited during start-up ({status}); log tail:\n{log_tail}")]
     Exited {
         config: PathBuf,
@@ -123,11 +127,14 @@ impl Containerd {
     /// containerd in it and waits until CRI answers, the NRI socket exists
     /// and (unless disabled) the test image is visible through CRI.
     pub async fn start(options: ContainerdOptions) -> Result<Containerd, ContainerdError> {
-        for bin in [CONTAINERD_BIN, CTR_BIN, image::BUSYBOX_PATH] {
-            if !Path::new(bin).exists() {
-                return Err(ContainerdError::NotInstalled {
-                    path: PathBuf::from(bin),
-                });
+        for bin in [
+            options.containerd_bin(),
+            options.ctr_bin(),
+            options.bin_dir.join("containerd-shim-runc-v2"),
+            PathBuf::from(image::BUSYBOX_PATH),
+        ] {
+            if !bin.exists() {
+                return Err(ContainerdError::NotInstalled { path: bin });
             }
         }
         // On cgroup v2 the pod cgroups under /kubepods get cpuset files only
@@ -169,8 +176,9 @@ impl Containerd {
         if options.import_image {
             let archive = test_image()?;
             let (archive_path, address) = (paths.image_archive(), paths.cri_socket());
+            let ctr = options.ctr_bin();
             let archive = archive.clone();
-            tokio::task::spawn_blocking(move || image::import(&archive, &archive_path, &address))
+            tokio::task::spawn_blocking(move || image::import(&ctr, &archive, &archive_path, &address))
                 .await
                 .map_err(|e| ContainerdError::ImageBuild(format!("import task failed: {e}")))??;
             instance.wait_images().await?;
@@ -191,9 +199,17 @@ impl Containerd {
             path: self.paths.log(),
             source,
         })?;
-        let child = Command::new(CONTAINERD_BIN)
+        // containerd runs the shim found first on its PATH: the one of the
+        // same release.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let path = std::env::join_paths(
+            std::iter::once(self.options.bin_dir.clone()).chain(std::env::split_paths(&path)),
+        )
+        .unwrap_or(path);
+        let child = Command::new(self.options.containerd_bin())
             .arg("--config")
             .arg(self.paths.config())
+            .env("PATH", path)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -202,6 +218,7 @@ impl Containerd {
             .process_group(0)
             .spawn()
             .map_err(|source| ContainerdError::Spawn {
+                bin: self.options.containerd_bin(),
                 config: self.paths.config(),
                 source,
             })?;

@@ -6,7 +6,8 @@
 //! (also write the table there), `--skip-containerd` (rows 4 and 5 are
 //! reported as not measured), `--only GROUP[,GROUP]` (measure only some of
 //! `dra` (rows 1, 2, 7a, 7b, 7d), `alloc` (6), `nri` (3, 7c), `containerd`
-//! (4, 5)).
+//! (4, 4b, 5 on containerd 1.7; 4c, 4d, 5c on containerd 2.x when
+//! `DRA_CPU_CONTAINERD2_DIR` names a build)).
 
 // Test support: a panic here fails the test or measurement that called it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -15,6 +16,7 @@ use anyhow::Context;
 use dra_cpu_perf as perf;
 use perf::{
     dra::{CdiPlacement, DraBench},
+    node_rows::Runtime,
     Goal, Row,
 };
 use std::time::Instant;
@@ -128,13 +130,18 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("rows 3, 7c: nri-plugin handler ...");
         rows.extend(perf::inproc::nri_rows(c.fast * 5, c.slow).await);
     }
-    if skip_containerd {
-        for (id, what, goal) in perf::node_rows::ROWS {
-            rows.push(Row::not_measured(id, what, goal, "--skip-containerd"));
+    let runtimes: Vec<Runtime> = std::iter::once(Runtime::debian())
+        .chain(Runtime::containerd2())
+        .collect();
+    for runtime in &runtimes {
+        if skip_containerd {
+            for (id, what, goal) in runtime.rows() {
+                rows.push(Row::not_measured(id, &what, goal, "--skip-containerd"));
+            }
+        } else if wanted("containerd") {
+            eprintln!("rows {}: real {} ...", runtime.ids.join(", "), runtime.name);
+            rows.extend(perf::node_rows::rows(runtime, c.containers).await);
         }
-    } else if wanted("containerd") {
-        eprintln!("rows 4, 5: real containerd ...");
-        rows.extend(perf::node_rows::rows(c.containers).await);
     }
     rows.sort_by(|a, b| a.id.cmp(&b.id));
 
