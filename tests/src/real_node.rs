@@ -153,8 +153,7 @@ impl CpusetRecorder {
 
     /// Stops reading and returns what was seen.
     pub fn finish(mut self) -> CpusetHistory {
-        self.stop
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         match self.thread.take().map(std::thread::JoinHandle::join) {
             Some(Ok(history)) => history,
             _ => CpusetHistory {
@@ -186,8 +185,7 @@ impl CpusetRecorder {
 
 impl Drop for CpusetRecorder {
     fn drop(&mut self) {
-        self.stop
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

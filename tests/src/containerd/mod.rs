@@ -178,9 +178,11 @@ impl Containerd {
             let (archive_path, address) = (paths.image_archive(), paths.cri_socket());
             let ctr = options.ctr_bin();
             let archive = archive.clone();
-            tokio::task::spawn_blocking(move || image::import(&ctr, &archive, &archive_path, &address))
-                .await
-                .map_err(|e| ContainerdError::ImageBuild(format!("import task failed: {e}")))??;
+            tokio::task::spawn_blocking(move || {
+                image::import(&ctr, &archive, &archive_path, &address)
+            })
+            .await
+            .map_err(|e| ContainerdError::ImageBuild(format!("import task failed: {e}")))??;
             instance.wait_images().await?;
         }
         Ok(instance)
