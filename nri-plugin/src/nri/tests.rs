@@ -1,0 +1,322 @@
+use super::*;
+use crate::config::UnsolicitedUpdates;
+use crate::host_cgroups::HostCgroups;
+use crate::metrics::Metrics;
+use crate::test_support::{claim, run, set};
+use crate::view::NodeView;
+use dra_cpu_proto::nri::api;
+use dra_cpu_proto::nri::client::NriUpdater;
+use shared_state::{ClaimAssignment, CpuSet};
+use std::sync::atomic::Ordering;
+
+struct NoClaims;
+
+#[async_trait]
+impl ClaimResolver for NoClaims {
+    async fn resolve(&self, _claim_uid: &str) -> crate::resolve::Resolution {
+        crate::resolve::Resolution::NotPrepared
+    }
+}
+
+fn nri_container(id: &str, env: &[String]) -> Container {
+    let mut c = Container::new();
+    c.id = id.into();
+    c.name = id.into();
+    c.env = env.to_vec();
+    c
+}
+
+fn resources(shares: u64, cpus: &str) -> LinuxResources {
+    let mut cpu = api::LinuxCPU::new();
+    let mut value = api::OptionalUInt64::new();
+    value.value = shares;
+    cpu.shares = Some(value).into();
+    cpu.cpus = cpus.into();
+    let mut r = LinuxResources::new();
+    r.cpu = Some(cpu).into();
+    r
+}
+
+/// Answers every Lookup with one prepared claim.
+struct OneClaim(ClaimAssignment);
+
+#[async_trait]
+impl ClaimResolver for OneClaim {
+    async fn resolve(&self, claim_uid: &str) -> crate::resolve::Resolution {
+        if claim_uid == self.0.claim_uid {
+            crate::resolve::Resolution::Prepared(self.0.clone())
+        } else {
+            crate::resolve::Resolution::NotPrepared
+        }
+    }
+}
+
+#[test]
+fn deferred_shrink_rides_on_the_next_create_and_is_then_applied() {
+    let metrics = Arc::new(Metrics::new());
+    let view = NodeView::new(set("0-3"), CpuSet::new(), false, None);
+    let enforcer = Arc::new(Enforcer::new(
+        view,
+        metrics.clone(),
+        NriUpdater::new(),
+        UnsolicitedUpdates::Auto,
+    ));
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let mut pod = PodSandbox::new();
+    pod.uid = "q".into();
+    let first = run(plugin.create_container(pod.clone(), nri_container("s", &[]))).expect("shared");
+    assert!(first.update.is_empty());
+    let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+    run(enforcer.apply_prepared(4, claim(uid, "3", "q"))).expect("prepare");
+
+    let env = [format!("DRA_CPUSET_{uid}=3")];
+    let reply = run(plugin.create_container(pod.clone(), nri_container("e", &env)))
+        .expect("claim container");
+    let cpus = |u: &ContainerUpdate| u.linux.resources.cpu.cpus.clone();
+    assert_eq!(reply.adjust.expect("adjust").linux.resources.cpu.cpus, "3");
+    assert_eq!(reply.update.len(), 1);
+    assert_eq!(
+        (
+            reply.update[0].container_id.as_str(),
+            cpus(&reply.update[0]).as_str()
+        ),
+        ("s", "0-2")
+    );
+    assert!(enforcer.view().pending_updates().is_empty());
+    assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 4);
+
+    // A forged copy is refused with the reason, and counted.
+    let forged = [format!("DRA_CPUSET_{uid}=2")];
+    let err = run(plugin.create_container(pod, nri_container("f", &forged))).expect_err("forged");
+    assert!(
+        err.to_string()
+            .contains("says CPUs 2 but the claim was prepared with 3"),
+        "{err}"
+    );
+    assert_eq!(metrics.refused_count("cpus-mismatch"), 1);
+    let text = metrics.render();
+    assert!(
+        text.contains("nri_plugin_container_updates_total{path=\"reply\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn update_container_answers_the_new_kinds_cpuset_over_the_requests() {
+    let metrics = Arc::new(Metrics::new());
+    let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
+    let enforcer = Arc::new(Enforcer::new(
+        view,
+        metrics,
+        NriUpdater::new(),
+        UnsolicitedUpdates::Never,
+    ));
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let mut pod = PodSandbox::new();
+    pod.uid = "q".into();
+    let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+    run(enforcer.apply_prepared(1, claim(uid, "3", "q"))).expect("prepare");
+    let env = [format!("DRA_CPUSET_{uid}=3")];
+    let mut c = nri_container("c", &env);
+    let mut linux = api::LinuxContainer::new();
+    linux.resources = Some(resources(2, "")).into();
+    c.linux = Some(linux).into();
+    let created = run(plugin.create_container(pod.clone(), c.clone())).expect("created");
+    assert_eq!(
+        created.adjust.expect("adjust").linux.resources.cpu.cpus,
+        "3"
+    );
+    // (shares and cpuset in the CRI request, cpuset answered): a cpuset in
+    // the request never wins; shares 0 is "not in the request".
+    let steps = [
+        (512, "", "0-3"),
+        (0, "0-3", "0-3"),
+        (0, "", "0-3"),
+        (2, "0-3", "3"),
+        (0, "0-2", "3"),
+    ];
+    for (shares, requested, answered) in steps {
+        let reply = run(plugin.update_container(
+            pod.clone(),
+            c.clone(),
+            Some(resources(shares, requested)),
+        ))
+        .expect("update");
+        let own: Vec<String> = reply
+            .update
+            .iter()
+            .filter(|u| u.container_id == "c")
+            .map(|u| u.linux.resources.cpu.cpus.clone())
+            .collect();
+        assert_eq!(
+            own,
+            vec![answered.to_string()],
+            "shares {shares}, request {requested:?}"
+        );
+        assert!(reply.update.iter().all(|u| u.ignore_failure));
+    }
+}
+
+#[test]
+fn host_cgroups_follow_prepare_unprepare_and_a_claim_learned_at_create() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("cgroup");
+    let slice = root.join("system.slice");
+    std::fs::create_dir_all(&slice).expect("mkdir");
+    for d in [&root, &slice] {
+        std::fs::write(d.join("cgroup.controllers"), "cpuset cpu\n").expect("controllers");
+        std::fs::write(d.join("cgroup.subtree_control"), "cpuset\n").expect("subtree");
+    }
+    std::fs::write(slice.join("cpuset.cpus"), "\n").expect("cpus");
+    let cpus = || {
+        std::fs::read_to_string(slice.join("cpuset.cpus"))
+            .expect("read")
+            .trim()
+            .to_string()
+    };
+    let host = HostCgroups::open(&root, &["system.slice".into()], &dir.path().join("state"))
+        .expect("host cgroups");
+    let metrics = Arc::new(Metrics::new());
+    let view = NodeView::new(set("0-7"), set("0"), false, None);
+    let late_uid = "c2c2c2c2-0000-4000-8000-000000000002";
+    let enforcer = Arc::new(
+        Enforcer::new(
+            view,
+            metrics.clone(),
+            NriUpdater::new(),
+            UnsolicitedUpdates::Auto,
+        )
+        .with_host_cgroups(host),
+    );
+    enforcer.sync_host_cgroups();
+    assert_eq!(cpus(), "0-7", "shared pool 1-7 and reserved 0");
+
+    let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+    run(enforcer.apply_prepared(1, claim(uid, "6-7", "q"))).expect("prepare");
+    assert_eq!(cpus(), "0-5", "shrunk at the prepare, before any container");
+
+    // A claim the view learns only at its container's CreateContainer
+    // (dra-plugin's delta not here yet): shrunk before the reply.
+    let plugin = DraCpuPlugin::new(
+        enforcer.clone(),
+        Arc::new(OneClaim(claim(late_uid, "4", "p"))),
+    );
+    let mut pod = PodSandbox::new();
+    pod.uid = "p".into();
+    let env = [format!("DRA_CPUSET_{late_uid}=4")];
+    run(plugin.create_container(pod, nri_container("late", &env))).expect("create");
+    assert_eq!(cpus(), "0-3,5");
+
+    run(enforcer.apply_unprepared(2, uid)).expect("unprepare");
+    assert_eq!(cpus(), "0-3,5-7", "grown back after the unprepare");
+    assert_eq!(metrics.host_cgroup_write_count("ok"), 4);
+
+    // A write that fails does not fail the container event that made
+    // it due; it is counted and made again at the next change.
+    let cpus_file = slice.join("cpuset.cpus");
+    std::fs::remove_file(&cpus_file).expect("rm");
+    std::fs::create_dir(&cpus_file).expect("a directory where the file was");
+    let third = "c3c3c3c3-0000-4000-8000-000000000003";
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(OneClaim(claim(third, "6", "r"))));
+    let mut pod = PodSandbox::new();
+    pod.uid = "r".into();
+    let env = [format!("DRA_CPUSET_{third}=6")];
+    let reply = run(plugin.create_container(pod, nri_container("third", &env)))
+        .expect("the container is placed although the host cgroup write failed");
+    assert_eq!(reply.adjust.expect("adjust").linux.resources.cpu.cpus, "6");
+    assert_eq!(metrics.host_cgroup_write_count("failed"), 1);
+    std::fs::remove_dir(&cpus_file).expect("rmdir");
+    std::fs::write(&cpus_file, "0-3,5-7\n").expect("file again");
+    run(enforcer.apply_unprepared(3, third)).expect("unprepare");
+    assert_eq!(cpus(), "0-3,5-7");
+    run(enforcer.apply_prepared(4, claim(third, "6", "r"))).expect("prepare again");
+    assert_eq!(cpus(), "0-3,5,7", "written at the next change");
+    assert_eq!(metrics.host_cgroup_write_count("ok"), 5);
+
+    enforcer.restore_host_cgroups();
+    assert_eq!(cpus(), "", "the original value back");
+    enforcer.sync_host_cgroups();
+    assert_eq!(cpus(), "", "nothing is managed after the restore");
+}
+
+#[test]
+fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back_at_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exclusive = "cpuset.cpus.exclusive";
+    let partition = "cpuset.cpus.partition";
+    for d in [
+        "kubepods",
+        "kubepods/podq",
+        "kubepods/podq/c",
+        "kubepods/podq/s",
+    ] {
+        let path = dir.path().join(d);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join(exclusive), "\n").expect("exclusive");
+        std::fs::write(path.join(partition), "member\n").expect("partition");
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(dir.path().join(p))
+            .expect("read")
+            .trim()
+            .to_string()
+    };
+    let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
+    let enforcer = Arc::new(Enforcer::new(
+        view,
+        Arc::new(Metrics::new()),
+        NriUpdater::new(),
+        UnsolicitedUpdates::Never,
+    ));
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims))
+        .with_isolated_partitions(IsolatedPartitions::new(dir.path()));
+    let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+    let mut isolated = claim(uid, "2-3", "q");
+    isolated.tuning.load_balancing_off = true;
+    run(enforcer.apply_prepared(1, isolated)).expect("prepare");
+    let mut pod = PodSandbox::new();
+    pod.uid = "q".into();
+    let with_path = |id: &str, env: &[String], path: &str| {
+        let mut c = nri_container(id, env);
+        let mut linux = api::LinuxContainer::new();
+        linux.cgroups_path = path.into();
+        linux.resources = Some(resources(1024, "")).into();
+        c.linux = Some(linux).into();
+        c
+    };
+    let env = [format!("DRA_CPUSET_{uid}=2-3")];
+    let c = with_path("c", &env, "/kubepods/podq/c");
+    let created = run(plugin.create_container(pod.clone(), c.clone())).expect("created");
+    assert_eq!(
+        created.adjust.expect("adjust").linux.resources.cpu.cpus,
+        "2-3",
+        "a CPU request in mixed mode does not add the shared pool"
+    );
+    // A shared container starts: nothing is written.
+    let s = with_path("s", &[], "/kubepods/podq/s");
+    run(plugin.create_container(pod.clone(), s.clone())).expect("shared");
+    run(plugin.start_container(pod.clone(), s)).expect("shared start");
+    assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+
+    run(plugin.start_container(pod.clone(), c.clone())).expect("start");
+    assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "2-3");
+    assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "2-3");
+    assert_eq!(read("kubepods/podq/c/cpuset.cpus.exclusive"), "2-3");
+    assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "isolated");
+
+    run(plugin.stop_container(pod.clone(), c.clone())).expect("stop");
+    assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+    assert_eq!(read("kubepods/podq/cpuset.cpus.exclusive"), "");
+    assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "member");
+    run(plugin.remove_container(pod.clone(), c)).expect("remove");
+
+    // A plugin without partitions refuses the start, by name.
+    let bare = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let again = with_path("c2", &env, "/kubepods/podq/c");
+    run(bare.create_container(pod.clone(), again.clone())).expect("created again");
+    let err = run(bare.start_container(pod, again)).expect_err("no partitions");
+    assert!(
+        err.to_string().contains("tuning.loadBalancing off"),
+        "{err}"
+    );
+}
