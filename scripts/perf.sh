@@ -29,18 +29,28 @@ want_containerd=1
 case " $* " in *" --skip-containerd "*) want_containerd=0 ;; esac
 case " $* " in *" --only "*) case " $* " in *containerd*) ;; *) want_containerd=0 ;; esac ;; esac
 
-# Builds the Go reference plugin with NRI module version "$1" into "$2"
-# (a directory), from the Go module proxy; its log is "$2.log".
-build_reference() {
-  local nri="$1" dir="$2"
+# The Go reference plugin for containerd "$1", built from the Go module
+# proxy with NRI module version "$2" (empty: none known), its path exported
+# as "$3"; row "$4" is reported as not measured when it cannot be had.
+reference_for() {
+  local runtime="$1" nri="$2" var="$3" row="$4" dir="$target/../tmp/go-reference-containerd-$1"
+  if [ -z "$nri" ]; then
+    echo "no NRI version known for containerd $runtime: row $row will not be measured" >&2
+    return 0
+  fi
   rm -rf "$dir" && mkdir -p "$dir"
   cp tests/perf/go-reference/main.go "$dir/"
-  (
+  if (
     cd "$dir"
     export GOTOOLCHAIN=auto GOFLAGS=-mod=mod
     printf 'module dra-cpu.local/nri-go-reference\n\ngo 1.24\n' >go.mod
     go get "github.com/containerd/nri@$nri" && go build -o nri-go-reference .
-  ) >"$dir.log" 2>&1
+  ) >"$dir.log" 2>&1; then
+    export "$var=$dir/nri-go-reference"
+    echo "containerd $runtime: Go reference plugin built with NRI $nri" >&2
+  else
+    echo "the Go reference plugin for containerd $runtime (NRI $nri) did not build (see $dir.log): row $row will not be measured" >&2
+  fi
 }
 
 if [ "$want_containerd" = 1 ] && ! command -v go >/dev/null; then
@@ -49,15 +59,7 @@ elif [ "$want_containerd" = 1 ]; then
   # Debian's containerd 1.7 names the NRI it was built with in Built-Using.
   nri="$(dpkg-query -W -f='${Built-Using}' containerd 2>/dev/null | tr ',' '\n' |
     sed -n 's/^ *golang-github-containerd-nri (= \([0-9.]*\)-.*/v\1/p')"
-  ref="$target/../tmp/go-reference-containerd-1.7"
-  if [ -z "$nri" ]; then
-    echo "the installed containerd names no NRI in Built-Using: row 4b will not be measured" >&2
-  elif build_reference "$nri" "$ref"; then
-    export NRI_GO_REFERENCE_BIN="$ref/nri-go-reference"
-    echo "containerd 1.7: Go reference plugin built with NRI $nri" >&2
-  else
-    echo "the Go reference plugin for containerd 1.7 (NRI $nri) did not build (see $ref.log): row 4b will not be measured" >&2
-  fi
+  reference_for 1.7 "$nri" NRI_GO_REFERENCE_BIN 4b
   # shellcheck source=../tests/real-node/pins.env
   . tests/real-node/pins.env
   if ctd_dir="$(scripts/build-components.sh containerd | tail -n 1)" && [ -x "$ctd_dir/containerd" ]; then
@@ -66,15 +68,7 @@ elif [ "$want_containerd" = 1 ]; then
     ctd_mod="$(GOTOOLCHAIN=auto GOFLAGS=-mod=mod go mod download -json "github.com/containerd/containerd/v2@v$CONTAINERD_LATEST" |
       sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')" || true
     nri="$(awk '$1 == "github.com/containerd/nri" {print $2; exit}' "$ctd_mod" 2>/dev/null || true)"
-    ref="$target/../tmp/go-reference-containerd-$CONTAINERD_LATEST"
-    if [ -z "$nri" ]; then
-      echo "no NRI module found for containerd $CONTAINERD_LATEST: row 4d will not be measured" >&2
-    elif build_reference "$nri" "$ref"; then
-      export NRI_GO_REFERENCE2_BIN="$ref/nri-go-reference"
-      echo "containerd $CONTAINERD_LATEST: Go reference plugin built with NRI $nri" >&2
-    else
-      echo "the Go reference plugin for containerd $CONTAINERD_LATEST (NRI $nri) did not build (see $ref.log): row 4d will not be measured" >&2
-    fi
+    reference_for "$CONTAINERD_LATEST" "$nri" NRI_GO_REFERENCE2_BIN 4d
   else
     echo "containerd $CONTAINERD_LATEST could not be built: rows 4c, 4d and 5c will not be measured" >&2
   fi

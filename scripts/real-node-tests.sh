@@ -10,6 +10,9 @@
 #   scripts/real-node-tests.sh --versions KUBERNETES CONTAINERD   any pair
 #   scripts/real-node-tests.sh --smoke    only the smoke scenarios (slices, an
 #                                         exclusive and a mixed pod, restarts)
+#   scripts/real-node-tests.sh -- NAME... only the scenarios whose names
+#                                         contain one of NAME (and the
+#                                         uninstall checks)
 #
 # The first run builds the components (tens of minutes on 2 cores; cached).
 set -euo pipefail
@@ -22,7 +25,8 @@ while [ $# -gt 0 ]; do
       [ $# -ge 3 ] || { echo "real-node-tests: --versions KUBERNETES CONTAINERD" >&2; exit 2; }
       which=(--versions "$2" "$3"); shift 3 ;;
     --smoke) filters=(slices_are_published an_exclusive_claim_is_pinned a_mixed_pod_gets restarts_keep); shift ;;
-    *) echo "usage: $0 [--oldest | --versions KUBERNETES CONTAINERD] [--smoke]" >&2; exit 2 ;;
+    --) shift; filters=("$@"); break ;;
+    *) echo "usage: $0 [--oldest | --versions KUBERNETES CONTAINERD] [--smoke | -- NAME...]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "real-node-tests: must run as root" >&2; exit 1; }

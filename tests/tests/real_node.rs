@@ -562,7 +562,8 @@ fn restarts_keep_every_pods_cpus_and_new_pods_are_pinned() {
     node.script(&["restart", "kubelet"]).unwrap();
     wait_driver_ready(&node);
     check("kubelet restarted", 4);
-    let during = "both processes killed, the driver's pod deleted, containerd and kubelet restarted";
+    let during =
+        "both processes killed, the driver's pod deleted, containerd and kubelet restarted";
     exclusive_history.assert_held(&exclusive, during);
     shared_history.assert_held(&pool, during);
 }
@@ -1093,6 +1094,58 @@ fn wait_allocated(node: &RealNode, namespace: &str, pod: &str) {
     .unwrap();
 }
 
+/// Bytes received and not yet read on dra-plugin's end of its DRA socket:
+/// `ss -x` in the node's network namespace. The server end of an accepted
+/// Unix connection belongs to the namespace of the process that dialed
+/// (kubelet), and carries the name the listener was bound to (dra-plugin
+/// binds `.dra.sock.<n>.tmp` and renames it into place), so the match is on
+/// `dra.sock` within it.
+fn unread_on_dra_socket(node: &RealNode) -> Result<u64, RealNodeError> {
+    let netns = format!("--net={}", node.fact("REAL_NODE_NETNS"));
+    let output = std::process::Command::new("nsenter")
+        .args([netns.as_str(), "ss", "-xanH"])
+        .output()
+        .map_err(|source| RealNodeError::Spawn {
+            what: "nsenter ss -xanH".into(),
+            source,
+        })?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Netid State Recv-Q Send-Q Local-Address Port Peer-Address Port
+    Ok(text
+        .lines()
+        .filter(|line| line.contains("/dra.cpu/") && line.contains("dra.sock"))
+        .filter_map(|line| line.split_whitespace().nth(2)?.parse::<u64>().ok())
+        .sum())
+}
+
+/// A container of the node frozen (`ctr tasks pause`) until dropped, also
+/// when the scenario fails.
+struct Frozen<'a> {
+    node: &'a RealNode,
+    container: String,
+}
+
+impl<'a> Frozen<'a> {
+    fn new(node: &'a RealNode, container: &str) -> Self {
+        node.script(&["ctr", "tasks", "pause", container]).unwrap();
+        Frozen {
+            node,
+            container: container.to_string(),
+        }
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self
+            .node
+            .script(&["ctr", "tasks", "resume", &self.container])
+        {
+            eprintln!("real node: cannot thaw {}: {e}", self.container);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
 fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
@@ -1107,13 +1160,67 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
         .unwrap();
     node.wait_running(&ns.name, "shared", POD_START).unwrap();
 
-    // kubelet restarted as soon as the claim is allocated: its prepare is
-    // in flight or about to be.
+    // kubelet restarted while its prepare is in flight: dra-plugin's
+    // container is frozen before the pod exists, so the NodePrepareResources
+    // kubelet starts once the claim is allocated cannot finish; kubelet is
+    // restarted, then dra-plugin thawed. It answers the dead call, and the
+    // new kubelet prepares again.
+    let prepared_lines = |claim: &str| {
+        let logs = node
+            .kubectl(&[
+                "logs",
+                "-n",
+                DRIVER_NAMESPACE,
+                &driver_pod(&node),
+                "-c",
+                "dra-plugin",
+            ])
+            .unwrap();
+        logs.lines()
+            .filter(|l| l.contains("claim prepared") && l.contains(claim))
+            .count()
+    };
+    let dra_plugin = node
+        .container_id(DRIVER_NAMESPACE, &driver_pod(&node), "dra-plugin")
+        .unwrap();
+    let frozen = Frozen::new(&node, &dra_plugin);
     node.apply(&pod_yaml(&ns.name, "first", None, &[("cpus", "one-cpu")]))
         .unwrap();
     wait_allocated(&node, &ns.name, "first");
+    // kubelet's pod worker prepares first thing once the pod is bound: its
+    // request waits unread on dra-plugin's DRA socket.
+    node.wait(
+        "kubelet's NodePrepareResources waiting on the frozen dra-plugin",
+        CPUSET_CHANGE,
+        || {
+            let unread = unread_on_dra_socket(&node)?;
+            if unread > 0 {
+                Ok(Ok(unread))
+            } else {
+                Ok(Err("nothing unread on dra.sock".to_string()))
+            }
+        },
+    )
+    .unwrap();
+    let pending = node.get_json(&["pod", "-n", &ns.name, "first"]).unwrap();
+    assert_ne!(
+        pending["status"]["phase"], "Running",
+        "the pod ran with dra-plugin frozen: {}",
+        pending["status"]
+    );
     node.script(&["restart", "kubelet"]).unwrap();
+    drop(frozen);
     node.wait_running(&ns.name, "first", POD_START).unwrap();
+    let claim_name = node.get_json(&["pod", "-n", &ns.name, "first"]).unwrap()["status"]
+        ["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        prepared_lines(&format!("{}/{claim_name}", ns.name)),
+        1,
+        "the claim was to be prepared once (a second prepare finds it prepared)"
+    );
     let first = claim_cpus(&node, &ns.name, "first");
     assert_eq!(first.len(), 1, "got {}", first.to_cpulist());
     let pool = online.difference(&first);
