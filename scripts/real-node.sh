@@ -23,6 +23,7 @@
 #   scripts/real-node.sh restart containerd|kubelet
 #   scripts/real-node.sh kubectl ARGS    kubectl as cluster admin
 #   scripts/real-node.sh ctr ARGS        ctr on the node's containerd
+#   scripts/real-node.sh helm ARGS       helm as cluster admin
 #   scripts/real-node.sh env             the node's facts as shell variables
 #
 # DRA_CPU_REAL_NODE_LOG_V at `up` (default 1): the klog verbosity of the
@@ -611,6 +612,10 @@ case "$cmd" in
     need_node
     "$ctd_bin/ctr" --address "$dir/containerd/containerd.sock" -n k8s.io "$@"
     ;;
+  helm)
+    need_node
+    helm_admin "$@"
+    ;;
   env)
     need_node
     cat <<EOF
@@ -627,5 +632,5 @@ REAL_NODE_NRI_SOCKET=$dir/nri/nri.sock
 REAL_NODE_KUBELET_DIR=$dir/kubelet
 EOF
     ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

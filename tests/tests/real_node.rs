@@ -265,6 +265,19 @@ fn an_exclusive_claim_is_pinned_and_the_shared_pool_shrinks_and_grows_back() {
         exclusive.to_cpulist()
     );
 
+    // What the node has prepared, through the command the chart's NOTES
+    // print, as a user copies it (this node's stateDir is not the default,
+    // which the command without `--state-dir` would miss).
+    let report = inspect_as_the_notes_say(&node);
+    assert_eq!(report["source"], "socket", "{report}");
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let listed = report["claims"]
+        .as_array()
+        .and_then(|claims| claims.iter().find(|c| c["uid"] == uid))
+        .unwrap_or_else(|| panic!("inspect does not list claim {uid}: {report}"));
+    assert_eq!(listed["cpus"], exclusive.to_cpulist().as_str(), "{report}");
+    assert_eq!(report["shared"], pool.to_cpulist().as_str(), "{report}");
+
     // Device health (KEP-4680): where the release reports it, the driver's
     // health stream reaches the container's status through kubelet.
     if node.kubernetes_minor() >= 36 {
@@ -479,6 +492,33 @@ fn wait_driver_ready(node: &RealNode) {
         }
     })
     .unwrap();
+}
+
+/// Runs the `dra-plugin inspect` command of the chart's NOTES (`helm get
+/// notes`) in the driver's pod, `<pod>` filled in, and reads its JSON (what
+/// it prints when stdout is not a terminal).
+fn inspect_as_the_notes_say(node: &RealNode) -> Value {
+    let notes = node
+        .script(&["helm", "get", "notes", "dra-cpu", "-n", DRIVER_NAMESPACE])
+        .unwrap();
+    let line = notes
+        .lines()
+        .find(|l| l.contains("dra-plugin inspect"))
+        .unwrap_or_else(|| panic!("no inspect command in the chart's NOTES:\n{notes}"));
+    let pod = driver_pod(node);
+    let args: Vec<String> = line
+        .split_whitespace()
+        .skip_while(|word| *word != "kubectl")
+        .skip(1)
+        .map(|word| match word {
+            "<pod>" => pod.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let printed = node.kubectl(&args).unwrap();
+    serde_json::from_str(&printed)
+        .unwrap_or_else(|e| panic!("`{line}` printed no JSON ({e}): {printed}"))
 }
 
 /// SIGKILLs one container of the driver's pod and waits until kubelet has
