@@ -1149,6 +1149,14 @@ fn unread_on_dra_socket(node: &RealNode) -> Result<u64, RealNodeError> {
             what: "nsenter ss -xanH".into(),
             source,
         })?;
+    // A failed `ss` is said as such, not read as "nothing unread".
+    if !output.status.success() {
+        return Err(RealNodeError::Failed {
+            what: format!("nsenter {netns} ss -xanH"),
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
     let text = String::from_utf8_lossy(&output.stdout);
     // Netid State Recv-Q Send-Q Local-Address Port Peer-Address Port
     Ok(text
