@@ -20,6 +20,8 @@ use crate::host_cgroups::cpusets::host_cpuset;
 use crate::host_cgroups::HostCgroups;
 use crate::metrics::Metrics;
 use crate::nri::messages::to_nri_updates;
+use crate::partition::keeper::{PartitionKeeper, Reconciled};
+use crate::partition::IsolatedPartitions;
 use crate::view::{NodeView, ViewError};
 
 /// The view plus everything needed to make it real on containers.
@@ -45,6 +47,9 @@ pub struct Enforcer {
     host_cgroups: Mutex<Option<HostCgroups>>,
     /// Whether the last sync found no CPU for them (logged once).
     host_cgroups_starved: AtomicBool,
+    /// Isolated partitions (`loadBalancing: off`); `None`: such a
+    /// container's start is refused.
+    pub(crate) partitions: Option<PartitionKeeper>,
 }
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
@@ -74,6 +79,46 @@ impl Enforcer {
             applied_changed: Notify::new(),
             host_cgroups: Mutex::new(None),
             host_cgroups_starved: AtomicBool::new(false),
+            partitions: None,
+        }
+    }
+
+    /// Makes isolated partitions under this cgroup v2 root.
+    pub fn with_isolated_partitions(mut self, partitions: IsolatedPartitions) -> Self {
+        self.partitions = Some(PartitionKeeper::new(partitions));
+        self
+    }
+
+    /// Makes the isolated partitions running containers lack: their claim
+    /// became known to ask for one (nri-plugin started from the CDI specs,
+    /// which carry no tuning), or the kernel refused it before. Called
+    /// after every claim change and on a timer; never fails.
+    pub fn reconcile_partitions(&self) {
+        let Some(keeper) = &self.partitions else {
+            return;
+        };
+        // The keeper's lock is taken before the view's, here and nowhere
+        // the other way round.
+        for outcome in keeper.reconcile(|id| self.view().isolated_cpus(id)) {
+            match outcome {
+                Reconciled::Made { container, cpus } => tracing::info!(
+                    %container, %cpus,
+                    "isolated partition made for a running container: its claim asks for one"
+                ),
+                Reconciled::Refused {
+                    container,
+                    cpus,
+                    error,
+                    first: true,
+                } => {
+                    self.metrics.refused("isolated-partition");
+                    tracing::warn!(
+                        %container, %cpus, %error,
+                        "a running container's claim asks for an isolated partition, which the kernel refused; it runs unisolated until it is taken"
+                    )
+                }
+                Reconciled::Refused { .. } => {}
+            }
         }
     }
 
@@ -234,6 +279,7 @@ impl Enforcer {
     pub async fn apply_snapshot(&self, snapshot: NodeSnapshot) -> Result<(), ViewError> {
         let updates = self.view().apply_snapshot(snapshot)?;
         self.after_pool_change(updates, "snapshot").await;
+        self.reconcile_partitions();
         Ok(())
     }
 
@@ -246,6 +292,7 @@ impl Enforcer {
         let updates = self.view().apply_prepared(revision, claim)?;
         tracing::info!(claim = %uid, revision, "claim prepared");
         self.after_pool_change(updates, "prepare").await;
+        self.reconcile_partitions();
         Ok(())
     }
 

@@ -83,7 +83,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         updater.clone(),
         config.unsolicited_updates,
     )
-    .with_health(health.clone());
+    .with_health(health.clone())
+    .with_isolated_partitions(IsolatedPartitions::new(&config.cgroup_root));
     let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
         enforcer
     } else {
@@ -117,13 +118,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             loop {
                 tick.tick().await;
                 enforcer.repair_host_cgroups();
+                // A partition the kernel refused a running container
+                // (CPUs still exclusive to a cgroup on its way out) is
+                // tried again.
+                enforcer.reconcile_partitions();
             }
         })
     };
-    let plugin = Arc::new(
-        DraCpuPlugin::new(enforcer.clone(), resolver)
-            .with_isolated_partitions(IsolatedPartitions::new(&config.cgroup_root)),
-    );
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
     let nri = tokio::spawn(run_with_reconnect(

@@ -1219,8 +1219,12 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         .await
         .must("unpreparing the blocked claim");
 
-    // A container started while nri-plugin was away gets its partition at
-    // the next Synchronize, and gives it back at its stop.
+    // A container started while nri-plugin was away gets its partition once
+    // nri-plugin is back and knows its claim asks for one, and gives it back
+    // at its stop. dra-plugin is held (SIGSTOP) while nri-plugin starts, so
+    // the runtime's Synchronize comes first and nri-plugin knows the claim
+    // from its CDI spec alone, which carries no tuning: the partition is
+    // made when dra-plugin's snapshot arrives.
     let pod = PodIdentity::new("late");
     let claim = node
         .allocate_claim_with_parameters(
@@ -1249,7 +1253,48 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         "member",
         "no partition without nri-plugin"
     );
-    node.start_nri_plugin().await.must("nri-plugin back");
+    let dra_pid =
+        nix::unistd::Pid::from_raw(node.dra_plugin_pid().expect("dra-plugin runs") as i32);
+    nix::sys::signal::kill(dra_pid, nix::sys::signal::Signal::SIGSTOP).must("holding dra-plugin");
+    let held_since = Instant::now();
+    while process_state(dra_pid.as_raw()) != Some('T') {
+        assert!(
+            held_since.elapsed() < Duration::from_secs(10),
+            "dra-plugin not stopped: state {:?}",
+            process_state(dra_pid.as_raw())
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let synchronized_before =
+        log_messages_with(&node.nri_log(), "synchronized with the runtime").len();
+    let log_from = node.nri_log().len();
+    let back = node.start_nri_plugin_unsubscribed().await;
+    // Registered is not yet synchronized: wait for the runtime's Synchronize.
+    while log_messages_with(&node.nri_log(), "synchronized with the runtime").len()
+        == synchronized_before
+    {
+        assert!(
+            held_since.elapsed() < Duration::from_secs(60),
+            "no Synchronize while dra-plugin was held; nri-plugin said:\n{}",
+            &node.nri_log()[log_from..]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let partition_while_held = read(&partition_file.to_string_lossy());
+    eprintln!(
+        "late: nri-plugin registered while dra-plugin was held (state {:?}); partition {partition_while_held:?}",
+        process_state(dra_pid.as_raw())
+    );
+    nix::sys::signal::kill(dra_pid, nix::sys::signal::Signal::SIGCONT).must("releasing dra-plugin");
+    let released = Instant::now();
+    back.must("nri-plugin back, registered with NRI");
+    assert_eq!(
+        partition_while_held, "member",
+        "no partition while nri-plugin knows the claim from its CDI spec alone"
+    );
+    node.wait_nri_ready(true)
+        .await
+        .must("nri-plugin subscribed to dra-plugin");
     node.wait_cpus(&id, &prepared.cpus)
         .await
         .must("the late container on its CPUs");
@@ -1259,16 +1304,28 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         if partition == "isolated" {
             break;
         }
-        assert!(
-            waited.elapsed() < Duration::from_secs(20),
-            "the late container's partition reads {partition:?}"
-        );
+        if waited.elapsed() > Duration::from_secs(20) {
+            let said: Vec<String> = node
+                .nri_log()
+                .lines()
+                .filter(|l| l.contains("partition") || l.contains("ynchroniz"))
+                .map(str::to_string)
+                .collect();
+            panic!(
+                "the late container's partition reads {partition:?}; nri-plugin said:\n{}",
+                said.join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for line in node.nri_log()[log_from..].lines() {
+        eprintln!("late: nri-plugin: {line}");
     }
     let isolated = root_isolated();
     eprintln!(
-        "late: {} cpuset.cpus.partition isolated after nri-plugin's Synchronize; root cpuset.cpus.isolated {isolated}",
-        cgroup.display()
+        "late: {} cpuset.cpus.partition isolated {:.1} s after dra-plugin was released; root cpuset.cpus.isolated {isolated}",
+        cgroup.display(),
+        released.elapsed().as_secs_f64()
     );
     assert_eq!(isolated.difference(&isolated_before), prepared.cpus, "late");
     node.delete_pod(&running)
@@ -1284,6 +1341,13 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         "after the late pod: the outermost ancestor's exclusive CPUs"
     );
     timed("i (isolated partition)", started);
+}
+
+/// A process's state letter from `/proc/PID/stat` (`T`: stopped).
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name in parentheses may hold spaces: the state follows its end.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// Polls irqbalance until it bans exactly `want` (it shows a setting from

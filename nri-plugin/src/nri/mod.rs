@@ -21,7 +21,7 @@ use shared_state::pool::Update;
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;
-use crate::partition::{Isolated, IsolatedPartitions};
+use crate::partition::Isolated;
 use crate::resolve::ClaimResolver;
 use crate::view::admission::{admit_container, synchronize_containers};
 use crate::view::ContainerInfo;
@@ -35,67 +35,39 @@ use messages::{container_info, creation_reply, to_nri_updates, update_info, upda
 pub struct DraCpuPlugin {
     enforcer: Arc<Enforcer>,
     resolver: Arc<dyn ClaimResolver>,
-    /// Isolated partitions (`loadBalancing: off`); `None`: such a
-    /// container's start is refused.
-    partitions: Option<IsolatedPartitions>,
-    /// Containers given an isolated partition by this process: their
-    /// cgroups path and CPUs, given back when they stop.
-    isolated: std::sync::Mutex<HashMap<String, (String, CpuSet)>>,
+}
+
+/// The OCI `linux.cgroupsPath` the runtime reported for a container.
+fn cgroups_path(container: &Container) -> String {
+    container
+        .linux
+        .as_ref()
+        .map(|l| l.cgroups_path.clone())
+        .unwrap_or_default()
 }
 
 impl DraCpuPlugin {
     pub fn new(enforcer: Arc<Enforcer>, resolver: Arc<dyn ClaimResolver>) -> Self {
-        DraCpuPlugin {
-            enforcer,
-            resolver,
-            partitions: None,
-            isolated: std::sync::Mutex::new(HashMap::new()),
-        }
+        DraCpuPlugin { enforcer, resolver }
     }
 
-    /// Makes isolated partitions under this cgroup v2 root.
-    pub fn with_isolated_partitions(mut self, partitions: IsolatedPartitions) -> Self {
-        self.partitions = Some(partitions);
-        self
-    }
-
-    /// At Synchronize: running containers whose claim asks for an isolated
-    /// partition get it if they lack it (started while this plugin was
-    /// away), and are remembered either way, to be given back at their
-    /// stop. A failure cannot stop a running container: it is logged.
+    /// At Synchronize: running claim containers are remembered, and those
+    /// whose claim asks for an isolated partition get it if they lack it
+    /// (started while this plugin was away); one whose claim is known only
+    /// from its CDI spec gets it once dra-plugin tells its tuning.
     fn isolate_running(&self, containers: &[Container]) {
-        let Some(partitions) = &self.partitions else {
+        let Some(keeper) = &self.enforcer.partitions else {
             return;
         };
         for container in containers {
             if container.state.value() != api::ContainerState::CONTAINER_RUNNING as i32 {
                 continue;
             }
-            let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
-                continue;
-            };
-            let path = container
-                .linux
-                .as_ref()
-                .map(|l| l.cgroups_path.clone())
-                .unwrap_or_default();
-            match partitions.isolate(&path, &cpus) {
-                Ok(Isolated::Already { .. }) => {}
-                Ok(Isolated::Made { cgroup }) => tracing::info!(
-                    container = %container.id, name = %container.name, cpus = %cpus,
-                    cgroup = %cgroup.display(),
-                    "isolated partition made for a container that started while nri-plugin was away"
-                ),
-                Err(e) => {
-                    tracing::warn!(
-                        container = %container.id, name = %container.name, cpus = %cpus, error = %e,
-                        "a running container's claim asks for an isolated partition, which the kernel refused; it runs unisolated"
-                    );
-                    continue;
-                }
+            if self.enforcer.view().is_claim_container(&container.id) {
+                keeper.note_running(&container.id, &cgroups_path(container));
             }
-            shared_state::sync::lock(&self.isolated).insert(container.id.clone(), (path, cpus));
         }
+        self.enforcer.reconcile_partitions();
     }
 
     /// Gives back the isolated partition of a container that stopped (or
@@ -103,34 +75,17 @@ impl DraCpuPlugin {
     /// exclusive CPUs. `view_cpus` is what the view knows of it (after a
     /// restart of this process, the only knowledge). Never fails the event.
     fn release_partition(&self, container: &Container, view_cpus: Option<CpuSet>) {
-        let recorded = shared_state::sync::lock(&self.isolated).remove(&container.id);
-        let cgroups_path = container
-            .linux
-            .as_ref()
-            .map(|l| l.cgroups_path.clone())
-            .unwrap_or_default();
-        let Some((path, cpus)) = recorded.or_else(|| view_cpus.map(|c| (cgroups_path, c))) else {
+        let Some(keeper) = &self.enforcer.partitions else {
             return;
         };
-        // Another container of the claim (kubelet's restart of it) may
-        // hold the CPUs by now: they stay where it needs them.
-        let taken = shared_state::sync::lock(&self.isolated)
-            .values()
-            .any(|(_, other)| !other.is_disjoint(&cpus));
-        if taken {
-            return;
-        }
-        let Some(partitions) = &self.partitions else {
-            return;
-        };
-        match partitions.release(&path, &cpus) {
+        match keeper.release(&container.id, &cgroups_path(container), view_cpus) {
             Ok(0) => {}
             Ok(written) => tracing::info!(
-                container = %container.id, name = %container.name, cpus = %cpus, written,
+                container = %container.id, name = %container.name, written,
                 "isolated partition given back"
             ),
             Err(e) => tracing::warn!(
-                container = %container.id, name = %container.name, cpus = %cpus, error = %e,
+                container = %container.id, name = %container.name, error = %e,
                 "giving back the isolated partition failed"
             ),
         }
@@ -322,21 +277,29 @@ impl NriPlugin for DraCpuPlugin {
         container: Container,
     ) -> Result<(), PluginError> {
         let started = Instant::now();
-        let Some(cpus) = self.enforcer.view().isolated_cpus(&container.id) else {
+        let cgroups_path = cgroups_path(&container);
+        let (cpus, of_claims) = {
+            let view = self.enforcer.view();
+            (
+                view.isolated_cpus(&container.id),
+                view.is_claim_container(&container.id),
+            )
+        };
+        let Some(cpus) = cpus else {
+            // Its claim may turn out to ask for a partition once dra-plugin
+            // tells more than the CDI spec did.
+            if let (true, Some(keeper)) = (of_claims, &self.enforcer.partitions) {
+                keeper.note_running(&container.id, &cgroups_path);
+            }
             return Ok(());
         };
-        let cgroups_path = container
-            .linux
-            .as_ref()
-            .map(|l| l.cgroups_path.clone())
-            .unwrap_or_default();
         let span = tracing::info_span!(
             "start_container", container = %container.id, name = %container.name,
             pod = %pod.name, namespace = %pod.namespace, cpus = %cpus
         );
-        let outcome = match &self.partitions {
-            Some(partitions) => partitions
-                .isolate(&cgroups_path, &cpus)
+        let outcome = match &self.enforcer.partitions {
+            Some(keeper) => keeper
+                .isolate(&container.id, &cgroups_path, &cpus)
                 .map_err(|e| e.to_string()),
             None => Err("this nri-plugin makes no isolated partitions".to_string()),
         };
@@ -351,8 +314,6 @@ impl NriPlugin for DraCpuPlugin {
                         "isolated partition made: no load balancing on the claim's CPUs"
                     )
                 });
-                shared_state::sync::lock(&self.isolated)
-                    .insert(container.id.clone(), (cgroups_path, cpus));
                 self.finish("StartContainer", "ok", started);
                 Ok(())
             }

@@ -261,15 +261,11 @@ fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back
             .trim()
             .to_string()
     };
-    let view = NodeView::new(set("0-3"), CpuSet::new(), true, None);
-    let enforcer = Arc::new(Enforcer::new(
-        view,
-        Arc::new(Metrics::new()),
-        NriUpdater::new(),
-        UnsolicitedUpdates::Never,
-    ));
-    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims))
-        .with_isolated_partitions(IsolatedPartitions::new(dir.path()));
+    let enforcer = partition_enforcer(
+        NodeView::new(set("0-3"), CpuSet::new(), true, None),
+        dir.path(),
+    );
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
     let uid = "c1c1c1c1-0000-4000-8000-000000000001";
     let mut isolated = claim(uid, "2-3", "q");
     isolated.tuning.load_balancing_off = true;
@@ -311,7 +307,16 @@ fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back
     run(plugin.remove_container(pod.clone(), c)).expect("remove");
 
     // A plugin without partitions refuses the start, by name.
-    let bare = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let bare_enforcer = Arc::new(Enforcer::new(
+        NodeView::new(set("0-3"), CpuSet::new(), true, None),
+        Arc::new(Metrics::new()),
+        NriUpdater::new(),
+        UnsolicitedUpdates::Never,
+    ));
+    let mut isolated = claim(uid, "2-3", "q");
+    isolated.tuning.load_balancing_off = true;
+    run(bare_enforcer.apply_prepared(1, isolated)).expect("prepare");
+    let bare = DraCpuPlugin::new(bare_enforcer, Arc::new(NoClaims));
     let again = with_path("c2", &env, "/kubepods/podq/c");
     run(bare.create_container(pod.clone(), again.clone())).expect("created again");
     let err = run(bare.start_container(pod, again)).expect_err("no partitions");
@@ -319,4 +324,150 @@ fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back
         err.to_string().contains("tuning.loadBalancing off"),
         "{err}"
     );
+}
+
+/// An enforcer making isolated partitions under `root`.
+fn partition_enforcer(view: NodeView, root: &std::path::Path) -> Arc<Enforcer> {
+    Arc::new(
+        Enforcer::new(
+            view,
+            Arc::new(Metrics::new()),
+            NriUpdater::new(),
+            UnsolicitedUpdates::Never,
+        )
+        .with_isolated_partitions(crate::partition::IsolatedPartitions::new(root)),
+    )
+}
+
+/// A restarted nri-plugin knows a claim from its CDI spec only (CPUs, no
+/// tuning) until dra-plugin's snapshot: a container of it that the runtime
+/// reports running at Synchronize, or that starts, before the snapshot
+/// gets its isolated partition when the snapshot says the claim asks for
+/// one. Control: without the reconcile after the snapshot, both stay
+/// `member`.
+#[test]
+fn a_partition_asked_by_a_claim_known_late_is_made_when_it_is_known() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for d in [
+        "kubepods",
+        "kubepods/podq",
+        "kubepods/podq/run",
+        "kubepods/podq/start",
+        "kubepods/podq/other",
+    ] {
+        let path = dir.path().join(d);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join("cpuset.cpus.exclusive"), "\n").expect("exclusive");
+        std::fs::write(path.join("cpuset.cpus.partition"), "member\n").expect("partition");
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(dir.path().join(p))
+            .expect("read")
+            .trim()
+            .to_string()
+    };
+    let first = "c1c1c1c1-0000-4000-8000-000000000001";
+    let second = "c2c2c2c2-0000-4000-8000-000000000002";
+    let mut view = NodeView::new(set("0-7"), CpuSet::new(), false, None);
+    for (uid, cpus) in [(first, "2-3"), (second, "4-5")] {
+        view.learn_claim(
+            crate::view::admission::cdi_claim(uid, set(cpus)),
+            crate::view::claims::ClaimOrigin::CdiSpec,
+        )
+        .expect("from the CDI spec");
+    }
+    let enforcer = partition_enforcer(view, dir.path());
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let mut pod = PodSandbox::new();
+    pod.id = "sandbox-q".into();
+    pod.uid = "q".into();
+    let sandbox_id = pod.id.clone();
+    let container = |id: &str, env: &[String], path: &str, state: api::ContainerState| {
+        let mut c = nri_container(id, env);
+        c.pod_sandbox_id = sandbox_id.clone();
+        c.state = state.into();
+        let mut linux = api::LinuxContainer::new();
+        linux.cgroups_path = path.into();
+        c.linux = Some(linux).into();
+        c
+    };
+    let running = container(
+        "run",
+        &[format!("DRA_CPUSET_{first}=2-3")],
+        "/kubepods/podq/run",
+        api::ContainerState::CONTAINER_RUNNING,
+    );
+    let shared = container(
+        "other",
+        &[],
+        "/kubepods/podq/other",
+        api::ContainerState::CONTAINER_RUNNING,
+    );
+    run(plugin.synchronize(vec![pod.clone()], vec![running, shared])).expect("synchronize");
+    let starting = container(
+        "start",
+        &[format!("DRA_CPUSET_{second}=4-5")],
+        "/kubepods/podq/start",
+        api::ContainerState::CONTAINER_CREATED,
+    );
+    run(plugin.create_container(pod.clone(), starting.clone())).expect("create");
+    run(plugin.start_container(pod.clone(), starting.clone())).expect("start");
+    assert_eq!(
+        read("kubepods/podq/run/cpuset.cpus.partition"),
+        "member",
+        "tuning unknown yet"
+    );
+    assert_eq!(
+        read("kubepods/podq/start/cpuset.cpus.partition"),
+        "member",
+        "tuning unknown yet"
+    );
+
+    let claims = [(first, "2-3"), (second, "4-5")]
+        .into_iter()
+        .map(|(uid, cpus)| {
+            let mut c = claim(uid, cpus, "q");
+            c.tuning.load_balancing_off = true;
+            c
+        })
+        .collect();
+    run(enforcer.apply_snapshot(shared_state::NodeSnapshot {
+        revision: 1,
+        allocatable: set("0-7"),
+        reserved: CpuSet::new(),
+        mixed_allocation_mode: false,
+        claims,
+    }))
+    .expect("snapshot");
+    assert_eq!(read("kubepods/podq/run/cpuset.cpus.partition"), "isolated");
+    assert_eq!(
+        read("kubepods/podq/start/cpuset.cpus.partition"),
+        "isolated"
+    );
+    assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "2-5");
+    assert_eq!(read("kubepods/podq/other/cpuset.cpus.partition"), "member");
+
+    // Their stops give the CPUs back.
+    run(plugin.stop_container(
+        pod.clone(),
+        container(
+            "run",
+            &[],
+            "/kubepods/podq/run",
+            api::ContainerState::CONTAINER_STOPPED,
+        ),
+    ))
+    .expect("stop");
+    run(plugin.stop_container(
+        pod,
+        container(
+            "start",
+            &[],
+            "/kubepods/podq/start",
+            api::ContainerState::CONTAINER_STOPPED,
+        ),
+    ))
+    .expect("stop");
+    assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
+    assert_eq!(read("kubepods/podq/run/cpuset.cpus.partition"), "member");
 }

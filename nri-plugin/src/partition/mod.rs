@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use shared_state::CpuSet;
 
+pub mod keeper;
 pub mod plan;
 
 use plan::{

@@ -122,6 +122,14 @@ impl NodeView {
         self.pool.isolated_cpus(container_id)
     }
 
+    /// Whether the container runs on claims (exclusive or mixed), whose
+    /// tuning may ask for more than its cpuset.
+    pub fn is_claim_container(&self, container_id: &str) -> bool {
+        self.pool
+            .container(container_id)
+            .is_some_and(|entry| !entry.claims.is_empty())
+    }
+
     /// A container stopped: it leaves the view (its claim stays prepared, so
     /// a restarted container gets the same CPUs). Returns pending updates of
     /// the remaining containers.

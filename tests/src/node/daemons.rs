@@ -45,6 +45,13 @@ impl Node {
         self.wait_nri_ready(self.dra.pid().is_some()).await
     }
 
+    /// Starts nri-plugin and waits for its registration with NRI alone (the
+    /// runtime's Synchronize done), not for its subscription to dra-plugin.
+    pub async fn start_nri_plugin_unsubscribed(&mut self) -> Result<(), NodeError> {
+        self.nri.spawn()?;
+        self.wait_nri_ready(false).await
+    }
+
     /// Waits until nri-plugin is registered with NRI and, when `subscribed`,
     /// subscribed to dra-plugin.
     pub async fn wait_nri_ready(&mut self, subscribed: bool) -> Result<(), NodeError> {

@@ -1,0 +1,301 @@
+//! Which containers hold an isolated partition made by this process, and
+//! which running containers still wait for one.
+//!
+//! A container's claim may ask `loadBalancing: off` before nri-plugin knows
+//! it does: a restarted nri-plugin starts from the claims' CDI specs, which
+//! carry CPUs but no tuning, and the runtime's Synchronize or a
+//! StartContainer can come before dra-plugin's snapshot. Such a container
+//! runs unisolated until the claim is known; [`PartitionKeeper::reconcile`]
+//! makes its partition then (after every claim change and on a timer), and
+//! tries a partition the kernel refused again the same way.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use shared_state::CpuSet;
+
+use super::{Isolated, IsolatedPartitions, PartitionError};
+
+/// A partition made or found for one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    cgroups_path: String,
+    cpus: CpuSet,
+}
+
+#[derive(Debug, Default)]
+struct Containers {
+    /// Running containers (seen at Synchronize or StartContainer) and
+    /// their OCI `linux.cgroupsPath`, until they stop.
+    running: HashMap<String, String>,
+    /// Containers holding a partition of these CPUs.
+    held: HashMap<String, Held>,
+    /// Running containers whose partition the kernel refused, with the
+    /// CPUs refused: logged once, tried again at each reconcile.
+    refused: HashMap<String, CpuSet>,
+}
+
+/// What [`PartitionKeeper::reconcile`] did to one container.
+#[derive(Debug)]
+pub enum Reconciled {
+    Made {
+        container: String,
+        cpus: CpuSet,
+    },
+    Refused {
+        container: String,
+        cpus: CpuSet,
+        error: PartitionError,
+        first: bool,
+    },
+}
+
+/// The isolated partitions of this process's containers. One lock covers
+/// the bookkeeping and the cgroupfs writes, so a container stopping while
+/// its partition is being made cannot leave its CPUs in its ancestors.
+#[derive(Debug)]
+pub struct PartitionKeeper {
+    partitions: IsolatedPartitions,
+    containers: Mutex<Containers>,
+}
+
+impl PartitionKeeper {
+    pub fn new(partitions: IsolatedPartitions) -> Self {
+        PartitionKeeper {
+            partitions,
+            containers: Mutex::new(Containers::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Containers> {
+        shared_state::sync::lock(&self.containers)
+    }
+
+    /// A running container, so that a partition its claim asks for later
+    /// is made when the claim is known.
+    pub fn note_running(&self, container_id: &str, cgroups_path: &str) {
+        self.lock()
+            .running
+            .insert(container_id.to_string(), cgroups_path.to_string());
+    }
+
+    /// Makes the partition of a container about to start (its claim asks
+    /// for one). On success the container is remembered as holding it.
+    pub fn isolate(
+        &self,
+        container_id: &str,
+        cgroups_path: &str,
+        cpus: &CpuSet,
+    ) -> Result<Isolated, PartitionError> {
+        let mut containers = self.lock();
+        // A refused start does not run: it is not remembered, so no later
+        // reconcile makes a partition of its cgroup.
+        let isolated = self.partitions.isolate(cgroups_path, cpus)?;
+        containers
+            .running
+            .insert(container_id.to_string(), cgroups_path.to_string());
+        containers.refused.remove(container_id);
+        containers.held.insert(
+            container_id.to_string(),
+            Held {
+                cgroups_path: cgroups_path.to_string(),
+                cpus: cpus.clone(),
+            },
+        );
+        Ok(isolated)
+    }
+
+    /// Makes the partitions running containers lack: `wanted` gives the
+    /// CPUs a container's claims ask to isolate (`None`: no partition).
+    pub fn reconcile(&self, wanted: impl Fn(&str) -> Option<CpuSet>) -> Vec<Reconciled> {
+        let mut containers = self.lock();
+        let due: Vec<(String, String, CpuSet)> = containers
+            .running
+            .iter()
+            .filter(|(id, _)| !containers.held.contains_key(*id))
+            .filter_map(|(id, path)| wanted(id).map(|cpus| (id.clone(), path.clone(), cpus)))
+            .collect();
+        let mut done = Vec::new();
+        for (id, cgroups_path, cpus) in due {
+            // Another container of the claim (a restart of this one) holds
+            // them: the partition stays with it.
+            if containers.held.values().any(|h| !h.cpus.is_disjoint(&cpus)) {
+                continue;
+            }
+            match self.partitions.isolate(&cgroups_path, &cpus) {
+                Ok(Isolated::Made { .. }) | Ok(Isolated::Already { .. }) => {
+                    containers.refused.remove(&id);
+                    containers.held.insert(
+                        id.clone(),
+                        Held {
+                            cgroups_path,
+                            cpus: cpus.clone(),
+                        },
+                    );
+                    done.push(Reconciled::Made {
+                        container: id,
+                        cpus,
+                    });
+                }
+                Err(error) => {
+                    let first =
+                        containers.refused.insert(id.clone(), cpus.clone()) != Some(cpus.clone());
+                    done.push(Reconciled::Refused {
+                        container: id,
+                        cpus,
+                        error,
+                        first,
+                    });
+                }
+            }
+        }
+        done
+    }
+
+    /// The container stopped or was removed: gives back its partition.
+    /// `cgroups_path` is the event's; `view_cpus` what the view knows of
+    /// the CPUs it should hold (after a restart of this process, the only
+    /// knowledge). Returns the number of files written.
+    pub fn release(
+        &self,
+        container_id: &str,
+        cgroups_path: &str,
+        view_cpus: Option<CpuSet>,
+    ) -> Result<usize, PartitionError> {
+        let mut containers = self.lock();
+        containers.running.remove(container_id);
+        containers.refused.remove(container_id);
+        let recorded = containers.held.remove(container_id);
+        let Some(held) = recorded.or_else(|| {
+            view_cpus.map(|cpus| Held {
+                cgroups_path: cgroups_path.to_string(),
+                cpus,
+            })
+        }) else {
+            return Ok(0);
+        };
+        // Another container of the claim (kubelet's restart of it) may
+        // hold the CPUs by now: they stay where it needs them.
+        if containers
+            .held
+            .values()
+            .any(|h| !h.cpus.is_disjoint(&held.cpus))
+        {
+            return Ok(0);
+        }
+        self.partitions.release(&held.cgroups_path, &held.cpus)
+    }
+
+    /// Containers remembered as holding a partition.
+    pub fn held(&self) -> usize {
+        self.lock().held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::{EXCLUSIVE, PARTITION};
+    use super::*;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse_cpulist(s).expect("cpulist")
+    }
+
+    fn tree(dirs: &[&str]) -> (tempfile::TempDir, PartitionKeeper) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for d in dirs {
+            let path = dir.path().join(d);
+            std::fs::create_dir_all(&path).expect("mkdir");
+            std::fs::write(path.join(EXCLUSIVE), "\n").expect("exclusive");
+            std::fs::write(path.join(PARTITION), "member\n").expect("partition");
+        }
+        let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
+        (dir, keeper)
+    }
+
+    fn read(dir: &tempfile::TempDir, path: &str) -> String {
+        std::fs::read_to_string(dir.path().join(path))
+            .expect("read")
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn a_running_container_gets_its_partition_once_its_claim_asks_for_one() {
+        let (dir, keeper) = tree(&["kubepods", "kubepods/p", "kubepods/p/c", "kubepods/p/s"]);
+        keeper.note_running("c", "/kubepods/p/c");
+        keeper.note_running("s", "/kubepods/p/s");
+        // The claim is not known to ask for it yet: nothing is written.
+        assert!(keeper.reconcile(|_| None).is_empty());
+        assert_eq!(read(&dir, "kubepods/p/c/cpuset.cpus.partition"), "member");
+        // Now it is: made once, for that container only.
+        let wanted = |id: &str| (id == "c").then(|| set("2-3"));
+        let done = keeper.reconcile(wanted);
+        assert!(
+            matches!(done.as_slice(), [Reconciled::Made { container, cpus }] if container == "c" && *cpus == set("2-3")),
+            "{done:?}"
+        );
+        assert_eq!(read(&dir, "kubepods/p/c/cpuset.cpus.partition"), "isolated");
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "2-3");
+        assert_eq!(read(&dir, "kubepods/p/s/cpuset.cpus.partition"), "member");
+        assert!(keeper.reconcile(wanted).is_empty(), "held: not made again");
+        // Its stop gives it back, from the record.
+        assert_eq!(
+            keeper.release("c", "/kubepods/p/c", None).expect("release"),
+            4
+        );
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "");
+        assert!(
+            keeper.reconcile(wanted).is_empty(),
+            "stopped: not made again"
+        );
+    }
+
+    #[test]
+    fn a_refused_partition_is_logged_once_and_tried_again() {
+        let (dir, keeper) = tree(&["kubepods", "kubepods/p"]);
+        // The container's exclusive file cannot be written yet.
+        let c = dir.path().join("kubepods/p/c");
+        std::fs::create_dir_all(c.join(EXCLUSIVE)).expect("mkdir");
+        std::fs::write(c.join(PARTITION), "member\n").expect("partition");
+        keeper.note_running("c", "/kubepods/p/c");
+        let wanted = |_: &str| Some(set("4"));
+        let firsts: Vec<bool> = (0..2)
+            .flat_map(|_| keeper.reconcile(wanted))
+            .map(|r| match r {
+                Reconciled::Refused { first, .. } => first,
+                Reconciled::Made { .. } => panic!("made on a broken tree"),
+            })
+            .collect();
+        assert_eq!(firsts, vec![true, false]);
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "", "undone");
+        // The kernel takes it now.
+        std::fs::remove_dir(c.join(EXCLUSIVE)).expect("rmdir");
+        std::fs::write(c.join(EXCLUSIVE), "\n").expect("exclusive");
+        assert!(matches!(
+            keeper.reconcile(wanted).as_slice(),
+            [Reconciled::Made { .. }]
+        ));
+        assert_eq!(read(&dir, "kubepods/p/c/cpuset.cpus.partition"), "isolated");
+        assert_eq!(keeper.held(), 1);
+    }
+
+    #[test]
+    fn cpus_held_by_another_container_of_the_claim_stay_with_it() {
+        let (dir, keeper) = tree(&["kubepods", "kubepods/p", "kubepods/p/a", "kubepods/p/b"]);
+        keeper
+            .isolate("a", "/kubepods/p/a", &set("2-3"))
+            .expect("a isolated");
+        keeper.note_running("b", "/kubepods/p/b");
+        assert!(keeper.reconcile(|_| Some(set("2-3"))).is_empty());
+        assert_eq!(read(&dir, "kubepods/p/b/cpuset.cpus.partition"), "member");
+        // b's stop gives nothing back: a holds them.
+        assert_eq!(
+            keeper
+                .release("b", "/kubepods/p/b", Some(set("2-3")))
+                .expect("b"),
+            0
+        );
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "2-3");
+    }
+}
