@@ -87,6 +87,46 @@ async fn cfs_quota_off_leaves_the_claim_container_without_quota_despite_its_limi
     );
 }
 
+/// A container started while nri-plugin is away runs with the quota of its
+/// CPU limit (the control: read before nri-plugin is back); the runtime's
+/// Synchronize with the returning nri-plugin takes it off, with the cpuset.
+#[tokio::test]
+async fn cfs_quota_off_reaches_a_container_started_while_nri_plugin_was_away() {
+    let mut node = node(tuning_node()).await;
+    let (pod, claim) = tuned_claim(&node, "late", json!({"cfsQuota": "off"}));
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    node.kill_nri_plugin();
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(1000), Some(1000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the pod without nri-plugin");
+    let id = running.id("app").to_string();
+    assert_eq!(
+        quota(&mut node, &id).await,
+        Some(100_000),
+        "without nri-plugin the container has its limit's quota"
+    );
+    node.start_nri_plugin().await.must("nri-plugin back");
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the container on its claim's CPUs");
+    let waited = std::time::Instant::now();
+    loop {
+        let now = quota(&mut node, &id).await;
+        if now.is_none() {
+            break;
+        }
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(30),
+            "the container's quota is still {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn tuning_the_node_cannot_honour_is_refused_by_name_with_nothing_applied() {
     let mut node = node(NodeOptions::default()).await;

@@ -54,6 +54,37 @@ pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
         .collect()
 }
 
+/// Makes `reply` turn the CFS quota off on these containers (id and the
+/// cpuset they run on): their update gets no quota, and one that has no
+/// update gets one, with its cpuset when it is known. Used at Synchronize,
+/// where a container started while nri-plugin was away still has the quota
+/// its CPU limit gave it.
+pub fn turn_cfs_quota_off(reply: &mut Vec<ContainerUpdate>, containers: &[(String, CpuSet)]) {
+    for (id, cpus) in containers {
+        let index = match reply.iter().position(|u| u.container_id == *id) {
+            Some(i) => i,
+            None => {
+                let mut linux = LinuxContainerUpdate::new();
+                linux.resources = Some(cpu_resources(cpus, None)).into();
+                let mut u = ContainerUpdate::new();
+                u.container_id = id.clone();
+                u.linux = Some(linux).into();
+                u.ignore_failure = true;
+                reply.push(u);
+                reply.len() - 1
+            }
+        };
+        let cpu = reply[index]
+            .linux
+            .mut_or_insert_default()
+            .resources
+            .mut_or_insert_default()
+            .cpu
+            .mut_or_insert_default();
+        cpu.quota = Some(no_quota()).into();
+    }
+}
+
 /// The UpdateContainer reply: the cpusets, with the updated container's
 /// memory nodes when its kind change moved them.
 pub fn update_reply(container_id: &str, decision: &UpdateDecision) -> Vec<ContainerUpdate> {

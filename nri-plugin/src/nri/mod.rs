@@ -206,7 +206,12 @@ impl NriPlugin for DraCpuPlugin {
             .metrics
             .upstream
             .record_synchronize(OpResult::Success, started.elapsed());
-        Ok(to_nri_updates(&outcome.updates))
+        let mut reply = to_nri_updates(&outcome.updates);
+        // A container started while this plugin was away runs with the CFS
+        // quota of its CPU limit: the claims that ask for none get none.
+        let quota_off = self.enforcer.view().cfs_quota_off_containers();
+        messages::turn_cfs_quota_off(&mut reply, &quota_off);
+        Ok(reply)
     }
 
     async fn shutdown(&self) {

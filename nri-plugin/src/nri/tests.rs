@@ -471,3 +471,61 @@ fn a_partition_asked_by_a_claim_known_late_is_made_when_it_is_known() {
     assert_eq!(read("kubepods/cpuset.cpus.exclusive"), "");
     assert_eq!(read("kubepods/podq/run/cpuset.cpus.partition"), "member");
 }
+
+/// A container started while nri-plugin was away has the CFS quota of its
+/// CPU limit: the Synchronize reply turns it off when its claim asks so,
+/// on its cpuset, even when that cpuset needs no change; other containers'
+/// quotas are left alone. Control: without `turn_cfs_quota_off` the claim
+/// container has no update at all.
+#[test]
+fn synchronize_turns_the_cfs_quota_off_for_claims_that_ask_so() {
+    let enforcer = Arc::new(Enforcer::new(
+        NodeView::new(set("0-7"), CpuSet::new(), false, None),
+        Arc::new(Metrics::new()),
+        NriUpdater::new(),
+        UnsolicitedUpdates::Never,
+    ));
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let uid = "c1c1c1c1-0000-4000-8000-000000000001";
+    let mut quota_off = claim(uid, "2-3", "q");
+    quota_off.tuning.cfs_quota_off = true;
+    run(enforcer.apply_prepared(1, quota_off)).expect("prepare");
+    let mut pod = PodSandbox::new();
+    pod.id = "sandbox-q".into();
+    pod.uid = "q".into();
+    let running = |id: &str, env: &[String], cpus: &str| {
+        let mut c = nri_container(id, env);
+        c.pod_sandbox_id = "sandbox-q".into();
+        c.state = api::ContainerState::CONTAINER_RUNNING.into();
+        let mut linux = api::LinuxContainer::new();
+        linux.resources = Some(resources(1024, cpus)).into();
+        c.linux = Some(linux).into();
+        c
+    };
+    let reply = run(plugin.synchronize(
+        vec![pod],
+        vec![
+            running("claimed", &[format!("DRA_CPUSET_{uid}=2-3")], "2-3"),
+            running("shared", &[], "0-7"),
+        ],
+    ))
+    .expect("synchronize");
+    let cpu_of = |id: &str| {
+        reply
+            .iter()
+            .find(|u| u.container_id == id)
+            .and_then(|u| u.linux.as_ref())
+            .and_then(|l| l.resources.as_ref())
+            .and_then(|r| r.cpu.as_ref())
+            .cloned()
+    };
+    let claimed = cpu_of("claimed").expect("an update for the claim container");
+    assert_eq!(claimed.cpus, "2-3");
+    assert_eq!(
+        claimed.quota.as_ref().map(|q| q.value),
+        Some(messages::NO_CFS_QUOTA)
+    );
+    let shared = cpu_of("shared").expect("the shared pool shrank: an update");
+    assert_eq!(shared.cpus, "0-1,4-7");
+    assert!(shared.quota.is_none(), "a shared container keeps its quota");
+}

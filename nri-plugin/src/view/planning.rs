@@ -122,6 +122,29 @@ impl NodeView {
         self.pool.isolated_cpus(container_id)
     }
 
+    /// Whether one of the container's claims asks for no CFS quota
+    /// (`tuning.cfsQuota: off`).
+    pub fn cfs_quota_off(&self, container_id: &str) -> bool {
+        self.pool.container(container_id).is_some_and(|entry| {
+            entry.claims.iter().any(|uid| {
+                self.pool
+                    .claim(uid)
+                    .is_some_and(|claim| claim.tuning.cfs_quota_off)
+            })
+        })
+    }
+
+    /// The containers whose claims ask for no CFS quota, with the cpuset
+    /// last applied to them (empty: not known), by id.
+    pub fn cfs_quota_off_containers(&self) -> Vec<(String, CpuSet)> {
+        self.pool
+            .containers()
+            .iter()
+            .filter(|(id, _)| self.cfs_quota_off(id))
+            .map(|(id, entry)| (id.clone(), entry.cpuset.clone()))
+            .collect()
+    }
+
     /// Whether the container runs on claims (exclusive or mixed), whose
     /// tuning may ask for more than its cpuset.
     pub fn is_claim_container(&self, container_id: &str) -> bool {
@@ -154,13 +177,8 @@ impl NodeView {
     /// so a cpuset in that request (or none) cannot unpin the container.
     pub fn update_container(&mut self, info: &ContainerInfo) -> UpdateDecision {
         let mut kinds = None;
-        let mut cfs_quota_off = false;
+        let cfs_quota_off = self.cfs_quota_off(&info.id);
         if let Some(entry) = self.pool.container(&info.id).cloned() {
-            cfs_quota_off = entry.claims.iter().any(|uid| {
-                self.pool
-                    .claim(uid)
-                    .is_some_and(|claim| claim.tuning.cfs_quota_off)
-            });
             let refs: Vec<EnvClaim> = entry
                 .claims
                 .iter()
