@@ -11,6 +11,16 @@ use std::sync::atomic::Ordering;
 
 struct NoClaims;
 
+/// dra-plugin does not answer, and no CDI spec is readable.
+struct Unreachable;
+
+#[async_trait]
+impl ClaimResolver for Unreachable {
+    async fn resolve(&self, _claim_uid: &str) -> crate::resolve::Resolution {
+        crate::resolve::Resolution::Unverifiable("dra-plugin does not answer".into())
+    }
+}
+
 #[async_trait]
 impl ClaimResolver for NoClaims {
     async fn resolve(&self, _claim_uid: &str) -> crate::resolve::Resolution {
@@ -377,7 +387,7 @@ fn a_partition_asked_by_a_claim_known_late_is_made_when_it_is_known() {
         .expect("from the CDI spec");
     }
     let enforcer = partition_enforcer(view, dir.path());
-    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(Unreachable));
     let mut pod = PodSandbox::new();
     pod.id = "sandbox-q".into();
     pod.uid = "q".into();

@@ -71,13 +71,43 @@ enum ResolveFailure {
 }
 
 /// CreateContainer: decide, resolving unknown claims through `resolver`
-/// (each claim at most once). The returned updates are not marked applied.
+/// (each claim at most once). A claim known only from its CDI spec is
+/// asked about first: dra-plugin's answer has what the spec lacks, the
+/// claim's pods and its tuning (no CFS quota, an isolated partition), which
+/// the container must get from its creation on. If dra-plugin does not
+/// answer, the spec's CPUs stand. The returned updates are not marked
+/// applied.
 pub async fn admit_container<R: ClaimResolver + ?Sized>(
     view: &Mutex<NodeView>,
     info: &ContainerInfo,
     resolver: &R,
 ) -> Result<CreateDecision, Refusal> {
+    let provisional: Vec<String> = {
+        let view = lock(view);
+        NodeView::env_claims(info)
+            .map(|refs| {
+                refs.into_iter()
+                    .map(|r| r.claim_uid)
+                    .filter(|uid| view.is_provisional(uid))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let mut asked: Vec<String> = Vec::new();
+    for uid in provisional {
+        let learned = match resolver.resolve(&uid).await {
+            answer @ (Resolution::Prepared(_) | Resolution::NotPrepared) => {
+                learn_resolution(view, &uid, answer)
+            }
+            // Nothing new: the claim stays as its spec (and the pod that
+            // adopted it) made it.
+            Resolution::FromCdi(_) | Resolution::Unverifiable(_) => Ok(()),
+        };
+        if let Err(failure) = learned {
+            return Err(failure.refusal(info, uid));
+        }
+        asked.push(uid);
+    }
     loop {
         let uid = match lock(view).create(info) {
             CreateOutcome::Decided(decision) => return Ok(decision),
@@ -93,48 +123,45 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
                 claim_uid: uid,
             });
         }
-        let failure = resolve_into(view, resolver, &uid).await;
-        let base = || (info.id.clone(), info.name.clone(), info.pod_uid.clone());
-        match failure {
-            Ok(()) => {}
-            Err(ResolveFailure::NotPrepared) => {
-                let (container, name, pod_uid) = base();
-                return Err(Refusal::NotPrepared {
-                    container,
-                    name,
-                    pod_uid,
-                    claim_uid: uid,
-                });
-            }
-            Err(ResolveFailure::Unverifiable(reason)) => {
-                let (container, name, pod_uid) = base();
-                return Err(Refusal::Unverifiable {
-                    container,
-                    name,
-                    pod_uid,
-                    claim_uid: uid,
-                    reason,
-                });
-            }
-            Err(ResolveFailure::Pool(source)) => {
-                return Err(Refusal::Pool {
-                    name: info.name.clone(),
-                    pod_uid: info.pod_uid.clone(),
-                    source,
-                })
-            }
-            Err(ResolveFailure::Cdi(source)) => {
-                let (container, name, pod_uid) = base();
-                return Err(Refusal::BadCdiClaim {
-                    container,
-                    name,
-                    pod_uid,
-                    claim_uid: uid,
-                    source,
-                });
-            }
+        if let Err(failure) = resolve_into(view, resolver, &uid).await {
+            return Err(failure.refusal(info, uid));
         }
         asked.push(uid);
+    }
+}
+
+impl ResolveFailure {
+    /// The refusal of `info`'s creation when its claim `claim_uid` could
+    /// not be learned.
+    fn refusal(self, info: &ContainerInfo, claim_uid: String) -> Refusal {
+        let (container, name, pod_uid) = (info.id.clone(), info.name.clone(), info.pod_uid.clone());
+        match self {
+            ResolveFailure::NotPrepared => Refusal::NotPrepared {
+                container,
+                name,
+                pod_uid,
+                claim_uid,
+            },
+            ResolveFailure::Unverifiable(reason) => Refusal::Unverifiable {
+                container,
+                name,
+                pod_uid,
+                claim_uid,
+                reason,
+            },
+            ResolveFailure::Pool(source) => Refusal::Pool {
+                name,
+                pod_uid,
+                source,
+            },
+            ResolveFailure::Cdi(source) => Refusal::BadCdiClaim {
+                container,
+                name,
+                pod_uid,
+                claim_uid,
+                source,
+            },
+        }
     }
 }
 
@@ -268,6 +295,51 @@ mod tests {
         ));
         assert_eq!(out.updates, updates(&[("c", "6-7"), ("s", "1-5")]));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+    }
+
+    #[test]
+    fn creation_asks_dra_plugin_about_a_provisional_claim_first() {
+        // (answer, outcome: Ok(cfs quota off) or the refusal's reason,
+        // still provisional after)
+        let mut tuned = claim(CLAIM_2, "6-7", POD_A);
+        tuned.tuning.cfs_quota_off = true;
+        let cases: Vec<(Resolution, Result<bool, &str>, bool)> = vec![
+            (Resolution::Prepared(tuned), Ok(true), false),
+            (Resolution::NotPrepared, Err("claim-not-prepared"), true),
+            // dra-plugin does not answer: the spec's CPUs stand, untuned.
+            (Resolution::Unverifiable("down".into()), Ok(false), true),
+            (Resolution::FromCdi(set("6-7")), Ok(false), true),
+        ];
+        for (answer, want, provisional) in cases {
+            let mut v = view(false);
+            v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
+                .expect("from the spec");
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                answers: HashMap::from([(CLAIM_2.to_string(), answer.clone())]),
+                ..Default::default()
+            };
+            let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
+            let got = run(admit_container(&view, &c, &resolver));
+            match (&got, want) {
+                (Ok(d), Ok(quota_off)) => {
+                    assert_eq!(d.cpuset, set("6-7"), "{answer:?}");
+                    assert_eq!(d.cfs_quota_off, quota_off, "{answer:?}");
+                }
+                (Err(r), Err(reason)) => assert_eq!(r.reason(), reason, "{answer:?}: {r}"),
+                _ => panic!("{answer:?}: got {got:?}, want {want:?}"),
+            }
+            assert_eq!(
+                *lock_calls(&resolver.calls),
+                vec![CLAIM_2.to_string()],
+                "asked once"
+            );
+            assert_eq!(
+                lock(&view).is_provisional(CLAIM_2),
+                provisional,
+                "{answer:?}"
+            );
+        }
     }
 
     #[test]
