@@ -15,6 +15,7 @@ mod e2e_common;
 
 use dra_cpu_tests::interrupts::{idle_latency_path, KernelTuning};
 use dra_cpu_tests::irqbalance::IrqBalance;
+use dra_cpu_tests::kubelet_dra::{DeviceHealthState, KubeletRelease};
 use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, CPU_CAPACITY};
 use e2e_common::{claim_pod_on, devices, node, shared_pod, Must};
 use serde_json::Value;
@@ -1348,6 +1349,120 @@ fn process_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name in parentheses may hold spaces: the state follows its end.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Brings a CPU taken offline by a test back online, whatever the test's
+/// end.
+struct Offline(u32);
+
+impl Offline {
+    fn take(cpu: u32) -> Offline {
+        std::fs::write(format!("/sys/devices/system/cpu/cpu{cpu}/online"), "0")
+            .must("taking the CPU offline");
+        Offline(cpu)
+    }
+}
+
+impl Drop for Offline {
+    fn drop(&mut self) {
+        let _ = std::fs::write(format!("/sys/devices/system/cpu/cpu{}/online", self.0), "1");
+    }
+}
+
+/// Waits until the health stream holds `want` for every device it named.
+async fn wait_health(
+    watch: &dra_cpu_tests::kubelet_dra::HealthWatch,
+    step: &str,
+    want: impl Fn(&str, &DeviceHealthState) -> bool,
+) {
+    let started = Instant::now();
+    loop {
+        let states = watch.states();
+        if !states.is_empty() && states.iter().all(|((_, device), s)| want(device, s)) {
+            eprintln!(
+                "{step}: after {:.1} s {states:?}",
+                started.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40) && watch.is_open(),
+            "{step}: the health stream holds {states:?} (open: {})",
+            watch.is_open()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A CPU of the real kernel taken offline turns the devices holding it
+/// Unhealthy on kubelet's health stream, naming it, while the others stay
+/// Healthy and a claim's container on the other NUMA node keeps its CPUs;
+/// back online, every device is Healthy again.
+#[tokio::test]
+#[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
+async fn k_an_offline_cpu_turns_its_devices_unhealthy_until_it_is_back() {
+    let kernel = vm_node();
+    let started = Instant::now();
+    let (mut node, _all, shared) = node_with_shared_pod(NodeOptions::default()).await;
+    let slices = node.wait_slices().await.must("slices");
+    let watch = node
+        .watch_health(KubeletRelease::V1_37)
+        .await
+        .must("the health stream")
+        .expect("a 1.37 kubelet opens the v1 health stream");
+    wait_health(&watch, "online", |_, s| *s == DeviceHealthState::Healthy).await;
+
+    // A claim; the last CPU of a NUMA node it is not on goes.
+    let pod = PodIdentity::new("steady");
+    let claim = node
+        .allocate_claim("steady-cpu", 2, &pod)
+        .must("allocating the claim");
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let (_running, id) = node
+        .start_claim_container(&pod, &prepared, spec)
+        .await
+        .must("the claim container on its CPUs");
+    let (numa, cpu) = kernel
+        .numa
+        .iter()
+        .find(|(_, cpus)| cpus.is_disjoint(&prepared.cpus))
+        .and_then(|(numa, cpus)| Some((*numa, cpus.iter().last()?)))
+        .must_some("a NUMA node without the claim's CPUs");
+    // The devices holding it: its NUMA node's grouped device and, where
+    // devices are published per CPU too, its own.
+    let holders = [numa_device(numa), format!("cpudev{cpu:03}")];
+    assert!(
+        devices(&slices)
+            .iter()
+            .any(|d| d.get("name").and_then(Value::as_str) == Some(holders[0].as_str())),
+        "{} is published",
+        holders[0]
+    );
+    let offline = Offline::take(cpu);
+    let message = format!("CPUs {cpu} of this device are offline");
+    wait_health(&watch, &format!("CPU {cpu} offline"), |device, s| {
+        if holders.iter().any(|h| h == device) {
+            *s == DeviceHealthState::Unhealthy {
+                message: message.clone(),
+            }
+        } else {
+            *s == DeviceHealthState::Healthy
+        }
+    })
+    .await;
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the claim container keeps its CPUs");
+    drop(offline);
+    wait_health(&watch, &format!("CPU {cpu} back"), |_, s| {
+        *s == DeviceHealthState::Healthy
+    })
+    .await;
+    node.wait_cpus(&shared, &kernel.online.difference(&prepared.cpus))
+        .await
+        .must("the shared pod on the shared pool, CPU back");
+    timed("k (offline CPU)", started);
 }
 
 /// Polls irqbalance until it bans exactly `want` (it shows a setting from

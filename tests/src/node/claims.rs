@@ -26,6 +26,15 @@ impl Node {
         self.kubelet.as_ref().ok_or(NodeError::NotRegistered)
     }
 
+    /// Opens the device-health stream a kubelet of `release` opens, as the
+    /// registered kubelet stand-in.
+    pub async fn watch_health(
+        &self,
+        release: crate::kubelet_dra::KubeletRelease,
+    ) -> Result<Option<crate::kubelet_dra::HealthWatch>, NodeError> {
+        Ok(self.kubelet()?.watch_health(release).await?)
+    }
+
     /// Plays the scheduler: a ResourceClaim `name` of `cpus` CPUs from this
     /// node's grouped device, allocated and reserved for `pod`.
     pub fn allocate_claim(
