@@ -7,7 +7,7 @@
 # run; --host-hogs N adds N unpinned busy loops outside any container.
 # Prints a table for docs/user/tuning.md.
 #
-#   scripts/tuning-noise.sh [--rounds N] [--seconds S] [--host-hogs N]
+#   scripts/tuning-noise.sh [--rounds N] [--seconds S] [--host-hogs N] [--trace-ipis]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac

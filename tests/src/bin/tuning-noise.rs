@@ -8,7 +8,13 @@
 //! Run it through `scripts/tuning-noise.sh` (inside the VM node, whose
 //! interrupts can be moved without harming other work); it needs root.
 //!
-//!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME] [--host-hogs N]
+//!   tuning-noise [--rounds N] [--seconds S] [--irq-name NAME] [--host-hogs N] [--trace-ipis]
+//!
+//! `--trace-ipis` records the kernel's `ipi:ipi_send_cpu` and
+//! `ipi:ipi_send_cpumask` events aimed at the claim's CPUs during each
+//! measurement and prints their most frequent senders (the call site, the
+//! function the IPI runs, the sending task), to say where the claim's
+//! function-call IPIs come from.
 //!
 //! `--host-hogs N` runs N busy loops (nice 19) in the node's root cgroup,
 //! not in any container and not pinned, as work a node has outside its pods (processes
@@ -155,6 +161,132 @@ fn has_idle_bound() -> bool {
     std::path::Path::new("/sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us").exists()
 }
 
+/// The kernel's IPI events aimed at a claim's CPUs, recorded by tracefs
+/// while it is alive.
+struct IpiTrace {
+    dir: std::path::PathBuf,
+    cpus: CpuSet,
+}
+
+impl IpiTrace {
+    const EVENTS: [&'static str; 2] = ["ipi_send_cpu", "ipi_send_cpumask"];
+
+    fn start(cpus: &CpuSet) -> anyhow::Result<IpiTrace> {
+        let dir = std::path::PathBuf::from("/sys/kernel/tracing");
+        if !dir.join("trace").exists() {
+            let status = Command::new("mount")
+                .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+                .status()
+                .context("mounting tracefs")?;
+            if !status.success() {
+                bail!("mounting tracefs at /sys/kernel/tracing failed");
+            }
+        }
+        let list = cpus.to_cpulist();
+        let filters = [
+            cpus.iter()
+                .map(|c| format!("cpu == {c}"))
+                .collect::<Vec<_>>()
+                .join(" || "),
+            format!("cpumask & CPUS{{{list}}}"),
+        ];
+        std::fs::write(dir.join("buffer_size_kb"), "8192").context("trace buffer size")?;
+        std::fs::write(dir.join("trace"), "").context("clearing the trace")?;
+        for (event, filter) in Self::EVENTS.iter().zip(filters) {
+            let event_dir = dir.join("events/ipi").join(event);
+            // A kernel refusing the filter still records the event,
+            // unfiltered: the summary keeps the claim's CPUs only.
+            if let Err(e) = std::fs::write(event_dir.join("filter"), &filter) {
+                println!("  (tracefs refused the filter {filter:?} of {event}: {e})");
+            }
+            std::fs::write(event_dir.join("enable"), "1")
+                .with_context(|| format!("enabling ipi:{event}"))?;
+        }
+        // What each function-call IPI runs, on the CPU that runs it.
+        if let Err(e) = std::fs::write(dir.join("events/csd/csd_function_entry/enable"), "1") {
+            println!("  (no csd:csd_function_entry event: {e})");
+        }
+        std::fs::write(dir.join("tracing_on"), "1").context("tracing on")?;
+        Ok(IpiTrace {
+            dir,
+            cpus: cpus.clone(),
+        })
+    }
+
+    /// The recorded events, counted by (call site, callback, sender).
+    fn summary(&self) -> anyhow::Result<Vec<(u64, String)>> {
+        std::fs::write(self.dir.join("tracing_on"), "0").context("tracing off")?;
+        let text = std::fs::read_to_string(self.dir.join("trace")).context("reading the trace")?;
+        let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            if let Some((head, fields)) = line.split_once(": csd_function_entry: ") {
+                // `<comm>-<pid> [NNN] ...`: the CPU that ran it.
+                let ran_on = head
+                    .split_once('[')
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .and_then(|(cpu, _)| cpu.trim().parse::<u32>().ok());
+                if ran_on.is_some_and(|c| self.cpus.contains(c)) {
+                    let func = fields
+                        .split_whitespace()
+                        .find_map(|f| f.strip_prefix("func="))
+                        .unwrap_or("?")
+                        .trim_end_matches(',');
+                    let func = func.split('+').next().unwrap_or(func);
+                    *counts
+                        .entry(format!("ran {func} on the claim's CPUs"))
+                        .or_default() += 1;
+                }
+                continue;
+            }
+            let Some((head, fields)) = line.split_once(": ipi_send_cpu") else {
+                continue;
+            };
+            // `<comm>-<pid> [cpu] flags timestamp`: the sender's name.
+            let sender = head
+                .split_whitespace()
+                .next()
+                .and_then(|task| task.rsplit_once('-').map(|(comm, _)| comm))
+                .unwrap_or("?");
+            let field = |name: &str| {
+                fields
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(|v| v.split('+').next().unwrap_or(v).to_string())
+                    .unwrap_or_default()
+            };
+            let target = if fields.starts_with("mask") {
+                CpuSet::parse_cpulist(&field("cpumask=")).unwrap_or_default()
+            } else {
+                CpuSet::parse_cpulist(&field("cpu=")).unwrap_or_default()
+            };
+            if target.is_disjoint(&self.cpus) {
+                continue;
+            }
+            let key = format!(
+                "callsite={} callback={} from {sender}",
+                field("callsite="),
+                field("callback=")
+            );
+            *counts.entry(key).or_default() += 1;
+        }
+        let mut sorted: Vec<(u64, String)> = counts.into_iter().map(|(k, n)| (n, k)).collect();
+        sorted.sort_by(|a, b| b.cmp(a));
+        Ok(sorted)
+    }
+}
+
+impl Drop for IpiTrace {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("tracing_on"), "0");
+        for event in Self::EVENTS {
+            let event_dir = self.dir.join("events/ipi").join(event);
+            let _ = std::fs::write(event_dir.join("enable"), "0");
+            let _ = std::fs::write(event_dir.join("filter"), "0");
+        }
+        let _ = std::fs::write(self.dir.join("events/csd/csd_function_entry/enable"), "0");
+    }
+}
+
 /// One measurement of one variant.
 struct Sample {
     variant: Variant,
@@ -190,6 +322,7 @@ async fn measure(
     variant: Variant,
     seconds: u64,
     placed: (&[u32], &CpuSet),
+    trace_ipis: bool,
 ) -> anyhow::Result<Sample> {
     // The device's interrupt is on the claim's CPUs before the claim.
     let (irqs, claim_cpus) = placed;
@@ -218,9 +351,23 @@ async fn measure(
     node.wait_cpus(&id, &prepared.cpus).await?;
     let pid = node.cri.container_pid(&id).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let trace = trace_ipis
+        .then(|| IpiTrace::start(&prepared.cpus))
+        .transpose()?;
     let (irqs_before, switches_before) = (interrupts()?, switches(pid)?);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let (irqs_after, switches_after) = (interrupts()?, switches(pid)?);
+    if let Some(trace) = trace {
+        let summary = trace.summary()?;
+        let total: u64 = summary.iter().map(|(n, _)| n).sum();
+        println!(
+            "  {name}: {total} IPIs aimed at {} traced; most frequent:",
+            prepared.cpus
+        );
+        for (n, what) in summary.iter().take(8) {
+            println!("    {n:>7} {what}");
+        }
+    }
     let (device_irqs, all_irqs) = irqs_after.since(&irqs_before, &prepared.cpus);
     let sources: Vec<String> = irqs_after
         .by_source
@@ -259,6 +406,7 @@ async fn main() -> anyhow::Result<()> {
     let mut seconds = 10u64;
     let mut irq_name = "ttyS0".to_string();
     let mut host_hogs = 0usize;
+    let mut trace_ipis = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -266,8 +414,9 @@ async fn main() -> anyhow::Result<()> {
             "--seconds" => seconds = args.next().context("--seconds S")?.parse()?,
             "--irq-name" => irq_name = args.next().context("--irq-name NAME")?,
             "--host-hogs" => host_hogs = args.next().context("--host-hogs N")?.parse()?,
+            "--trace-ipis" => trace_ipis = true,
             other => bail!(
-                "unknown argument {other} (--rounds N, --seconds S, --irq-name NAME, --host-hogs N)"
+                "unknown argument {other} (--rounds N, --seconds S, --irq-name NAME, --host-hogs N, --trace-ipis)"
             ),
         }
     }
@@ -314,7 +463,15 @@ async fn main() -> anyhow::Result<()> {
         let mut order = variants.clone();
         order.rotate_left(round % variants.len());
         for variant in order {
-            let sample = measure(&mut node, round, variant, seconds, (&irqs, &claim_cpus)).await?;
+            let sample = measure(
+                &mut node,
+                round,
+                variant,
+                seconds,
+                (&irqs, &claim_cpus),
+                trace_ipis,
+            )
+            .await?;
             println!(
                 "round {round} {:<8} device interrupts {:>7}  all interrupts {:>7}  involuntary switches {:>7}",
                 variant.name(),
