@@ -251,26 +251,13 @@ fn host_cgroups_follow_prepare_unprepare_and_a_claim_learned_at_create() {
 
 #[test]
 fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back_at_stop() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let exclusive = "cpuset.cpus.exclusive";
-    let partition = "cpuset.cpus.partition";
-    for d in [
+    let dir = crate::partition::fake_tree::make(&[
         "kubepods",
         "kubepods/podq",
         "kubepods/podq/c",
         "kubepods/podq/s",
-    ] {
-        let path = dir.path().join(d);
-        std::fs::create_dir_all(&path).expect("mkdir");
-        std::fs::write(path.join(exclusive), "\n").expect("exclusive");
-        std::fs::write(path.join(partition), "member\n").expect("partition");
-    }
-    let read = |p: &str| {
-        std::fs::read_to_string(dir.path().join(p))
-            .expect("read")
-            .trim()
-            .to_string()
-    };
+    ]);
+    let read = |p: &str| crate::partition::fake_tree::read(&dir, p);
     let enforcer = partition_enforcer(
         NodeView::new(set("0-3"), CpuSet::new(), true, None),
         dir.path(),
@@ -357,25 +344,14 @@ fn partition_enforcer(view: NodeView, root: &std::path::Path) -> Arc<Enforcer> {
 /// `member`.
 #[test]
 fn a_partition_asked_by_a_claim_known_late_is_made_when_it_is_known() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for d in [
+    let dir = crate::partition::fake_tree::make(&[
         "kubepods",
         "kubepods/podq",
         "kubepods/podq/run",
         "kubepods/podq/start",
         "kubepods/podq/other",
-    ] {
-        let path = dir.path().join(d);
-        std::fs::create_dir_all(&path).expect("mkdir");
-        std::fs::write(path.join("cpuset.cpus.exclusive"), "\n").expect("exclusive");
-        std::fs::write(path.join("cpuset.cpus.partition"), "member\n").expect("partition");
-    }
-    let read = |p: &str| {
-        std::fs::read_to_string(dir.path().join(p))
-            .expect("read")
-            .trim()
-            .to_string()
-    };
+    ]);
+    let read = |p: &str| crate::partition::fake_tree::read(&dir, p);
     let first = "c1c1c1c1-0000-4000-8000-000000000001";
     let second = "c2c2c2c2-0000-4000-8000-000000000002";
     let mut view = NodeView::new(set("0-7"), CpuSet::new(), false, None);

@@ -194,6 +194,7 @@ impl PartitionKeeper {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fake_tree::read;
     use super::super::plan::{EXCLUSIVE, PARTITION};
     use super::*;
 
@@ -202,22 +203,9 @@ mod tests {
     }
 
     fn tree(dirs: &[&str]) -> (tempfile::TempDir, PartitionKeeper) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        for d in dirs {
-            let path = dir.path().join(d);
-            std::fs::create_dir_all(&path).expect("mkdir");
-            std::fs::write(path.join(EXCLUSIVE), "\n").expect("exclusive");
-            std::fs::write(path.join(PARTITION), "member\n").expect("partition");
-        }
+        let dir = super::super::fake_tree::make(dirs);
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
         (dir, keeper)
-    }
-
-    fn read(dir: &tempfile::TempDir, path: &str) -> String {
-        std::fs::read_to_string(dir.path().join(path))
-            .expect("read")
-            .trim()
-            .to_string()
     }
 
     #[test]

@@ -207,6 +207,34 @@ impl IsolatedPartitions {
     }
 }
 
+/// A fake cgroup tree for tests: plain files, so the partition file reads
+/// back what was written (`isolated`), as a kernel that accepted it would.
+#[cfg(test)]
+pub(crate) mod fake_tree {
+    use super::plan::{EXCLUSIVE, PARTITION};
+
+    /// `dirs` (relative to the tree's root), each with an empty
+    /// `cpuset.cpus.exclusive` and a `member` partition.
+    pub fn make(dirs: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for d in dirs {
+            let path = dir.path().join(d);
+            std::fs::create_dir_all(&path).expect("mkdir");
+            std::fs::write(path.join(EXCLUSIVE), "\n").expect("exclusive");
+            std::fs::write(path.join(PARTITION), "member\n").expect("partition");
+        }
+        dir
+    }
+
+    /// A file of the tree, trimmed.
+    pub fn read(dir: &tempfile::TempDir, path: &str) -> String {
+        std::fs::read_to_string(dir.path().join(path))
+            .expect("read")
+            .trim()
+            .to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,25 +243,12 @@ mod tests {
         CpuSet::parse_cpulist(s).expect("cpulist")
     }
 
-    /// A fake cgroup tree: plain files, so the partition file reads back
-    /// what was written (`isolated`), as a kernel that accepted it would.
+    use super::fake_tree::read;
+
     fn tree(dirs: &[&str]) -> (tempfile::TempDir, IsolatedPartitions) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        for d in dirs {
-            let path = dir.path().join(d);
-            std::fs::create_dir_all(&path).expect("mkdir");
-            std::fs::write(path.join(EXCLUSIVE), "\n").expect("exclusive");
-            std::fs::write(path.join(PARTITION), "member\n").expect("partition");
-        }
+        let dir = super::fake_tree::make(dirs);
         let partitions = IsolatedPartitions::new(dir.path());
         (dir, partitions)
-    }
-
-    fn read(dir: &tempfile::TempDir, path: &str) -> String {
-        std::fs::read_to_string(dir.path().join(path))
-            .expect("read")
-            .trim()
-            .to_string()
     }
 
     #[test]
