@@ -59,6 +59,20 @@ impl DraCpuPlugin {
         let Some(keeper) = &self.enforcer.partitions else {
             return;
         };
+        let listed: std::collections::HashSet<&str> =
+            containers.iter().map(|c| c.id.as_str()).collect();
+        for (container, outcome) in keeper.forget_gone(&listed) {
+            match outcome {
+                Ok(written) => tracing::info!(
+                    %container, written,
+                    "isolated partition of a container gone while its stop was not seen given back"
+                ),
+                Err(e) => tracing::warn!(
+                    %container, error = %e,
+                    "giving back the isolated partition of a container gone unseen failed"
+                ),
+            }
+        }
         for container in containers {
             if container.state.value() != api::ContainerState::CONTAINER_RUNNING as i32 {
                 continue;

@@ -186,6 +186,45 @@ impl PartitionKeeper {
         self.partitions.release(&held.cgroups_path, &held.cpus)
     }
 
+    /// At Synchronize, `running` is every container the runtime lists: the
+    /// others were removed while their events were missed (the runtime's
+    /// connection was lost). They are forgotten, and a partition one of them
+    /// held is given back (its cgroup is gone with it; the ancestors keep
+    /// its CPUs as exclusive until then). Returns the partitions given back.
+    pub fn forget_gone(
+        &self,
+        running: &std::collections::HashSet<&str>,
+    ) -> Vec<(String, Result<usize, PartitionError>)> {
+        let mut containers = self.lock();
+        containers
+            .running
+            .retain(|id, _| running.contains(id.as_str()));
+        containers
+            .refused
+            .retain(|id, _| running.contains(id.as_str()));
+        let gone: Vec<String> = containers
+            .held
+            .keys()
+            .filter(|id| !running.contains(id.as_str()))
+            .cloned()
+            .collect();
+        let mut released = Vec::new();
+        for id in gone {
+            let Some(held) = containers.held.remove(&id) else {
+                continue;
+            };
+            if containers
+                .held
+                .values()
+                .any(|h| !h.cpus.is_disjoint(&held.cpus))
+            {
+                continue;
+            }
+            released.push((id, self.partitions.release(&held.cgroups_path, &held.cpus)));
+        }
+        released
+    }
+
     /// Containers remembered as holding a partition.
     pub fn held(&self) -> usize {
         self.lock().held.len()
@@ -266,6 +305,35 @@ mod tests {
         ));
         assert_eq!(read(&dir, "kubepods/p/c/cpuset.cpus.partition"), "isolated");
         assert_eq!(keeper.held(), 1);
+    }
+
+    #[test]
+    fn containers_gone_unseen_are_forgotten_at_synchronize_and_their_cpus_given_back() {
+        let (dir, keeper) = tree(&["kubepods", "kubepods/p", "kubepods/p/a", "kubepods/p/b"]);
+        keeper
+            .isolate("a", "/kubepods/p/a", &set("2-3"))
+            .expect("a isolated");
+        keeper.note_running("b", "/kubepods/p/b");
+        // a stopped and went while its events were missed: its cgroup too.
+        std::fs::remove_dir_all(dir.path().join("kubepods/p/a")).expect("a's cgroup gone");
+        let running = std::collections::HashSet::from(["b"]);
+        let released = keeper.forget_gone(&running);
+        assert!(
+            matches!(released.as_slice(), [(id, Ok(n))] if id == "a" && *n > 0),
+            "{released:?}"
+        );
+        assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "");
+        assert_eq!(read(&dir, "kubepods/p/cpuset.cpus.exclusive"), "");
+        assert_eq!(keeper.held(), 0);
+        // b still runs: remembered, and made when its claim asks.
+        assert!(matches!(
+            keeper
+                .reconcile(|id| (id == "b").then(|| set("4")))
+                .as_slice(),
+            [Reconciled::Made { .. }]
+        ));
+        // A second Synchronize gives nothing back twice.
+        assert!(keeper.forget_gone(&running).is_empty());
     }
 
     #[test]
