@@ -94,8 +94,13 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
             .unwrap_or_default()
     };
     let mut asked: Vec<String> = Vec::new();
-    for uid in provisional {
-        let learned = match resolver.resolve(&uid).await {
+    // Concurrently, as at Synchronize: each answer is bounded, and so is
+    // their sum only if they do not queue behind each other (the reply
+    // must stay far inside NRI's 2 s).
+    let answers =
+        futures::future::join_all(provisional.iter().map(|uid| resolver.resolve(uid))).await;
+    for (uid, answer) in provisional.into_iter().zip(answers) {
+        let learned = match answer {
             answer @ (Resolution::Prepared(_) | Resolution::NotPrepared) => {
                 learn_resolution(view, &uid, answer)
             }
@@ -426,5 +431,36 @@ mod tests {
                 .expect("the claims were asked one at a time")
             });
         assert_eq!(out.updates, updates(&[("a", "2"), ("b", "3")]));
+    }
+
+    #[test]
+    fn creation_asks_about_its_provisional_claims_at_once() {
+        let mut v = view(false);
+        for (uid, cpus) in [(CLAIM_1, "2"), (CLAIM_2, "3")] {
+            v.learn_claim(cdi_claim(uid, set(cpus)), ClaimOrigin::CdiSpec)
+                .expect("from the spec");
+        }
+        let view = Mutex::new(v);
+        let resolver = AllAtOnce {
+            barrier: tokio::sync::Barrier::new(2),
+        };
+        let c = container("c", POD_A, &[&env(CLAIM_1, "2"), &env(CLAIM_2, "3")], None);
+        let decided = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                // Deadlock detection only: one at a time never passes the barrier.
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(30),
+                    admit_container(&view, &c, &resolver),
+                )
+                .await
+                .expect("the claims were asked one at a time")
+            })
+            .expect("admitted");
+        assert_eq!(decided.cpuset, set("2-3"));
+        assert!(!lock(&view).is_provisional(CLAIM_1));
+        assert!(!lock(&view).is_provisional(CLAIM_2));
     }
 }
