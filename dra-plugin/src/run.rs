@@ -27,7 +27,7 @@ use crate::tuning::NodeTuner;
 use anyhow::{bail, Context};
 use dra_cpu_proto::coordination::v1::coordination_server::CoordinationServer;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
-use dra_cpu_proto::transport::{
+use dra_cpu_transport::{
     bind_unix, incoming_for_kubelet, incoming_with_peer_check, PeerPolicy, OWNER_ONLY_SOCKET_MODE,
 };
 use k8s_openapi::api::resource::v1::Device;

@@ -8,8 +8,8 @@ mod common;
 
 use common::{pod_uid, prepare_ok, Node, WAIT};
 use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::transport::connect_unix;
 use dra_cpu_tests::kubelet_dra::DraVersion;
+use dra_cpu_transport::connect_unix;
 use dra_plugin::devices::DeviceMode;
 use std::os::unix::fs::PermissionsExt;
 

@@ -7,9 +7,9 @@
 mod common;
 
 use common::checked_store::{disk_error, CheckedStore, CommitCheck};
+use dra_cpu_daemon::http::Endpoints;
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::v1::coordination_server::Coordination;
-use dra_cpu_proto::http::Endpoints;
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::coordination_server::CoordinationService;
 use dra_plugin::driver::{Driver, EVENT_BUFFER};

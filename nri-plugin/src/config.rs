@@ -14,7 +14,7 @@ use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_proto::nri::client::DEFAULT_NRI_SOCKET;
+pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_nri::client::DEFAULT_NRI_SOCKET;
 pub const DEFAULT_PLUGIN_NAME: &str = "dra_cpu";
 pub const DEFAULT_PLUGIN_INDEX: &str = "10";
 pub const DEFAULT_COORDINATION_SOCKET: &str = "/var/lib/dra-cpu/coordination.sock";

@@ -9,7 +9,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::coordination::MessageError;
-use dra_cpu_proto::transport::{connect_unix, TransportError};
+use dra_cpu_transport::{connect_unix, TransportError};
 
 use crate::enforcer::Enforcer;
 use crate::view::ViewError;

@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use dra_cpu_proto::nri::client::NriUpdater;
+use dra_cpu_nri::client::NriUpdater;
 use shared_state::pool::Update;
 use shared_state::{ClaimAssignment, NodeSnapshot};
 

@@ -1,10 +1,10 @@
 //! What nri-plugin answers on `/metrics`, `/healthz` and `/readyz`; the
-//! routes and the server are `dra_cpu_proto::http`'s.
+//! routes and the server are `dra_cpu_daemon::http`'s.
 
 use crate::health::Health;
 use crate::metrics::Metrics;
 use ::http::StatusCode;
-use dra_cpu_proto::http::{self, Endpoints, Reply, TEXT};
+use dra_cpu_daemon::http::{self, Endpoints, Reply, TEXT};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

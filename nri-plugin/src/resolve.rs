@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dra_cpu_proto::coordination::claim_from_message;
 use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::transport::{connect_unix_lazy, TransportError};
+use dra_cpu_transport::{connect_unix_lazy, TransportError};
 use shared_state::cdi_read::read_claim_cpus;
 use shared_state::cdi_spec::claim_uid_of_file;
 use shared_state::{ClaimAssignment, CpuSet};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use dra_cpu_proto::nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use dra_cpu_nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
 use shared_state::topology::Topology;
 use tokio_util::sync::CancellationToken;
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dra_cpu_nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
 use dra_cpu_proto::nri::api::{Container, PodSandbox};
-use dra_cpu_proto::nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
 use dra_cpu_tests::nri_runtime::{self, CreateReply, NriRuntime, NriSession, Update};
 use nri_plugin::config::UnsolicitedUpdates;
 use nri_plugin::enforcer::Enforcer;

@@ -1,11 +1,7 @@
-//! NRI bindings (ttrpc, rust-protobuf 3) and a native NRI plugin client.
-//!
-//! - [`api`] / [`api_ttrpc`]: generated from `proto/nri/api.proto`
-//!   (`nri.pkg.api.v1alpha1`, a superset understood by NRI 0.6 to 0.12).
-//! - [`mux`]: the connection multiplexer NRI runs over its Unix socket.
-//! - [`events`]: event masks and the `StateChange` mapping.
-//! - [`plugin`]: the [`NriPlugin`] trait and the ttrpc service around it.
-//! - [`client`]: connect, register, update, reconnect.
+//! NRI bindings (ttrpc, rust-protobuf 3), generated from
+//! `proto/nri/api.proto` (`nri.pkg.api.v1alpha1`, a superset understood by
+//! NRI 0.6 to 0.12): [`api`] (messages) and [`api_ttrpc`] (services). The
+//! client that speaks them is the `dra-cpu-nri` crate.
 
 /// A module of code generated into `OUT_DIR`, under the generator's lints
 /// rather than ours.
@@ -44,8 +40,3 @@ generated_module!(
     api_ttrpc,
     "/nri/api_ttrpc.rs"
 );
-
-pub mod client;
-pub mod events;
-pub mod mux;
-pub mod plugin;

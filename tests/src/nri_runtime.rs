@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dra_cpu_nri::mux::{Multiplexer, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, PodSandbox};
 use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
-use dra_cpu_proto::nri::mux::{Multiplexer, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 use tokio::net::UnixListener;
 use tokio::sync::Notify;
 use ttrpc::r#async::transport::{Listener, Socket};

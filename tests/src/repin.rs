@@ -308,7 +308,7 @@ fn spawn_nri_plugin(setup: &RepinSetup, socket: &Path) -> Result<NriPlugin, Repi
     }
     let child = Command::new(&setup.nri_plugin)
         .args(&args)
-        .env_remove(dra_cpu_proto::nri::client::PLUGIN_SOCKET_ENV)
+        .env_remove(dra_cpu_nri::client::PLUGIN_SOCKET_ENV)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -19,8 +19,8 @@ use dra_cpu_proto::kubelet::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use dra_cpu_proto::kubelet::{dra_v1, DRA_PLUGIN_TYPE, DRA_V1BETA1_VERSION, DRA_V1_VERSION};
-use dra_cpu_proto::transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra, KubeletDraError};
+use dra_cpu_transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Server;

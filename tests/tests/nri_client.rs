@@ -6,17 +6,17 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../../proto/examples/nri_pin_by_annotation/plugin.rs"]
+#[path = "../../proto/nri-sdk/examples/nri_pin_by_annotation/plugin.rs"]
 mod pin_plugin;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use dra_cpu_nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
+use dra_cpu_nri::events::EventMask;
+use dra_cpu_nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use dra_cpu_proto::nri::api::{self, Container, Event, PodSandbox};
-use dra_cpu_proto::nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, SocketSource};
-use dra_cpu_proto::nri::events::EventMask;
-use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use dra_cpu_tests::cgroup::{container_cpus, container_env};
 use dra_cpu_tests::containerd::{Containerd, ContainerdError, ContainerdOptions};
 use dra_cpu_tests::cri::{ContainerSpec, CriClient};

@@ -3,7 +3,7 @@
 //! with no authority option, so grpc-go sends the socket path,
 //! percent-encoded, as the HTTP/2 `:authority`; the DRA socket as kubelet's
 //! DRA plugin manager dials it) and Python grpcio (C-core) with its default
-//! authority. Before the authority rewrite of `dra_cpu_proto::transport`,
+//! authority. Before the authority rewrite of `dra_cpu_transport`,
 //! every such call was refused with RST_STREAM PROTOCOL_ERROR.
 //!
 //! Needs Go with Debian's grpc-go and protobuf packages, and grpcio

@@ -13,7 +13,7 @@ use crate::config::{COORDINATION_SOCKET_NAME, DEFAULT_STATE_DIR, STORE_DIR_NAME}
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use dra_cpu_proto::coordination::v1 as coord;
-use dra_cpu_proto::transport::connect_unix;
+use dra_cpu_transport::connect_unix;
 use serde::Serialize;
 use shared_state::store::sled_store::SledStore;
 use shared_state::store::AssignmentStore;

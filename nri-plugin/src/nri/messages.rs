@@ -3,11 +3,11 @@
 //! the replies and updates built from the view's decisions.
 
 use crate::metrics::upstream::CpuAllocationMode;
+use dra_cpu_nri::plugin::ContainerCreation;
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerAdjustment, ContainerUpdate, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use dra_cpu_proto::nri::plugin::ContainerCreation;
 use shared_state::claim_env::parse_claim_env;
 use shared_state::pool::Update;
 use shared_state::CpuSet;

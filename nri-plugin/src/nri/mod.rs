@@ -10,12 +10,12 @@ use std::time::Instant;
 use crate::metrics::upstream::NriCallback;
 use async_trait::async_trait;
 use dra_cpu_daemon::upstream_metrics::OpResult;
+use dra_cpu_nri::events::EventMask;
+use dra_cpu_nri::plugin::{
+    ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo,
+};
 use dra_cpu_proto::nri::api::{
     self, Container, ContainerUpdate, Event, LinuxResources, PodSandbox,
-};
-use dra_cpu_proto::nri::events::EventMask;
-use dra_cpu_proto::nri::plugin::{
-    ContainerCreation, ContainerUpdates, NriPlugin, PluginError, RuntimeInfo,
 };
 use shared_state::pool::Update;
 use shared_state::CpuSet;

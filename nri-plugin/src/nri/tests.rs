@@ -4,8 +4,8 @@ use crate::host_cgroups::HostCgroups;
 use crate::metrics::Metrics;
 use crate::test_support::{claim, run, set};
 use crate::view::NodeView;
+use dra_cpu_nri::client::NriUpdater;
 use dra_cpu_proto::nri::api;
-use dra_cpu_proto::nri::client::NriUpdater;
 use shared_state::{ClaimAssignment, CpuSet};
 use std::sync::atomic::Ordering;
 

@@ -3,7 +3,5 @@
 // Every test binary compiles all of the support; each uses a part of it.
 #![allow(dead_code)]
 
-pub mod h2;
 pub mod kubelet;
-pub mod nri_runtime;
 pub mod reference;

@@ -3,12 +3,12 @@
 //! Synchronize handling (rows 3 and 7c), on synthetic topologies.
 
 use super::{summarize, Goal, Row};
+use dra_cpu_nri::client::NriUpdater;
+use dra_cpu_nri::plugin::NriPlugin;
 use dra_cpu_proto::nri::api::{
     Container, CreateContainerResponse, LinuxCPU, LinuxContainer, LinuxResources, OptionalUInt64,
     PodSandbox,
 };
-use dra_cpu_proto::nri::client::NriUpdater;
-use dra_cpu_proto::nri::plugin::NriPlugin;
 use dra_plugin::devices::DeviceCatalog;
 use dra_plugin::devices::{DeviceMode, GroupBy};
 use dra_plugin::prepare::{resolve_cpus, ClaimRef, HeldCpus, ParsedClaim};
@@ -405,7 +405,7 @@ fn snapshot(node: &NriNode) -> NodeSnapshot {
 }
 
 /// The reply bytes as they go on the wire.
-fn encode(reply: dra_cpu_proto::nri::plugin::ContainerCreation) -> Result<Vec<u8>, String> {
+fn encode(reply: dra_cpu_nri::plugin::ContainerCreation) -> Result<Vec<u8>, String> {
     let mut rsp = CreateContainerResponse::new();
     rsp.adjust = reply.adjust.into();
     rsp.update = reply.update;

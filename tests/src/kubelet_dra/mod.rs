@@ -36,7 +36,7 @@ pub use health::{DeviceHealthState, HealthApi, HealthWatch, KubeletRelease};
 pub use plugin_watcher::{validate_info, RegistrySnapshot};
 
 use dra_cpu_proto::kubelet::{registration, DRA_V1BETA1_VERSION, DRA_V1_VERSION};
-use dra_cpu_proto::transport::connect_unix;
+use dra_cpu_transport::connect_unix;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::transport::Channel;

@@ -134,13 +134,12 @@ async fn register_socket(
     let version = verdict.map_err(KubeletDraError::Invalid)?;
     // grpc.NewClient("unix:" + endpoint) connects lazily: a missing
     // endpoint is not a registration error, only the first call fails.
-    let channel =
-        dra_cpu_proto::transport::connect_unix_lazy(Path::new(&info.endpoint)).map_err(|e| {
-            KubeletDraError::Connect {
-                path: PathBuf::from(&info.endpoint),
-                reason: e.to_string(),
-            }
-        })?;
+    let channel = dra_cpu_transport::connect_unix_lazy(Path::new(&info.endpoint)).map_err(|e| {
+        KubeletDraError::Connect {
+            path: PathBuf::from(&info.endpoint),
+            reason: e.to_string(),
+        }
+    })?;
     Ok(Some(KubeletDra {
         info,
         registration_socket: socket.to_path_buf(),

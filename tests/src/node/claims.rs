@@ -285,7 +285,7 @@ impl Node {
         use dra_cpu_proto::coordination::v1 as coord;
         let failed =
             |what: &str, e: &dyn std::fmt::Display| NodeError::Coordination(format!("{what}: {e}"));
-        let channel = dra_cpu_proto::transport::connect_unix(&self.layout().coordination_socket())
+        let channel = dra_cpu_transport::connect_unix(&self.layout().coordination_socket())
             .await
             .map_err(|e| failed("connecting", &e))?;
         let mut client = coord::coordination_client::CoordinationClient::new(channel);

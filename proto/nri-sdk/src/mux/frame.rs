@@ -163,7 +163,7 @@ pub(super) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    pub(in crate::nri::mux) fn ttrpc_message(stream_id: u32, body: &[u8]) -> Vec<u8> {
+    pub(in crate::mux) fn ttrpc_message(stream_id: u32, body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&(body.len() as u32).to_be_bytes());
         out.extend_from_slice(&stream_id.to_be_bytes());

@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dra_cpu_nri::client::{NriClient, NriClientOptions};
+use dra_cpu_nri::events::EventMask;
+use dra_cpu_nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
-use dra_cpu_proto::nri::client::{NriClient, NriClientOptions};
-use dra_cpu_proto::nri::events::EventMask;
-use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 use support::nri_runtime::{self, CreateOnly, InProcessRuntime};
 
 const CALL: Duration = Duration::from_secs(10);

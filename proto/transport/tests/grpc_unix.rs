@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use dra_cpu_proto::coordination::v1 as coord;
 use dra_cpu_proto::kubelet::{dra_v1, dra_v1beta1, registration};
-use dra_cpu_proto::transport::{
+use dra_cpu_transport::{
     bind_unix, connect_unix, connect_unix_lazy, connect_unix_with, incoming_with_peer_check,
     unix_endpoint, PeerPolicy, TransportError, MAX_UNIX_SOCKET_PATH_BYTES, OWNER_ONLY_SOCKET_MODE,
 };

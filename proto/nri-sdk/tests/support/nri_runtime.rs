@@ -6,12 +6,12 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use dra_cpu_nri::client::{NriClient, NriClientOptions};
+use dra_cpu_nri::events::EventMask;
+use dra_cpu_nri::mux::{Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use dra_cpu_nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, Event, PodSandbox};
 use dra_cpu_proto::nri::api_ttrpc::{self, PluginClient};
-use dra_cpu_proto::nri::client::{NriClient, NriClientOptions};
-use dra_cpu_proto::nri::events::EventMask;
-use dra_cpu_proto::nri::mux::{Multiplexer, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::TtrpcContext;
 

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_cpu_proto::kubelet::registration;
-use dra_cpu_proto::transport::hpack::{encode_literal, Decoder, HeaderField};
-use dra_cpu_proto::transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
+use dra_cpu_transport::hpack::{encode_literal, Decoder, HeaderField};
+use dra_cpu_transport::{bind_unix, incoming_for_kubelet, PeerPolicy};
 use support::h2::{frame, PREFACE};
 use support::kubelet::dra_plugin_info;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -16,12 +16,12 @@
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use dra_cpu_nri::events::EventMask;
+use dra_cpu_nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 use dra_cpu_proto::nri::api::{
     Container, ContainerAdjustment, ContainerUpdate, Event, LinuxCPU, LinuxContainerAdjustment,
     LinuxContainerUpdate, LinuxResources, PodSandbox,
 };
-use dra_cpu_proto::nri::events::EventMask;
-use dra_cpu_proto::nri::plugin::{ContainerCreation, NriPlugin, PluginError, RuntimeInfo};
 
 pub const CPUSET_ANNOTATION: &str = "example.dra.cpu/cpuset";
 pub const ALSO_UPDATE_ANNOTATION: &str = "example.dra.cpu/also-update";

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use dra_cpu_nri::client::NriClientOptions;
+use dra_cpu_nri::mux::frame::{encode_frame, FrameDecoder};
+use dra_cpu_nri::plugin::ContainerCreation;
 use dra_cpu_proto::nri::api::{self, Container, ContainerUpdate, PodSandbox};
-use dra_cpu_proto::nri::client::NriClientOptions;
-use dra_cpu_proto::nri::mux::frame::{encode_frame, FrameDecoder};
-use dra_cpu_proto::nri::plugin::ContainerCreation;
 use nri_runtime::CreateOnly;
 
 /// Pins the container and updates ten others, as a busy node would.

@@ -10,7 +10,7 @@
 mod h2;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use dra_cpu_proto::transport::authority::rewriter::AuthorityRewriter;
+use dra_cpu_transport::authority::rewriter::AuthorityRewriter;
 use h2::{frame, PREFACE};
 
 /// Literal with incremental indexing and a new name (strings under 127 bytes).

@@ -1,7 +1,7 @@
 //! A tiny NRI plugin: logs events and pins containers by annotation.
 //!
 //! ```text
-//! cargo run -p dra-cpu-proto --example nri_pin_by_annotation -- [--socket PATH] [--name NAME] [--index NN]
+//! cargo run -p dra-cpu-nri --example nri_pin_by_annotation -- [--socket PATH] [--name NAME] [--index NN]
 //! ```
 //!
 //! When started by the runtime itself, it uses the connection the runtime
@@ -13,7 +13,7 @@ mod plugin;
 
 use std::sync::Arc;
 
-use dra_cpu_proto::nri::client::{
+use dra_cpu_nri::client::{
     run_with_reconnect, NriClientOptions, NriUpdater, SocketSource, DEFAULT_NRI_SOCKET,
 };
 

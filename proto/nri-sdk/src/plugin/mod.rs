@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::api;
-use super::api::{
+use crate::events::EventMask;
+use dra_cpu_proto::nri::api;
+use dra_cpu_proto::nri::api::{
     Container, ContainerAdjustment, ContainerEviction, ContainerUpdate, LinuxResources, PodSandbox,
 };
-use super::events::EventMask;
 
 /// Deadline for one handler: well inside NRI's 2 s request timeout, leaving
 /// room for the reply to travel.

@@ -1,7 +1,7 @@
 //! Event subscription masks and the mapping of `StateChange` notifications
 //! onto plugin handlers.
 
-use super::api::Event;
+use dra_cpu_proto::nri::api::Event;
 
 /// The set of events a plugin subscribes to, as sent in `ConfigureResponse`:
 /// event `e` is bit `1 << (e - 1)`.

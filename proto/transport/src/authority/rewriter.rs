@@ -317,7 +317,7 @@ fn write_header_frames(block: &OpenBlock, encoded: &[u8], out: &mut Vec<u8>) {
 mod tests {
     use super::super::test_frames::*;
     use super::*;
-    use crate::transport::hpack::tests::huffman_string;
+    use crate::hpack::tests::huffman_string;
     use proptest::prelude::*;
 
     #[test]

@@ -4,7 +4,7 @@
 use super::frames::write_frame_header;
 use super::hpack;
 use super::*;
-use crate::transport::hpack::tests::huffman_string;
+use crate::hpack::tests::huffman_string;
 
 pub(super) const SOCKET_AUTHORITY: &str =
     "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdra.cpu-reg.sock";

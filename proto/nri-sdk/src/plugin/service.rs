@@ -10,9 +10,9 @@ use ttrpc::r#async::TtrpcContext;
 
 use super::guard::{effective_handler_timeout, guard, HandlerFailure};
 use super::{NriPlugin, PluginError, RuntimeInfo};
-use crate::nri::api::{self, Container, PodSandbox};
-use crate::nri::api_ttrpc;
-use crate::nri::events::{state_change_target, StateChangeTarget};
+use crate::events::{state_change_target, StateChangeTarget};
+use dra_cpu_proto::nri::api::{self, Container, PodSandbox};
+use dra_cpu_proto::nri::api_ttrpc;
 
 /// Shared slot for the runtime's self-description, filled at `Configure`.
 #[derive(Debug, Clone, Default)]

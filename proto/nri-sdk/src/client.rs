@@ -9,11 +9,11 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use ttrpc::r#async::transport::{Listener, Socket};
 
-use super::api;
-use super::api_ttrpc::RuntimeClient;
-use super::mux::{Multiplexer, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-use super::plugin::service::{PluginService, RuntimeInfoCell};
-use super::plugin::{NriPlugin, RuntimeInfo, DEFAULT_HANDLER_TIMEOUT};
+use crate::mux::{Multiplexer, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+use crate::plugin::service::{PluginService, RuntimeInfoCell};
+use crate::plugin::{NriPlugin, RuntimeInfo, DEFAULT_HANDLER_TIMEOUT};
+use dra_cpu_proto::nri::api;
+use dra_cpu_proto::nri::api_ttrpc::RuntimeClient;
 
 /// Default socket of the runtime's NRI service.
 pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
