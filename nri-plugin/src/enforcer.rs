@@ -253,7 +253,7 @@ impl Enforcer {
                         failed.iter().map(|f| f.container_id.as_str()).collect();
                     let sent: Vec<Update> = updates
                         .into_iter()
-                        .filter(|(id, _)| !failed.contains(&id.as_str()))
+                        .filter(|u| !failed.contains(&u.container_id.as_str()))
                         .collect();
                     let mut view = self.view();
                     view.mark_applied(&sent);
@@ -335,7 +335,7 @@ mod tests {
             assert_eq!(metrics.pool_change_count("unsolicited"), 0);
             assert_eq!(
                 enforcer.view().pending_updates(),
-                vec![("s".to_string(), set("0-2"))],
+                crate::test_support::updates(&[("s", "0-2")]),
                 "not recorded as applied"
             );
             assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 0);

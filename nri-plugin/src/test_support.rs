@@ -53,7 +53,9 @@ pub fn view(mixed: bool) -> NodeView {
 }
 
 pub fn updates(list: &[(&str, &str)]) -> Vec<Update> {
-    list.iter().map(|(i, c)| (i.to_string(), set(c))).collect()
+    list.iter()
+        .map(|(i, c)| Update::cpuset(*i, set(c)))
+        .collect()
 }
 
 /// A resolver answering from a table and counting calls.

@@ -127,6 +127,65 @@ async fn cfs_quota_off_reaches_a_container_started_while_nri_plugin_was_away() {
     }
 }
 
+/// A container created while dra-plugin does not answer, after nri-plugin
+/// restarted and synchronized, knows its claim from the CDI spec alone (no
+/// tuning) and starts with its limit's quota; once dra-plugin answers and
+/// its snapshot says the claim asks for no quota, the quota goes, without
+/// another Synchronize (unsolicited on a runtime that takes it, else with
+/// the next NRI event: a shared pod started here). The quota read back
+/// while dra-plugin is held is the control: the window is real.
+#[tokio::test]
+async fn cfs_quota_off_reaches_a_container_created_while_dra_plugin_did_not_answer() {
+    let mut node = node(tuning_node()).await;
+    let (pod, claim) = tuned_claim(&node, "hung", json!({"cfsQuota": "off"}));
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    node.kill_nri_plugin();
+    let held = node.hold_dra_plugin().await.must("holding dra-plugin");
+    node.start_nri_plugin_unsubscribed()
+        .await
+        .must("nri-plugin registered with the runtime");
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(1000), Some(1000));
+    let running = node
+        .start_pod(&pod, &[spec])
+        .await
+        .must("starting the pod while dra-plugin is held");
+    let id = running.id("app").to_string();
+    node.wait_cpus(&id, &prepared.cpus)
+        .await
+        .must("the container on its claim's CPUs from the CDI spec");
+    assert!(held.is_stopped());
+    assert_eq!(
+        quota(&mut node, &id).await,
+        Some(100_000),
+        "untuned while nri-plugin knows the claim from its CDI spec alone"
+    );
+    held.release();
+    node.wait_nri_ready(true)
+        .await
+        .must("nri-plugin subscribed to dra-plugin");
+    let _event = node
+        .start_pod(
+            &PodIdentity::new("next-event"),
+            &[ContainerSpec::sleeper("shared")],
+        )
+        .await
+        .must("a shared pod, an NRI event");
+    let waited = std::time::Instant::now();
+    loop {
+        let now = quota(&mut node, &id).await;
+        if now.is_none() {
+            break;
+        }
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(30),
+            "the container's quota is still {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn tuning_the_node_cannot_honour_is_refused_by_name_with_nothing_applied() {
     let mut node = node(NodeOptions::default()).await;

@@ -1254,18 +1254,8 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         "member",
         "no partition without nri-plugin"
     );
-    let dra_pid =
-        nix::unistd::Pid::from_raw(node.dra_plugin_pid().expect("dra-plugin runs") as i32);
-    nix::sys::signal::kill(dra_pid, nix::sys::signal::Signal::SIGSTOP).must("holding dra-plugin");
+    let held = node.hold_dra_plugin().await.must("holding dra-plugin");
     let held_since = Instant::now();
-    while process_state(dra_pid.as_raw()) != Some('T') {
-        assert!(
-            held_since.elapsed() < Duration::from_secs(10),
-            "dra-plugin not stopped: state {:?}",
-            process_state(dra_pid.as_raw())
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let synchronized_before =
         log_messages_with(&node.nri_log(), "synchronized with the runtime").len();
     let log_from = node.nri_log().len();
@@ -1283,10 +1273,10 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
     }
     let partition_while_held = read(&partition_file.to_string_lossy());
     eprintln!(
-        "late: nri-plugin registered while dra-plugin was held (state {:?}); partition {partition_while_held:?}",
-        process_state(dra_pid.as_raw())
+        "late: nri-plugin registered while dra-plugin was held (stopped: {}); partition {partition_while_held:?}",
+        held.is_stopped()
     );
-    nix::sys::signal::kill(dra_pid, nix::sys::signal::Signal::SIGCONT).must("releasing dra-plugin");
+    held.release();
     let released = Instant::now();
     back.must("nri-plugin back, registered with NRI");
     assert_eq!(
@@ -1342,13 +1332,6 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         "after the late pod: the outermost ancestor's exclusive CPUs"
     );
     timed("i (isolated partition)", started);
-}
-
-/// A process's state letter from `/proc/PID/stat` (`T`: stopped).
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name in parentheses may hold spaces: the state follows its end.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 /// Brings a CPU taken offline by a test back online, whatever the test's

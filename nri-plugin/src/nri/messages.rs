@@ -26,16 +26,19 @@ fn cpu_resources(cpus: &CpuSet, mems: Option<&CpuSet>) -> LinuxResources {
     resources
 }
 
-/// NRI updates that set only the cpuset. A container may exit while its
-/// update is in flight; that must not fail the event the update rides on.
+/// NRI updates that set the cpuset, and turn the CFS quota off where the
+/// update says so (nothing else of the container's resources). A container
+/// may exit while its update is in flight; that must not fail the event the
+/// update rides on.
 pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
     // Most updates of one reply carry the same shared pool: render each
     // distinct cpuset once.
     let mut rendered: Vec<(&CpuSet, LinuxResources)> = Vec::new();
     updates
         .iter()
-        .map(|(id, cpus)| {
-            let resources = match rendered.iter().find(|(seen, _)| *seen == cpus) {
+        .map(|update| {
+            let cpus = &update.cpuset;
+            let mut resources = match rendered.iter().find(|(seen, _)| *seen == cpus) {
                 Some((_, r)) => r.clone(),
                 None => {
                     let r = cpu_resources(cpus, None);
@@ -43,10 +46,15 @@ pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
                     r
                 }
             };
+            if update.cfs_quota_off {
+                if let Some(cpu) = resources.cpu.as_mut() {
+                    cpu.quota = Some(no_quota()).into();
+                }
+            }
             let mut linux = LinuxContainerUpdate::new();
             linux.resources = Some(resources).into();
             let mut u = ContainerUpdate::new();
-            u.container_id = id.clone();
+            u.container_id = update.container_id.clone();
             u.linux = Some(linux).into();
             u.ignore_failure = true;
             u
@@ -54,53 +62,19 @@ pub fn to_nri_updates(updates: &[Update]) -> Vec<ContainerUpdate> {
         .collect()
 }
 
-/// Makes `reply` turn the CFS quota off on these containers (id and the
-/// cpuset they run on): their update gets no quota, and one that has no
-/// update gets one, with its cpuset when it is known. Used at Synchronize,
-/// where a container started while nri-plugin was away still has the quota
-/// its CPU limit gave it.
-pub fn turn_cfs_quota_off(reply: &mut Vec<ContainerUpdate>, containers: &[(String, CpuSet)]) {
-    for (id, cpus) in containers {
-        let index = match reply.iter().position(|u| u.container_id == *id) {
-            Some(i) => i,
-            None => {
-                let mut linux = LinuxContainerUpdate::new();
-                linux.resources = Some(cpu_resources(cpus, None)).into();
-                let mut u = ContainerUpdate::new();
-                u.container_id = id.clone();
-                u.linux = Some(linux).into();
-                u.ignore_failure = true;
-                reply.push(u);
-                reply.len() - 1
-            }
-        };
-        let cpu = reply[index]
-            .linux
-            .mut_or_insert_default()
-            .resources
-            .mut_or_insert_default()
-            .cpu
-            .mut_or_insert_default();
-        cpu.quota = Some(no_quota()).into();
-    }
-}
-
-/// The UpdateContainer reply: the cpusets, with the updated container's
+/// The UpdateContainer reply: the updates, with the updated container's
 /// memory nodes when its kind change moved them.
 pub fn update_reply(container_id: &str, decision: &UpdateDecision) -> Vec<ContainerUpdate> {
     let mut reply = to_nri_updates(&decision.updates);
-    for u in reply.iter_mut().filter(|u| u.container_id == container_id) {
-        if let Some(cpu) = u
-            .linux
-            .as_mut()
-            .and_then(|l| l.resources.as_mut())
-            .and_then(|r| r.cpu.as_mut())
-        {
-            if let Some(mems) = &decision.mems {
+    if let Some(mems) = &decision.mems {
+        for u in reply.iter_mut().filter(|u| u.container_id == container_id) {
+            if let Some(cpu) = u
+                .linux
+                .as_mut()
+                .and_then(|l| l.resources.as_mut())
+                .and_then(|r| r.cpu.as_mut())
+            {
                 cpu.mems = mems.to_cpulist();
-            }
-            if decision.cfs_quota_off {
-                cpu.quota = Some(no_quota()).into();
             }
         }
     }
@@ -222,8 +196,13 @@ mod tests {
         let decision = UpdateDecision {
             kinds: Some((ContainerKind::Exclusive, ContainerKind::Mixed)),
             mems: Some(set("0-1")),
-            updates: vec![("a".into(), set("0-5")), ("c".into(), set("0-7"))],
-            cfs_quota_off: true,
+            updates: vec![
+                Update::cpuset("a", set("0-5")),
+                Update {
+                    cfs_quota_off: true,
+                    ..Update::cpuset("c", set("0-7"))
+                },
+            ],
         };
         let reply = update_reply("c", &decision);
         let cpu = |i: usize| {
@@ -237,7 +216,7 @@ mod tests {
         };
         assert_eq!((cpu(0).cpus.as_str(), cpu(0).mems.as_str()), ("0-5", ""));
         assert_eq!((cpu(1).cpus.as_str(), cpu(1).mems.as_str()), ("0-7", "0-1"));
-        // The quota stays off on the updated container, and only there.
+        // The quota is off where the update says so, and only there.
         assert!(cpu(0).quota.is_none());
         assert_eq!(cpu(1).quota.as_ref().map(|q| q.value), Some(NO_CFS_QUOTA));
     }
@@ -248,7 +227,7 @@ mod tests {
             kind: ContainerKind::Exclusive,
             cpuset: set("2-3"),
             mems: Some(set("0")),
-            updates: vec![("other".into(), set("1,4-7"))],
+            updates: vec![Update::cpuset("other", set("1,4-7"))],
             claims: vec!["c".into()],
             cfs_quota_off: false,
         };

@@ -205,7 +205,7 @@ impl NriPlugin for DraCpuPlugin {
             let mut view = self.enforcer.view();
             for (container, info) in containers.iter().zip(&infos) {
                 if container.state.value() == api::ContainerState::CONTAINER_CREATED as i32 {
-                    view.note_created(&info.id, &info.cpus);
+                    view.note_created(Update::cpuset(info.id.clone(), info.cpus.clone()));
                 }
             }
         }
@@ -220,12 +220,10 @@ impl NriPlugin for DraCpuPlugin {
             .metrics
             .upstream
             .record_synchronize(OpResult::Success, started.elapsed());
-        let mut reply = to_nri_updates(&outcome.updates);
         // A container started while this plugin was away runs with the CFS
-        // quota of its CPU limit: the claims that ask for none get none.
-        let quota_off = self.enforcer.view().cfs_quota_off_containers();
-        messages::turn_cfs_quota_off(&mut reply, &quota_off);
-        Ok(reply)
+        // quota of its CPU limit: the claims that ask for none have their
+        // update in the outcome.
+        Ok(to_nri_updates(&outcome.updates))
     }
 
     async fn shutdown(&self) {
@@ -251,9 +249,11 @@ impl NriPlugin for DraCpuPlugin {
                 self.enforcer.sync_host_cgroups();
                 let reply = creation_reply(&decision);
                 self.send_in_reply(&decision.updates);
-                self.enforcer
-                    .view()
-                    .note_created(&info.id, &decision.cpuset);
+                self.enforcer.view().note_created(Update {
+                    container_id: info.id.clone(),
+                    cpuset: decision.cpuset.clone(),
+                    cfs_quota_off: decision.cfs_quota_off,
+                });
                 span.in_scope(|| {
                     tracing::info!(
                         kind = %decision.kind, cpuset = %decision.cpuset,
@@ -369,12 +369,13 @@ impl NriPlugin for DraCpuPlugin {
             };
             (resend, updates)
         };
-        tracing::debug!(container = %container.id, resend = ?resend.as_ref().map(CpuSet::to_cpulist), "container started");
+        tracing::debug!(container = %container.id, resend = ?resend.as_ref().map(|u| u.cpuset.to_cpulist()), "container started");
         if let Some(planned) = resend {
             tracing::info!(
                 container = %container.id, name = %container.name, pod = %pod.name,
-                namespace = %pod.namespace, cpuset = %planned,
-                "the pool changed while the container was starting; sending its cpuset again"
+                namespace = %pod.namespace, cpuset = %planned.cpuset,
+                cfs_quota_off = planned.cfs_quota_off,
+                "the pool or the claim's tuning changed while the container was starting; sending its update again"
             );
             self.enforcer
                 .after_pool_change(updates, "changed while starting")

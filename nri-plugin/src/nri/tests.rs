@@ -461,7 +461,8 @@ fn a_partition_asked_by_a_claim_known_late_is_made_when_it_is_known() {
 /// A container started while nri-plugin was away has the CFS quota of its
 /// CPU limit: the Synchronize reply turns it off when its claim asks so,
 /// on its cpuset, even when that cpuset needs no change; other containers'
-/// quotas are left alone. Control: without `turn_cfs_quota_off` the claim
+/// quotas are left alone. Control: with the pool's quota debt
+/// (`quota_due` in shared-state's planning) always false, the claim
 /// container has no update at all.
 #[test]
 fn synchronize_turns_the_cfs_quota_off_for_claims_that_ask_so() {

@@ -193,6 +193,7 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
 mod tests {
     use super::*;
     use crate::test_support::*;
+    use shared_state::pool::Update;
     use shared_state::NodeSnapshot;
     use std::collections::HashMap;
 
@@ -277,6 +278,71 @@ mod tests {
         // dra-plugin does not know the claim: its CPUs return to the pool.
         assert_eq!(up, updates(&[("a", "1-7")]));
         assert!(!lock(&view).is_provisional(CLAIM_2));
+    }
+
+    /// A container created on a claim known only from its CDI spec (no
+    /// tuning) while dra-plugin did not answer keeps its CPU limit's quota;
+    /// once the snapshot says the claim asks for none, a quota update is
+    /// due (with the unchanged cpuset), planned until sent and not again
+    /// after. If it was sent before the container ran, the start sends it
+    /// again. Control: the same snapshot without the tuning makes nothing due.
+    #[test]
+    fn a_quota_learned_after_creation_is_turned_off_once() {
+        for asks in [true, false] {
+            let mut v = view(false);
+            v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
+                .expect("from the spec");
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                answers: HashMap::from([(
+                    CLAIM_2.to_string(),
+                    Resolution::Unverifiable("down".into()),
+                )]),
+                ..Default::default()
+            };
+            let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], Some(2));
+            let created = run(admit_container(&view, &c, &resolver)).expect("created");
+            assert!(!created.cfs_quota_off);
+            let mut v = lock(&view);
+            v.note_created(Update::cpuset("c", created.cpuset.clone()));
+            assert!(v.pending_updates().is_empty());
+
+            let mut tuned = claim(CLAIM_2, "6-7", POD_A);
+            tuned.tuning.cfs_quota_off = asks;
+            let snapshot = NodeSnapshot {
+                revision: 2,
+                allocatable: set("1-7"),
+                reserved: set("0"),
+                mixed_allocation_mode: false,
+                claims: vec![tuned],
+            };
+            let due = v.apply_snapshot(snapshot.clone()).expect("snapshot");
+            if !asks {
+                assert!(due.is_empty(), "{due:?}");
+                assert!(!v.has_pending());
+                assert_eq!(v.confirm_started("c"), None);
+                continue;
+            }
+            let quota_off = Update {
+                cfs_quota_off: true,
+                ..Update::cpuset("c", set("6-7"))
+            };
+            assert_eq!(due, vec![quota_off.clone()]);
+            // Deferred (no unsolicited update): still due at the next event.
+            assert!(v.has_pending());
+            assert_eq!(v.pending_updates(), due);
+            v.mark_applied(&due);
+            assert!(!v.has_pending());
+            // A second snapshot finds nothing due.
+            let again = NodeSnapshot {
+                revision: 3,
+                ..snapshot
+            };
+            assert!(v.apply_snapshot(again).expect("snapshot").is_empty());
+            // Sent before the container ran: it may not have reached it.
+            assert_eq!(v.confirm_started("c"), Some(quota_off.clone()));
+            assert_eq!(v.pending_updates(), vec![quota_off]);
+        }
     }
 
     #[test]
@@ -388,7 +454,7 @@ mod tests {
         assert!(
             out.updates
                 .iter()
-                .any(|(id, cpus)| id == "c" && *cpus == set("6-7")),
+                .any(|u| u.container_id == "c" && u.cpuset == set("6-7")),
             "{:?}",
             out.updates
         );

@@ -82,7 +82,7 @@ pub struct NodeView {
     has_snapshot: bool,
     /// Containers created but not yet started, with the cpuset their
     /// CreateContainer reply gave them.
-    starting: HashMap<String, CpuSet>,
+    starting: HashMap<String, Update>,
 }
 
 impl NodeView {
@@ -137,16 +137,15 @@ impl NodeView {
         self.pool.stranded()
     }
 
-    /// Record cpusets as sent to the runtime.
+    /// Record updates as sent to the runtime.
     pub fn mark_applied(&mut self, updates: &[Update]) {
         self.pool.mark_applied(updates);
     }
 
-    /// The runtime was told to create `container_id` on `cpuset` (the
-    /// CreateContainer reply).
-    pub fn note_created(&mut self, container_id: &str, cpuset: &CpuSet) {
-        self.starting
-            .insert(container_id.to_string(), cpuset.clone());
+    /// The runtime was told to create the container with this (the
+    /// CreateContainer reply, or what it reported at Synchronize).
+    pub fn note_created(&mut self, created: Update) {
+        self.starting.insert(created.container_id.clone(), created);
     }
 
     /// The container runs (PostStartContainer). Until now an update for it
@@ -154,23 +153,27 @@ impl NodeView {
     /// store, and one for a container whose task exists but is not yet
     /// marked running only changes its stored spec, not its cgroup; both
     /// report success. So if its cpuset changed since the CreateContainer
-    /// reply, it is planned again from the cpuset it was created with.
-    /// Returns the cpuset it should have when that must be sent again.
+    /// reply, or its CFS quota was turned off only after it, it is planned
+    /// again from what it was created with. Returns the update to send
+    /// again, when one must be.
     ///
     /// "Changed" is judged on the planned cpuset as well as on the one
     /// recorded as sent: an update still in flight (sent, its answer not yet
     /// back, so not yet recorded) may have reached the runtime before the
     /// container was marked running, and is then lost like the others.
-    pub fn confirm_started(&mut self, container_id: &str) -> Option<CpuSet> {
+    pub fn confirm_started(&mut self, container_id: &str) -> Option<Update> {
         let created = self.starting.remove(container_id)?;
         let entry = self.pool.container(container_id)?;
         let planned = self.pool.planned_cpuset(container_id);
-        if entry.cpuset == created && planned.as_ref().is_none_or(|p| *p == created) {
+        let quota_as_created = created.cfs_quota_off || !entry.wants_no_cfs_quota;
+        if entry.cpuset == created.cpuset
+            && planned.as_ref().is_none_or(|p| *p == created.cpuset)
+            && quota_as_created
+        {
             return None;
         }
-        self.pool
-            .mark_applied(&[(container_id.to_string(), created.clone())]);
-        planned.filter(|planned| *planned != created)
+        self.pool.mark_applied(std::slice::from_ref(&created));
+        self.pool.planned_update(container_id)
     }
 
     /// The container stopped or is gone before it started.
@@ -195,6 +198,7 @@ mod tests {
     use crate::test_support::*;
     use proptest::prelude::*;
     use shared_state::pool::arithmetic::ContainerKind;
+    use shared_state::pool::Update;
 
     #[test]
     fn an_update_sent_before_the_container_ran_is_sent_again_at_start() {
@@ -206,19 +210,22 @@ mod tests {
             .unwrap();
         v.mark_applied(&created.updates);
         let whole = created.cpuset.clone();
-        v.note_created("shared", &whole);
+        v.note_created(Update::cpuset("shared", whole.clone()));
         // ... a claim is prepared before it runs, and the shrink sent for it
         // is recorded as applied (the runtime answered success) ...
         let shrink = v.apply_prepared(1, claim(CLAIM_1, "2-3", POD_B)).unwrap();
         assert_eq!(shrink.len(), 1);
         v.mark_applied(&shrink);
         assert!(v.pending_updates().is_empty());
-        let pool = shrink[0].1.clone();
+        let pool = shrink[0].cpuset.clone();
         // ... so at start it is sent again, from the create-time cpuset.
-        assert_eq!(v.confirm_started("shared"), Some(pool.clone()));
+        assert_eq!(
+            v.confirm_started("shared"),
+            Some(Update::cpuset("shared", pool.clone()))
+        );
         assert_eq!(
             v.pending_updates(),
-            vec![("shared".to_string(), pool.clone())]
+            vec![Update::cpuset("shared", pool.clone())]
         );
         v.mark_applied(&v.pending_updates());
         // Once only: a second start report, or an unknown container, is nothing.
@@ -234,20 +241,23 @@ mod tests {
             .decided()
             .unwrap();
         v.mark_applied(&racing.updates);
-        v.note_created("racing", &racing.cpuset);
+        v.note_created(Update::cpuset("racing", racing.cpuset.clone()));
         let in_flight = v.apply_prepared(2, claim(CLAIM_2, "1", POD_B)).unwrap();
         let racing_to = in_flight
             .iter()
-            .find(|(id, _)| id == "racing")
-            .map(|(_, cpus)| cpus.clone())
+            .find(|u| u.container_id == "racing")
+            .map(|u| u.cpuset.clone())
             .unwrap();
         assert_ne!(racing_to, racing.cpuset);
-        assert_eq!(v.confirm_started("racing"), Some(racing_to.clone()));
+        assert_eq!(
+            v.confirm_started("racing"),
+            Some(Update::cpuset("racing", racing_to.clone()))
+        );
         // The resend is planned at once (PostStartContainer reads it under
         // the same lock); the in-flight answer arriving afterwards does not
         // take it back.
         let resend = v.pending_updates();
-        assert!(resend.contains(&("racing".to_string(), racing_to.clone())));
+        assert!(resend.contains(&Update::cpuset("racing", racing_to.clone())));
         v.mark_applied(&in_flight);
         v.mark_applied(&resend);
         assert!(v.pending_updates().is_empty());
@@ -259,7 +269,7 @@ mod tests {
             .decided()
             .unwrap();
         v.mark_applied(&other.updates);
-        v.note_created("other", &other.cpuset);
+        v.note_created(Update::cpuset("other", other.cpuset.clone()));
         assert_eq!(v.confirm_started("other"), None);
         assert!(v.pending_updates().is_empty());
         // Created while the plugin was away (learned at Synchronize, where
@@ -270,10 +280,13 @@ mod tests {
             .decided()
             .unwrap();
         v.mark_applied(&away.updates);
-        v.note_created("away", &shared_state::CpuSet::new());
-        assert_eq!(v.confirm_started("away"), Some(away.cpuset.clone()));
+        v.note_created(Update::cpuset("away", shared_state::CpuSet::new()));
+        assert_eq!(
+            v.confirm_started("away"),
+            Some(Update::cpuset("away", away.cpuset.clone()))
+        );
         // A container stopped before it started is forgotten.
-        v.note_created("gone", &whole);
+        v.note_created(Update::cpuset("gone", whole));
         v.forget_starting("gone");
         assert_eq!(v.confirm_started("gone"), None);
     }
@@ -315,7 +328,7 @@ mod tests {
                     3 => v.stop_container(&id),
                     _ => { v.remove_container(&id); Vec::new() }
                 };
-                prop_assert!(sent.iter().all(|(_, c)| !c.is_empty()));
+                prop_assert!(sent.iter().all(|u| !u.cpuset.is_empty()));
                 if flag || op != 2 {
                     v.mark_applied(&sent);
                     prop_assert!(v.pending_updates().is_empty());

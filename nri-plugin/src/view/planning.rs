@@ -59,11 +59,10 @@ pub struct UpdateDecision {
     /// New `cpuset.mems` for the container itself (`--align-memory`, when
     /// its kind changed).
     pub mems: Option<CpuSet>,
-    /// Cpusets to apply, the container's own included, sorted by id.
+    /// Updates to apply, the container's own included, sorted by id. The
+    /// container's own keeps its CFS quota off when its claims ask so (the
+    /// runtime would otherwise apply the CRI request's quota).
     pub updates: Vec<Update>,
-    /// The container's claims asked for no CFS quota: the update keeps it
-    /// off (the runtime would otherwise apply the CRI request's quota).
-    pub cfs_quota_off: bool,
 }
 
 impl NodeView {
@@ -100,11 +99,7 @@ impl NodeView {
             (ContainerKind::Shared, _) | (_, None) => None,
             (_, Some(numa)) => numa.nodes_of(&admission.placement.cpuset),
         };
-        let cfs_quota_off = refs.iter().any(|r| {
-            self.pool
-                .claim(&r.claim_uid)
-                .is_some_and(|claim| claim.tuning.cfs_quota_off)
-        });
+        let cfs_quota_off = self.cfs_quota_off(&info.id);
         CreateOutcome::Decided(CreateDecision {
             kind: admission.placement.kind,
             cpuset: admission.placement.cpuset,
@@ -122,27 +117,12 @@ impl NodeView {
         self.pool.isolated_cpus(container_id)
     }
 
-    /// Whether one of the container's claims asks for no CFS quota
-    /// (`tuning.cfsQuota: off`).
+    /// Whether one of the container's claims, prepared now, asks for no
+    /// CFS quota (`tuning.cfsQuota: off`).
     pub fn cfs_quota_off(&self, container_id: &str) -> bool {
-        self.pool.container(container_id).is_some_and(|entry| {
-            entry.claims.iter().any(|uid| {
-                self.pool
-                    .claim(uid)
-                    .is_some_and(|claim| claim.tuning.cfs_quota_off)
-            })
-        })
-    }
-
-    /// The containers whose claims ask for no CFS quota, with the cpuset
-    /// last applied to them (empty: not known), by id.
-    pub fn cfs_quota_off_containers(&self) -> Vec<(String, CpuSet)> {
         self.pool
-            .containers()
-            .iter()
-            .filter(|(id, _)| self.cfs_quota_off(id))
-            .map(|(id, entry)| (id.clone(), entry.cpuset.clone()))
-            .collect()
+            .container(container_id)
+            .is_some_and(|entry| entry.wants_no_cfs_quota)
     }
 
     /// Whether the container runs on claims (exclusive or mixed), whose
@@ -177,7 +157,6 @@ impl NodeView {
     /// so a cpuset in that request (or none) cannot unpin the container.
     pub fn update_container(&mut self, info: &ContainerInfo) -> UpdateDecision {
         let mut kinds = None;
-        let cfs_quota_off = self.cfs_quota_off(&info.id);
         if let Some(entry) = self.pool.container(&info.id).cloned() {
             let refs: Vec<EnvClaim> = entry
                 .claims
@@ -203,9 +182,13 @@ impl NodeView {
         let mut updates = self.pool.plan_updates();
         let own = self.pool.planned_cpuset(&info.id);
         if let Some(own) = &own {
-            if !updates.iter().any(|(id, _)| id == &info.id) {
-                updates.push((info.id.clone(), own.clone()));
-                updates.sort_by(|a, b| a.0.cmp(&b.0));
+            if !updates.iter().any(|u| u.container_id == info.id) {
+                updates.push(Update {
+                    container_id: info.id.clone(),
+                    cpuset: own.clone(),
+                    cfs_quota_off: self.cfs_quota_off(&info.id),
+                });
+                updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
             }
         }
         // A kind change moves the container's memory with its CPUs, as at
@@ -222,7 +205,6 @@ impl NodeView {
             kinds,
             mems,
             updates,
-            cfs_quota_off,
         }
     }
 }
@@ -368,13 +350,25 @@ mod tests {
         );
         assert!(!created(&mut v, "s", POD_B, &[], None), "shared");
         // A resize keeps it off.
-        assert!(
-            v.update_container(&container("m", POD_A, &[&e1], Some(200)))
-                .cfs_quota_off
+        let own_quota_off = |d: UpdateDecision, id: &str| {
+            d.updates
+                .iter()
+                .find(|u| u.container_id == id)
+                .map(|u| u.cfs_quota_off)
+        };
+        assert_eq!(
+            own_quota_off(
+                v.update_container(&container("m", POD_A, &[&e1], Some(200))),
+                "m"
+            ),
+            Some(true)
         );
-        assert!(
-            !v.update_container(&container("s", POD_B, &[], Some(200)))
-                .cfs_quota_off
+        assert_eq!(
+            own_quota_off(
+                v.update_container(&container("s", POD_B, &[], Some(200))),
+                "s"
+            ),
+            Some(false)
         );
     }
 
@@ -531,7 +525,7 @@ mod tests {
             let envs: Vec<&str> = if has_claim { vec![&claim_env] } else { vec![] };
             let mut info = container("c", POD_A, &envs, at_create);
             let created = v.create(&info).decided().expect("created");
-            v.mark_applied(&[("c".to_string(), created.cpuset)]);
+            v.mark_applied(&[Update::cpuset("c", created.cpuset)]);
             info.cpu_shares = to;
             let decision = v.update_container(&info);
             assert_eq!(decision.kinds, Some(kinds), "case {i}");
@@ -584,7 +578,7 @@ mod tests {
         let shared = container("s", POD_B, &[], Some(512));
         for info in [&to_mixed, &to_excl, &shared] {
             let d = v.create(info).decided().expect("created");
-            v.mark_applied(&[(info.id.clone(), d.cpuset)]);
+            v.mark_applied(&[Update::cpuset(info.id.clone(), d.cpuset)]);
             v.mark_applied(&d.updates);
         }
         to_mixed.cpu_shares = Some(256);
@@ -626,7 +620,7 @@ mod tests {
         let mut info = container("c", POD_A, &[&env(CLAIM_1, "6")], None);
         let created = v.create(&info).decided().expect("exclusive");
         assert_eq!(created.mems, Some(set("1")));
-        v.mark_applied(&[("c".to_string(), created.cpuset)]);
+        v.mark_applied(&[Update::cpuset("c", created.cpuset)]);
         // (shares updated to, own cpuset, mems sent): only a kind change
         // moves memory, to the nodes of every CPU the container now runs on.
         let steps = [

@@ -11,7 +11,7 @@ use super::{ContainerInfo, NodeView};
 /// The outcome of a Synchronize.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncOutcome {
-    /// Every container whose cpuset must change, sorted by id.
+    /// Every container whose cpuset (or CFS quota) must change, sorted by id.
     pub updates: Vec<Update>,
     /// Running containers whose claims did not validate; they are placed on
     /// the shared pool, never on claim CPUs.
@@ -66,9 +66,12 @@ impl NodeView {
                     continue;
                 }
             }
-            // What the runtime reports is what the container has now.
+            // What the runtime reports is what the container has now. Its
+            // quota is taken as its CPU limit set it: one started while
+            // nri-plugin was away has it, and the claims that ask for none
+            // get their update.
             self.pool
-                .mark_applied(&[(info.id.clone(), info.cpus.clone())]);
+                .mark_applied(&[Update::cpuset(info.id.clone(), info.cpus.clone())]);
         }
         SyncOutcome {
             updates: self.pool.plan_updates(),

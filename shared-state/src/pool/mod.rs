@@ -21,8 +21,27 @@ use crate::claim_env::ClaimEnvError;
 use crate::cpuset::CpuSet;
 use arithmetic::ContainerKind;
 
-/// A cpuset to apply to one container: `(container id, cpuset)`.
-pub type Update = (String, CpuSet);
+/// What to apply to one container: its cpuset, and no CFS quota when one
+/// of its claims asks for none (`tuning.cfsQuota: off`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    pub container_id: String,
+    pub cpuset: CpuSet,
+    /// Turn the container's CFS quota off with it; `false` leaves the quota
+    /// as the runtime has it.
+    pub cfs_quota_off: bool,
+}
+
+impl Update {
+    /// A cpuset alone, the quota left as it is.
+    pub fn cpuset(container_id: impl Into<String>, cpuset: CpuSet) -> Self {
+        Update {
+            container_id: container_id.into(),
+            cpuset,
+            cfs_quota_off: false,
+        }
+    }
+}
 
 /// Why a container or claim was refused. Each variant names what is at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,7 +139,7 @@ mod fixtures {
 
     pub(super) fn updates(list: &[(&str, &str)]) -> Vec<Update> {
         list.iter()
-            .map(|(id, c)| (id.to_string(), set(c)))
+            .map(|(id, c)| Update::cpuset(*id, set(c)))
             .collect()
     }
 

@@ -11,18 +11,56 @@ use std::ops::Bound;
 
 impl PoolState {
     /// Every container whose correct cpuset differs from the one last applied,
-    /// sorted by container id. Containers whose correct cpuset would be empty
-    /// are left out (see [`PoolState::stranded`]).
+    /// or whose CFS quota one of its claims wants off and is not yet, sorted
+    /// by container id. Containers whose correct cpuset would be empty are
+    /// left out (see [`PoolState::stranded`]).
     pub fn plan_updates(&self) -> Vec<Update> {
         let shared = self.shared();
-        self.containers
+        let mut updates: Vec<Update> = self
+            .containers
             .iter()
             .filter(|(_, entry)| !Self::is_current(entry, &shared))
             .filter_map(|(id, entry)| {
                 let target = Self::target(entry, &shared)?;
-                (*target != entry.cpuset).then(|| (id.clone(), target.into_owned()))
+                (*target != entry.cpuset).then(|| update_of(id, entry, target.into_owned()))
             })
-            .collect()
+            .collect();
+        if !self.quota_due.is_empty() {
+            self.add_quota_updates(&mut updates);
+        }
+        updates
+    }
+
+    /// Adds to a plan the containers whose quota is due and whose cpuset
+    /// is not: rare (a quota learned after its container was created), so
+    /// kept out of the loop that runs over every container on every event.
+    #[cold]
+    #[inline(never)]
+    fn add_quota_updates(&self, updates: &mut Vec<Update>) {
+        let before = updates.len();
+        for id in &self.quota_due {
+            let planned = updates[..before]
+                .binary_search_by(|u| u.container_id.as_str().cmp(id))
+                .is_ok();
+            if !planned {
+                if let Some(update) = self.planned_update(id) {
+                    updates.push(update);
+                }
+            }
+        }
+        if updates.len() > before {
+            updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        }
+    }
+
+    /// The update due to one container now, if any (see
+    /// [`PoolState::plan_updates`]).
+    pub fn planned_update(&self, container_id: &str) -> Option<Update> {
+        let (id, entry) = self.containers.get_key_value(container_id)?;
+        let shared = self.shared();
+        let target = Self::target(entry, &shared)?;
+        (self.quota_due.contains(container_id) || *target != entry.cpuset)
+            .then(|| update_of(id, entry, target.into_owned()))
     }
 
     /// Whether [`PoolState::plan_updates`] would return anything, without
@@ -32,12 +70,17 @@ impl PoolState {
         self.containers.values().any(|entry| {
             !Self::is_current(entry, &shared)
                 && Self::target(entry, &shared).is_some_and(|target| *target != entry.cpuset)
+        }) || self.quota_due.iter().any(|id| {
+            self.containers
+                .get(id)
+                .is_some_and(|entry| Self::target(entry, &shared).is_some())
         })
     }
 
     /// Whether a container already has its correct cpuset, without building
     /// it: planning runs on every NRI event over every container, and the
     /// mixed union would otherwise be allocated for each mixed container.
+    #[inline(always)]
     fn is_current(entry: &ContainerEntry, shared: &CpuSet) -> bool {
         let own = &entry.claim_cpus;
         match entry.kind {
@@ -73,16 +116,21 @@ impl PoolState {
     /// Record cpusets as applied to their containers (after they were sent to
     /// the runtime). Unknown container ids are ignored.
     pub fn mark_applied(&mut self, updates: &[Update]) {
-        let Some(((first, _), _)) = updates.split_first() else {
+        let Some((first, _)) = updates.split_first() else {
             return;
         };
-        let sorted = updates.windows(2).all(|w| w[0].0 < w[1].0);
+        let first = &first.container_id;
+        let sorted = updates
+            .windows(2)
+            .all(|w| w[0].container_id < w[1].container_id);
         // A plan's updates are sorted like the containers: one merge walk
         // instead of a tree lookup per update, once there are enough of them.
         if !sorted || updates.len() < MERGE_THRESHOLD {
-            for (id, cpus) in updates {
-                if let Some(entry) = self.containers.get_mut(id) {
-                    set_cpuset(entry, cpus);
+            for update in updates {
+                if let Some(entry) = self.containers.get_mut(&update.container_id) {
+                    if record_applied(entry, update) {
+                        Self::note_quota(&mut self.quota_due, &update.container_id, entry);
+                    }
                 }
             }
             return;
@@ -91,12 +139,14 @@ impl PoolState {
             .containers
             .range_mut::<str, _>((Bound::Included(first.as_str()), Bound::Unbounded));
         let mut next = entries.next();
-        for (id, cpus) in updates {
+        for update in updates {
             while let Some((key, entry)) = next.as_mut() {
-                match key.as_str().cmp(id.as_str()) {
+                match key.as_str().cmp(update.container_id.as_str()) {
                     Ordering::Less => next = entries.next(),
                     Ordering::Equal => {
-                        set_cpuset(entry, cpus);
+                        if record_applied(entry, update) {
+                            Self::note_quota(&mut self.quota_due, key, entry);
+                        }
                         next = entries.next();
                         break;
                     }
@@ -110,6 +160,7 @@ impl PoolState {
         }
     }
 
+    #[inline(always)]
     fn target<'s>(entry: &'s ContainerEntry, shared: &'s CpuSet) -> Option<Cow<'s, CpuSet>> {
         let own = &entry.claim_cpus;
         let target = match entry.kind {
@@ -128,9 +179,27 @@ impl PoolState {
 /// containers once instead of looking each update up.
 const MERGE_THRESHOLD: usize = 16;
 
-fn set_cpuset(entry: &mut ContainerEntry, cpus: &CpuSet) {
-    if entry.cpuset != *cpus {
-        entry.cpuset = cpus.clone();
+/// Records an update as applied to its container; `true` when the
+/// container's quota may be due or paid by it (its claims want none), so
+/// [`PoolState::note_quota`] must look: containers whose claims want the
+/// quota are never in the set, and the hot path touches no set for them.
+fn record_applied(entry: &mut ContainerEntry, update: &Update) -> bool {
+    if entry.cpuset != update.cpuset {
+        entry.cpuset = update.cpuset.clone();
+    }
+    entry.cfs_quota_off = update.cfs_quota_off;
+    entry.wants_no_cfs_quota
+}
+
+/// The update of a container to `target`, with its quota off when its
+/// claims ask so: every update of such a container keeps the quota off (an
+/// in-place resize may have put the CPU limit's quota back).
+#[inline(always)]
+fn update_of(id: &str, entry: &ContainerEntry, target: CpuSet) -> Update {
+    Update {
+        container_id: id.to_string(),
+        cpuset: target,
+        cfs_quota_off: entry.wants_no_cfs_quota,
     }
 }
 
@@ -164,6 +233,7 @@ mod tests {
         AddClaim {
             claim: usize,
             cpus: Vec<u32>,
+            cfs_quota_off: bool,
         },
         RemoveClaim {
             claim: usize,
@@ -190,8 +260,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            3 => (0usize..6, proptest::collection::vec(1u32..CPUS, 1..4))
-                .prop_map(|(claim, cpus)| Op::AddClaim { claim, cpus }),
+            3 => (0usize..6, proptest::collection::vec(1u32..CPUS, 1..4), any::<bool>())
+                .prop_map(|(claim, cpus, cfs_quota_off)| Op::AddClaim { claim, cpus, cfs_quota_off }),
             1 => (0usize..6).prop_map(|claim| Op::RemoveClaim { claim }),
             4 => (0usize..10, 0usize..3, proptest::collection::vec(0usize..6, 0..3),
                   proptest::option::of(prop_oneof![Just(2u64), Just(3u64), Just(1024u64)]))
@@ -231,9 +301,10 @@ mod tests {
             let pods = ["pod-0", "pod-1", "pod-2"];
             for op in ops {
                 let applied = match op {
-                    Op::AddClaim { claim: i, cpus } => {
+                    Op::AddClaim { claim: i, cpus, cfs_quota_off } => {
                         let mut a = claim(&claim_uid(i), "", pods[i % 3]);
                         a.cpus = cpus.into_iter().collect();
+                        a.tuning.cfs_quota_off = cfs_quota_off;
                         let before = s.exclusive().clone();
                         match s.add_claim(a.clone()) {
                             Ok(up) => up,
@@ -258,7 +329,7 @@ mod tests {
                         match s.admit(&id, pods[pod], &format!("n{container}"), &refs_dedup, shares) {
                             Ok(a) => {
                                 prop_assert_eq!(Some(&a.placement.cpuset), s.container(&id).map(|c| &c.cpuset));
-                                prop_assert!(a.updates.iter().all(|(u, _)| u != &id));
+                                prop_assert!(a.updates.iter().all(|u| u.container_id != id));
                                 a.updates
                             }
                             Err(_) => Vec::new(),
@@ -273,13 +344,22 @@ mod tests {
                         s.resync((0..CPUS).collect(), set("0"), mixed, claims).expect("valid claims")
                     }
                 };
-                prop_assert!(applied.windows(2).all(|w| w[0].0 < w[1].0), "sorted, unique");
-                for (id, cpus) in &applied {
-                    let entry = s.container(id).expect("update for a known container");
-                    prop_assert_ne!(&entry.cpuset, cpus, "only changed containers");
-                    prop_assert!(!cpus.is_empty());
+                prop_assert!(applied.windows(2).all(|w| w[0].container_id < w[1].container_id), "sorted, unique");
+                for u in &applied {
+                    let entry = s.container(&u.container_id).expect("update for a known container");
+                    let quota_due = entry.wants_no_cfs_quota && !entry.cfs_quota_off;
+                    prop_assert!(entry.cpuset != u.cpuset || quota_due, "only changed containers");
+                    prop_assert!(!u.cpuset.is_empty());
+                    prop_assert_eq!(u.cfs_quota_off, entry.wants_no_cfs_quota);
                 }
                 prop_assert_eq!(s.has_pending(), !applied.is_empty());
+                let owed: std::collections::BTreeSet<String> = s
+                    .containers()
+                    .iter()
+                    .filter(|(_, e)| e.wants_no_cfs_quota && !e.cfs_quota_off)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                prop_assert_eq!(&s.quota_due, &owed);
                 s.mark_applied(&applied);
                 prop_assert!(s.plan_updates().is_empty());
                 prop_assert!(!s.has_pending());
@@ -293,6 +373,11 @@ mod tests {
                     }
                     prop_assert_eq!(&entry.cpuset, &want, "container {}", id);
                     let own: Vec<&ClaimAssignment> = entry.claims.iter().filter_map(|u| s.claim(u)).collect();
+                    // Computed from the claims, not the cached wish: a
+                    // container whose claims ask for no quota has none.
+                    if own.iter().any(|c| c.tuning.cfs_quota_off) {
+                        prop_assert!(entry.cfs_quota_off, "quota of {} still on", id);
+                    }
                     if entry.kind == ContainerKind::Exclusive && !own.is_empty() {
                         prop_assert!(entry.cpuset.is_disjoint(&exclusive_seen), "exclusive overlap at {}", id);
                         exclusive_seen = exclusive_seen.union(&entry.cpuset);
@@ -318,17 +403,18 @@ mod tests {
 
     /// Marking by one lookup per update, as the reference for the merge walk.
     fn mark_by_lookup(s: &mut PoolState, updates: &[Update]) {
-        for (id, cpus) in updates {
-            if let Some(entry) = s.containers.get_mut(id) {
-                entry.cpuset = cpus.clone();
+        for u in updates {
+            if let Some(entry) = s.containers.get_mut(&u.container_id) {
+                entry.cpuset = u.cpuset.clone();
+                entry.cfs_quota_off = u.cfs_quota_off;
             }
         }
     }
 
-    fn cpusets(s: &PoolState) -> Vec<(String, CpuSet)> {
+    fn cpusets(s: &PoolState) -> Vec<(String, CpuSet, bool)> {
         s.containers()
             .iter()
-            .map(|(id, e)| (id.clone(), e.cpuset.clone()))
+            .map(|(id, e)| (id.clone(), e.cpuset.clone(), e.cfs_quota_off))
             .collect()
     }
 
@@ -336,7 +422,7 @@ mod tests {
         #[test]
         fn mark_applied_equals_one_lookup_per_update(
             known in proptest::collection::btree_set(0u32..200, 0..60),
-            marks in proptest::collection::vec((0u32..220, 0u32..16), 0..80),
+            marks in proptest::collection::vec((0u32..220, 0u32..16, any::<bool>()), 0..80),
             sort in any::<bool>(),
         ) {
             let mut s = PoolState::new((0..16).collect(), CpuSet::new(), false);
@@ -346,11 +432,15 @@ mod tests {
             // Ids known and unknown, sorted or not, repeated when unsorted.
             let mut updates: Vec<Update> = marks
                 .iter()
-                .map(|(k, cpu)| (format!("k{k:03}"), [*cpu].into_iter().collect()))
+                .map(|(k, cpu, quota_off)| Update {
+                    container_id: format!("k{k:03}"),
+                    cpuset: [*cpu].into_iter().collect(),
+                    cfs_quota_off: *quota_off,
+                })
                 .collect();
             if sort {
-                updates.sort_by(|a, b| a.0.cmp(&b.0));
-                updates.dedup_by(|a, b| a.0 == b.0);
+                updates.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+                updates.dedup_by(|a, b| a.container_id == b.container_id);
             }
             let mut reference = s.clone();
             mark_by_lookup(&mut reference, &updates);
@@ -395,7 +485,7 @@ mod tests {
                     (Ok(a), Ok(p)) => {
                         prop_assert_eq!(&a.placement, &p);
                         // What a runtime reports for the container.
-                        let now: Update = (id.clone(), reported.into_iter().collect());
+                        let now = Update::cpuset(id.clone(), reported.into_iter().collect());
                         admitted.mark_applied(std::slice::from_ref(&now));
                         placed.mark_applied(std::slice::from_ref(&now));
                     }

@@ -6,7 +6,7 @@ use super::{OwnershipConflict, PoolError, Update};
 use crate::assignment::ClaimAssignment;
 use crate::claim_env::{validate_claims, EnvClaim};
 use crate::cpuset::CpuSet;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A container the node view knows about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +24,12 @@ pub struct ContainerEntry {
     pub claim_cpus: CpuSet,
     /// The cpuset last applied to it (empty: not known).
     pub cpuset: CpuSet,
+    /// One of its claims that are prepared now asks for no CFS quota
+    /// (`tuning.cfsQuota: off`); kept current like `claim_cpus`.
+    pub wants_no_cfs_quota: bool,
+    /// What was last applied to it turned its CFS quota off (`false`: the
+    /// quota is as the runtime set it, e.g. from the CPU limit).
+    pub cfs_quota_off: bool,
 }
 
 /// The result of admitting a container: where it goes, and what that
@@ -62,6 +68,10 @@ pub struct PoolState {
     pub(super) containers: BTreeMap<String, ContainerEntry>,
     /// Claim UID → the container that names it.
     pub(super) owners: HashMap<String, String>,
+    /// Containers whose claims want no CFS quota and whose quota was not
+    /// turned off by what was applied to them (created before the claim's
+    /// tuning was known, or reported by a Synchronize).
+    pub(super) quota_due: BTreeSet<String>,
 }
 
 impl PoolState {
@@ -211,6 +221,7 @@ impl PoolState {
             self.remove_container(old);
         }
         let claims: Vec<String> = refs.iter().map(|r| r.claim_uid.clone()).collect();
+        let wants_no_cfs_quota = self.asks_no_cfs_quota(&claims);
         for uid in &claims {
             self.owners.insert(uid.clone(), container_id.to_string());
         }
@@ -224,6 +235,10 @@ impl PoolState {
                 kind,
                 claim_cpus,
                 cpuset: cpuset.clone(),
+                wants_no_cfs_quota,
+                // As with the cpuset, the placement is what the container
+                // gets (the creation's own adjustment turns the quota off).
+                cfs_quota_off: wants_no_cfs_quota,
             },
         );
         Ok(Placement {
@@ -237,6 +252,9 @@ impl PoolState {
     /// only [`PoolState::remove_claim`] frees CPUs.
     pub fn remove_container(&mut self, container_id: &str) -> Option<ContainerEntry> {
         let entry = self.containers.remove(container_id)?;
+        if entry.wants_no_cfs_quota {
+            self.quota_due.remove(container_id);
+        }
         for uid in &entry.claims {
             if self.owners.get(uid).is_some_and(|o| o == container_id) {
                 self.owners.remove(uid);
@@ -291,9 +309,11 @@ impl PoolState {
         }
         next.containers = std::mem::take(&mut self.containers);
         next.owners = std::mem::take(&mut self.owners);
+        next.quota_due = std::mem::take(&mut self.quota_due);
         let ids: Vec<String> = next.containers.keys().cloned().collect();
         for id in ids {
             let claim_cpus = next.claims_cpus(&next.containers[&id].claims);
+            let wants_no_cfs_quota = next.asks_no_cfs_quota(&next.containers[&id].claims);
             let isolated = next.containers[&id]
                 .claims
                 .iter()
@@ -305,13 +325,16 @@ impl PoolState {
                     mixed_mode && !isolated,
                 );
                 entry.claim_cpus = claim_cpus;
+                entry.wants_no_cfs_quota = wants_no_cfs_quota;
+                Self::note_quota(&mut next.quota_due, &id, entry);
             }
         }
         *self = next;
         Ok(self.plan_updates())
     }
 
-    /// Recompute the cached claim CPUs of the container naming `claim_uid`.
+    /// Recompute the cached claim CPUs and quota wish of the container
+    /// naming `claim_uid`.
     fn refresh_owner_claim_cpus(&mut self, claim_uid: &str) {
         let Some(owner) = self.owners.get(claim_uid) else {
             return;
@@ -320,9 +343,32 @@ impl PoolState {
             return;
         };
         let claim_cpus = self.claims_cpus(claims);
+        let wants_no_cfs_quota = self.asks_no_cfs_quota(claims);
         if let Some(entry) = self.containers.get_mut(owner.as_str()) {
             entry.claim_cpus = claim_cpus;
+            entry.wants_no_cfs_quota = wants_no_cfs_quota;
+            Self::note_quota(&mut self.quota_due, owner, entry);
         }
+    }
+
+    /// Keeps `quota_due` true to the container's entry.
+    pub(super) fn note_quota(quota_due: &mut BTreeSet<String>, id: &str, entry: &ContainerEntry) {
+        if entry.wants_no_cfs_quota && !entry.cfs_quota_off {
+            if !quota_due.contains(id) {
+                quota_due.insert(id.to_string());
+            }
+        } else {
+            quota_due.remove(id);
+        }
+    }
+
+    /// Whether one of these claims, prepared now, asks for no CFS quota.
+    fn asks_no_cfs_quota(&self, uids: &[String]) -> bool {
+        uids.iter().any(|u| {
+            self.claims
+                .get(u)
+                .is_some_and(|claim| claim.tuning.cfs_quota_off)
+        })
     }
 
     /// The CPUs of the container's claims when one of them asks for an

@@ -161,6 +161,30 @@ impl Node {
         self.nri.kill();
     }
 
+    /// Holds dra-plugin with SIGSTOP, as a hung process: its sockets stay,
+    /// the kernel queues connections to them, and nothing is answered. Back
+    /// when the guard is released or dropped.
+    pub async fn hold_dra_plugin(&self) -> Result<HeldProcess, NodeError> {
+        let pid = self
+            .dra_plugin_pid()
+            .ok_or_else(|| NodeError::Hold("dra-plugin does not run".into()))?;
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP)
+            .map_err(|e| NodeError::Hold(format!("SIGSTOP: {e}")))?;
+        let held = HeldProcess { pid };
+        let since = Instant::now();
+        while process_state(pid.as_raw()) != Some('T') {
+            if since.elapsed() > Duration::from_secs(10) {
+                return Err(NodeError::Hold(format!(
+                    "not stopped after 10 s: state {:?}",
+                    process_state(pid.as_raw())
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(held)
+    }
+
     /// Arms a crash point of dra-plugin (`DRA_CPU_CRASH_AT`, see
     /// `dra_plugin::driver::crash_points`) for its next starts; `None`
     /// disarms it.
@@ -243,4 +267,33 @@ impl Node {
         }
         self.wait_nri_ready(self.dra.pid().is_some()).await
     }
+}
+
+/// A process held with SIGSTOP ([`Node::hold_dra_plugin`]); SIGCONT when
+/// dropped, so a failing test never leaves it stopped.
+pub struct HeldProcess {
+    pid: nix::unistd::Pid,
+}
+
+impl HeldProcess {
+    /// Whether the kernel has it stopped (state `T`).
+    pub fn is_stopped(&self) -> bool {
+        process_state(self.pid.as_raw()) == Some('T')
+    }
+
+    /// Lets it run again.
+    pub fn release(self) {}
+}
+
+impl Drop for HeldProcess {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// A process's state letter from `/proc/PID/stat` (`T`: stopped).
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name in parentheses may hold spaces: the state follows its end.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }

@@ -27,6 +27,7 @@ pub use claim_objects::{
     first_available_claim,
 };
 pub use claims::PreparedClaim;
+pub use daemons::{process_state, HeldProcess};
 pub use layout::{binary_candidates, dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions};
 pub use pods::{PodIdentity, RunningPod};
 pub use read_back::{cdi_spec_cpus, log_messages_with, metric_value};
@@ -110,6 +111,8 @@ pub enum NodeError {
     Kubelet(#[from] KubeletDraError),
     #[error("the DRA plugin is not registered with the kubelet stand-in")]
     NotRegistered,
+    #[error("cannot hold dra-plugin: {0}")]
+    Hold(String),
     #[error("claim {claim}: {error}")]
     Prepare { claim: String, error: String },
     #[error("claim {claim}: unprepare failed: {error}")]
