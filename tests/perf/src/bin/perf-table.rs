@@ -57,11 +57,8 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
     let mut bench = DraBench::new()?;
     bench.start().await.context("starting dra-plugin")?;
     let nri = bench.start_nri().await;
-    let mut rows = vec![
-        perf::dra::prepare_floor_row(&mut bench, c.fast).await?,
-        perf::dra::concurrency_row(&mut bench, c.rounds).await?,
-    ];
-    rows.extend(perf::dra::prepare_parts_rows(&mut bench, c.fast).await?);
+    let mut rows = perf::dra::prepare_floor_rows(&mut bench, c.fast).await?;
+    rows.push(perf::dra::concurrency_row(&mut bench, c.rounds).await?);
     if let Err(e) = &nri {
         eprintln!("nri-plugin did not start: {e:#}");
     }
@@ -74,7 +71,7 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
         .start()
         .await
         .context("starting dra-plugin (CDI on disk)")?;
-    rows.push(perf::dra::prepare_floor_row(&mut on_disk, c.fast).await?);
+    rows.extend(perf::dra::prepare_floor_rows(&mut on_disk, c.fast).await?);
     Ok(rows)
 }
 

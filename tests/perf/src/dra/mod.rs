@@ -8,7 +8,7 @@ mod bench;
 mod rows;
 
 pub use bench::{CdiPlacement, DraBench};
-pub use rows::{concurrency_row, footprint_rows, prepare_floor_row, prepare_parts_rows};
+pub use rows::{concurrency_row, footprint_rows, prepare_floor_rows};
 
 use anyhow::{bail, Context};
 use shared_state::topology::synthetic::MACHINE_1024;

@@ -23,26 +23,50 @@ fn floor_once(dir: &Path, bytes: &[u8]) -> anyhow::Result<Duration> {
 
 /// Row 1: one-claim NodePrepareResources against the floor, interleaved.
 /// Row 1b is the same on a bench whose CDI directory is on the store's disk.
-pub async fn prepare_floor_row(bench: &mut DraBench, samples: usize) -> anyhow::Result<Row> {
+/// On the tmpfs bench each round also times row 1's parts that are not the
+/// commit: 1c, NodePrepareResources of the claim just prepared (the same
+/// gRPC call and store lookup, with no API read and no commit), and 1d, the
+/// GET of the ResourceClaim a first prepare makes (this process's kube
+/// client, the same fake API server); 1e is prepare's own work, round by
+/// round row 1 minus 1c minus 1d, against the floor.
+pub async fn prepare_floor_rows(bench: &mut DraBench, samples: usize) -> anyhow::Result<Vec<Row>> {
     let floor_dir = bench.state_dir();
     let spec = vec![b'x'; 400];
+    let parts = bench.cdi == CdiPlacement::Tmpfs;
+    let client = bench.api.client().await?;
     let (mut prepares, mut floors) = (Vec::new(), Vec::new());
+    let (mut repeats, mut reads, mut own) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..samples {
         floors.push(floor_once(&floor_dir, &spec)?);
         let claim = bench.new_claim(2)?;
         let started = Instant::now();
         bench.prepare(&claim).await?;
-        prepares.push(started.elapsed());
+        let prepare = started.elapsed();
+        prepares.push(prepare);
+        if parts {
+            let started = Instant::now();
+            bench.prepare(&claim).await?;
+            let repeat = started.elapsed();
+            let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+                kube::Api::namespaced(client.clone(), &claim.namespace);
+            let started = Instant::now();
+            api.get(&claim.name).await?;
+            let read = started.elapsed();
+            repeats.push(repeat);
+            reads.push(read);
+            own.push(prepare.saturating_sub(repeat + read));
+        }
         bench.unprepare(std::slice::from_ref(&claim)).await?;
     }
     let (Some(p), Some(f)) = (summarize(&prepares), summarize(&floors)) else {
         bail!("no samples");
     };
+    let floor = ("write+fsync+rename 400 B, store's dir", &f);
     let (id, goal) = match bench.cdi {
         CdiPlacement::Tmpfs => ("1", Goal::RatioAtMost(1.5)),
         CdiPlacement::Disk => ("1b", Goal::None),
     };
-    Ok(Row::timed(
+    let mut rows = vec![Row::timed(
         id,
         &format!(
             "NodePrepareResources, 1 claim, real gRPC socket (store commit + CDI write; {})",
@@ -50,38 +74,12 @@ pub async fn prepare_floor_row(bench: &mut DraBench, samples: usize) -> anyhow::
         ),
         goal,
         &p,
-        Some(("write+fsync+rename 400 B, store's dir", &f)),
+        Some(floor),
         p.median,
         true,
-    ))
-}
-
-/// Rows 1c and 1d: the parts of row 1 that are not the store commit. 1c is
-/// NodePrepareResources of a claim already prepared (the same gRPC call and
-/// store lookup, with no API read and no commit); 1d is the GET of the
-/// ResourceClaim that a first prepare makes, timed from this process with the
-/// same kube client against the same fake API server.
-pub async fn prepare_parts_rows(bench: &mut DraBench, samples: usize) -> anyhow::Result<Vec<Row>> {
-    let client = bench.api.client().await?;
-    let (mut repeats, mut reads) = (Vec::new(), Vec::new());
-    for _ in 0..samples {
-        let claim = bench.new_claim(2)?;
-        bench.prepare(&claim).await?;
-        let started = Instant::now();
-        bench.prepare(&claim).await?;
-        repeats.push(started.elapsed());
-        let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> =
-            kube::Api::namespaced(client.clone(), &claim.namespace);
-        let started = Instant::now();
-        api.get(&claim.name).await?;
-        reads.push(started.elapsed());
-        bench.unprepare(std::slice::from_ref(&claim)).await?;
-    }
-    let (Some(r), Some(g)) = (summarize(&repeats), summarize(&reads)) else {
-        bail!("no samples");
-    };
-    Ok(vec![
-        Row::timed(
+    )];
+    if let (Some(r), Some(g), Some(o)) = (summarize(&repeats), summarize(&reads), summarize(&own)) {
+        rows.push(Row::timed(
             "1c",
             "part of row 1: NodePrepareResources of a prepared claim (gRPC + store lookup; no API read, no commit)",
             Goal::None,
@@ -89,8 +87,8 @@ pub async fn prepare_parts_rows(bench: &mut DraBench, samples: usize) -> anyhow:
             None,
             r.median,
             true,
-        ),
-        Row::timed(
+        ));
+        rows.push(Row::timed(
             "1d",
             "part of row 1: GET of the ResourceClaim (kube client, fake API server on loopback)",
             Goal::None,
@@ -98,8 +96,18 @@ pub async fn prepare_parts_rows(bench: &mut DraBench, samples: usize) -> anyhow:
             None,
             g.median,
             true,
-        ),
-    ])
+        ));
+        rows.push(Row::timed(
+            "1e",
+            "prepare's own work: row 1 minus 1c minus 1d, round by round (the decision, store commit, CDI spec, claim files)",
+            Goal::RatioAtMost(1.2),
+            &o,
+            Some(floor),
+            o.median,
+            true,
+        ));
+    }
+    Ok(rows)
 }
 
 /// Row 2: 32 prepares of different claims at once against 32 one after
