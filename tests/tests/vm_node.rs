@@ -1331,6 +1331,69 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         kubepods_before,
         "after the late pod: the outermost ancestor's exclusive CPUs"
     );
+
+    // A container removed while nri-plugin is down takes its partition
+    // with its cgroup, but its CPUs stay in the ancestors' exclusive CPUs:
+    // nothing remembers them. The next nri-plugin's Synchronize sweeps
+    // them out. The CPUs read back in `kubepods` while nri-plugin is away
+    // are the control: without the sweep they stay.
+    let pod = PodIdentity::new("gone");
+    let claim = node
+        .allocate_claim_with_parameters(
+            "gone-cpu",
+            &numa_device(second),
+            2,
+            &pod,
+            serde_json::json!({"apiVersion": "v1alpha1", "tuning": {"loadBalancing": "off"}}),
+        )
+        .must("allocating the gone claim");
+    let prepared = node.prepare(&claim).await.must("preparing it");
+    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let (running, _id) = node
+        .start_claim_container(&pod, &prepared, spec)
+        .await
+        .must("the gone pod's container on its CPUs");
+    assert_eq!(
+        root_isolated().difference(&isolated_before),
+        prepared.cpus,
+        "gone: isolated"
+    );
+    node.kill_nri_plugin();
+    node.delete_pod(&running)
+        .await
+        .must("deleting the gone pod while nri-plugin is down");
+    let left = ancestors.first().and_then(|a| exclusive_of(a));
+    eprintln!("gone: kubepods' exclusive CPUs with nri-plugin down: {left:?}");
+    assert!(
+        left.as_ref()
+            .is_some_and(|left| prepared.cpus.is_subset(left)),
+        "gone: the removed partition's CPUs are left in kubepods ({left:?})"
+    );
+    assert_eq!(
+        root_isolated(),
+        isolated_before,
+        "gone: the partition went with its cgroup"
+    );
+    let back = Instant::now();
+    node.start_nri_plugin().await.must("nri-plugin back");
+    loop {
+        let now = ancestors.first().and_then(|a| exclusive_of(a));
+        if now == kubepods_before {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(20),
+            "gone: kubepods' exclusive CPUs still {now:?}, want {kubepods_before:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "gone: kubepods' exclusive CPUs swept {:.1} s after nri-plugin was started",
+        back.elapsed().as_secs_f64()
+    );
+    node.unprepare(&claim)
+        .await
+        .must("unpreparing the gone claim");
     timed("i (isolated partition)", started);
 }
 

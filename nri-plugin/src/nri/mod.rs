@@ -82,6 +82,21 @@ impl DraCpuPlugin {
             }
         }
         self.enforcer.reconcile_partitions();
+        // A partition whose container was removed while this process was
+        // down left its CPUs in the ancestors' exclusive CPUs: nothing else
+        // remembers them.
+        let paths: Vec<String> = containers.iter().map(cgroups_path).collect();
+        match keeper.sweep_stale_exclusive(paths.iter().map(String::as_str)) {
+            Ok(swept) if swept.is_empty() => {}
+            Ok(swept) => tracing::info!(
+                cgroups = ?swept,
+                "exclusive CPUs no partition holds any more taken from these cgroups"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "sweeping exclusive CPUs no partition holds failed"
+            ),
+        }
     }
 
     /// Gives back the isolated partition of a container that stopped (or

@@ -225,6 +225,17 @@ impl PartitionKeeper {
         released
     }
 
+    /// Sweeps the exclusive CPUs no partition holds out of the ancestors of
+    /// these cgroups (see [`IsolatedPartitions::sweep_stale_exclusive`]),
+    /// under the lock that makes and gives back partitions.
+    pub fn sweep_stale_exclusive<'p>(
+        &self,
+        cgroups_paths: impl IntoIterator<Item = &'p str>,
+    ) -> Result<Vec<std::path::PathBuf>, PartitionError> {
+        let _containers = self.lock();
+        self.partitions.sweep_stale_exclusive(cgroups_paths)
+    }
+
     /// Containers remembered as holding a partition.
     pub fn held(&self) -> usize {
         self.lock().held.len()

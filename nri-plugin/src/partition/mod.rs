@@ -30,8 +30,8 @@ pub mod keeper;
 pub mod plan;
 
 use plan::{
-    ancestors, container_cgroup, isolate_writes, partition_state, release_writes, CgroupPathError,
-    PartitionState, Write, EXCLUSIVE, PARTITION,
+    ancestors, container_cgroup, isolate_writes, partition_state, release_writes,
+    stale_exclusive_write, CgroupPathError, PartitionState, Write, EXCLUSIVE, PARTITION,
 };
 
 /// Why a container could not get its isolated partition.
@@ -207,6 +207,71 @@ impl IsolatedPartitions {
     }
 }
 
+impl IsolatedPartitions {
+    /// Takes the exclusive CPUs no cgroup below holds out of the subtrees
+    /// the running containers live in (their OCI `linux.cgroupsPath`; the
+    /// walk starts at each one's outermost ancestor, `kubepods`): what a
+    /// partition leaves in `kubepods`, its QoS cgroup and its pod cgroup
+    /// when its container is removed while nri-plugin is down, and nobody
+    /// gives its CPUs back. Bottom up, so a parent sees its children swept;
+    /// only cgroups with exclusive CPUs are descended into (a child's are
+    /// always its parent's). Returns the cgroups written.
+    pub fn sweep_stale_exclusive<'p>(
+        &self,
+        cgroups_paths: impl IntoIterator<Item = &'p str>,
+    ) -> Result<Vec<PathBuf>, PartitionError> {
+        let mut tops: Vec<PathBuf> = cgroups_paths
+            .into_iter()
+            .filter_map(|path| container_cgroup(path).ok())
+            .filter_map(|cgroup| ancestors(&cgroup).into_iter().next())
+            .collect();
+        tops.sort();
+        tops.dedup();
+        let mut swept = Vec::new();
+        for top in tops {
+            self.sweep_below(&top, &mut swept)?;
+        }
+        Ok(swept)
+    }
+
+    /// Sweeps `dir` and what is below it; returns its exclusive CPUs after.
+    fn sweep_below(&self, dir: &Path, swept: &mut Vec<PathBuf>) -> Result<CpuSet, PartitionError> {
+        let exclusive = match self.read_cpus(dir) {
+            Ok(cpus) => cpus,
+            // Gone meanwhile, or no cpuset here: it holds nothing.
+            Err(PartitionError::Read { source, .. })
+                if source.kind() == io::ErrorKind::NotFound =>
+            {
+                return Ok(CpuSet::new())
+            }
+            Err(e) => return Err(e),
+        };
+        if exclusive.is_empty() {
+            return Ok(exclusive);
+        }
+        let here = self.root.join(dir);
+        let entries = std::fs::read_dir(&here).map_err(|source| PartitionError::Read {
+            file: here.clone(),
+            source,
+        })?;
+        let mut children = Vec::new();
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                children.push(self.sweep_below(&dir.join(entry.file_name()), swept)?);
+            }
+        }
+        let partition = partition_state(&self.read(dir, PARTITION)?);
+        match stale_exclusive_write(dir, &exclusive, &partition, &children) {
+            Some(write) => {
+                self.apply(std::slice::from_ref(&write))?;
+                swept.push(dir.to_path_buf());
+                self.read_cpus(dir)
+            }
+            None => Ok(exclusive),
+        }
+    }
+}
+
 /// A fake cgroup tree for tests: plain files, so the partition file reads
 /// back what was written (`isolated`), as a kernel that accepted it would.
 #[cfg(test)]
@@ -322,5 +387,51 @@ mod tests {
             err.to_string().contains("cpuset controller is not enabled"),
             "{err}"
         );
+    }
+
+    /// A pod removed while nri-plugin was down left 6 in `kubepods` and its
+    /// QoS cgroup: the sweep takes it out, bottom up, and keeps 2-3, which
+    /// a running container's partition still holds. A second sweep writes
+    /// nothing. Control: without the sweep, 6 stays (read before it).
+    #[test]
+    fn a_sweep_takes_exclusive_cpus_no_partition_holds() {
+        let (dir, p) = tree(&[
+            "kubepods",
+            "kubepods/burstable",
+            "kubepods/burstable/pod1",
+            "kubepods/burstable/pod1/c",
+            "kubepods/besteffort",
+            "kubepods/besteffort/pod2/s",
+        ]);
+        p.isolate("/kubepods/burstable/pod1/c", &set("2-3"))
+            .expect("isolate");
+        for d in ["kubepods", "kubepods/burstable"] {
+            std::fs::write(dir.path().join(d).join(EXCLUSIVE), "2-3,6\n").expect("left behind");
+        }
+        assert_eq!(
+            read(&dir, "kubepods/burstable/cpuset.cpus.exclusive"),
+            "2-3,6"
+        );
+        let paths = ["/kubepods/burstable/pod1/c", "/kubepods/besteffort/pod2/s"];
+        let swept = p.sweep_stale_exclusive(paths).expect("sweep");
+        assert_eq!(
+            swept,
+            vec![
+                PathBuf::from("kubepods/burstable"),
+                PathBuf::from("kubepods")
+            ]
+        );
+        for d in ["kubepods", "kubepods/burstable", "kubepods/burstable/pod1"] {
+            assert_eq!(
+                read(&dir, &format!("{d}/cpuset.cpus.exclusive")),
+                "2-3",
+                "{d}"
+            );
+        }
+        assert_eq!(
+            read(&dir, "kubepods/burstable/pod1/c/cpuset.cpus.partition"),
+            "isolated"
+        );
+        assert!(p.sweep_stale_exclusive(paths).expect("again").is_empty());
     }
 }

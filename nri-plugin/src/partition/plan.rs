@@ -187,6 +187,32 @@ pub fn release_writes(
     writes
 }
 
+/// The write that takes from a `member` cgroup the exclusive CPUs none of
+/// its children holds, if any: a member's exclusive CPUs only pass to the
+/// remote partitions below it, so those are left behind by a partition
+/// whose container went while nobody gave its CPUs back (removed while
+/// nri-plugin was down). A partition root's own exclusive CPUs are its own
+/// and never taken.
+pub fn stale_exclusive_write(
+    dir: &Path,
+    exclusive: &CpuSet,
+    partition: &PartitionState,
+    children: &[CpuSet],
+) -> Option<Write> {
+    if exclusive.is_empty() || *partition != PartitionState::Other("member".into()) {
+        return None;
+    }
+    let held = children
+        .iter()
+        .fold(CpuSet::new(), |held, child| held.union(child));
+    let kept = exclusive.intersection(&held);
+    (kept != *exclusive).then(|| Write {
+        dir: dir.to_path_buf(),
+        file: EXCLUSIVE,
+        value: kept.to_cpulist(),
+    })
+}
+
 /// What `cpuset.cpus.partition` says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartitionState {
@@ -346,6 +372,45 @@ mod tests {
             ("root", PartitionState::Other("root".into())),
         ] {
             assert_eq!(partition_state(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn stale_exclusive_cpus_leave_members_only() {
+        let member = PartitionState::Other("member".into());
+        // (exclusive, partition, children's exclusive, kept)
+        let cases: Vec<(&str, PartitionState, Vec<&str>, Option<&str>)> = vec![
+            // A child still holds 2-3; 6 is nobody's.
+            ("2-3,6", member.clone(), vec!["2-3", ""], Some("2-3")),
+            // Nothing below holds any.
+            ("2-3", member.clone(), vec![], Some("")),
+            // All held: nothing written.
+            ("2-3", member.clone(), vec!["2", "3"], None),
+            ("", member.clone(), vec![], None),
+            // A partition root's exclusive CPUs are its own.
+            ("2-3", PartitionState::Isolated, vec![], None),
+            ("2-3", PartitionState::Other("root".into()), vec![], None),
+            ("2-3", PartitionState::Invalid("x".into()), vec![], None),
+        ];
+        for (exclusive, partition, children, kept) in cases {
+            let children: Vec<CpuSet> = children.into_iter().map(set).collect();
+            let write = stale_exclusive_write(
+                Path::new("kubepods"),
+                &set(exclusive),
+                &partition,
+                &children,
+            );
+            assert_eq!(
+                write.as_ref().map(|w| w.value.as_str()),
+                kept.map(|k| set(k).to_cpulist()).as_deref(),
+                "{exclusive} {partition:?}"
+            );
+            if let Some(w) = write {
+                assert_eq!(
+                    (w.dir.as_path(), w.file),
+                    (Path::new("kubepods"), EXCLUSIVE)
+                );
+            }
         }
     }
 }
