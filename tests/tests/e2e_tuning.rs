@@ -56,6 +56,22 @@ async fn quota(node: &mut Node, id: &str) -> Option<u64> {
     cfs_quota_of(pid).must("reading the container's CFS quota")
 }
 
+/// Waits (30 s at most) until the container has no CFS quota.
+async fn wait_no_quota(node: &mut Node, id: &str) {
+    let waited = std::time::Instant::now();
+    loop {
+        let now = quota(node, id).await;
+        if now.is_none() {
+            return;
+        }
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(30),
+            "the container's quota is still {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 fn tuning_node() -> NodeOptions {
     NodeOptions {
         low_latency_tuning: true,
@@ -113,18 +129,7 @@ async fn cfs_quota_off_reaches_a_container_started_while_nri_plugin_was_away() {
     node.wait_cpus(&id, &prepared.cpus)
         .await
         .must("the container on its claim's CPUs");
-    let waited = std::time::Instant::now();
-    loop {
-        let now = quota(&mut node, &id).await;
-        if now.is_none() {
-            break;
-        }
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(30),
-            "the container's quota is still {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_no_quota(&mut node, &id).await;
 }
 
 /// A container created while dra-plugin does not answer, after nri-plugin
@@ -172,18 +177,7 @@ async fn cfs_quota_off_reaches_a_container_created_while_dra_plugin_did_not_answ
         )
         .await
         .must("a shared pod, an NRI event");
-    let waited = std::time::Instant::now();
-    loop {
-        let now = quota(&mut node, &id).await;
-        if now.is_none() {
-            break;
-        }
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(30),
-            "the container's quota is still {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_no_quota(&mut node, &id).await;
 }
 
 #[tokio::test]

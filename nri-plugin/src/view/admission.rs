@@ -197,6 +197,19 @@ mod tests {
     use shared_state::NodeSnapshot;
     use std::collections::HashMap;
 
+    /// A view that knows CLAIM_2 (CPUs 6-7) from its CDI spec alone, as a
+    /// restarted nri-plugin does, and a resolver giving `answer` for it.
+    fn spec_only_view(answer: Resolution) -> (Mutex<NodeView>, TableResolver) {
+        let mut v = view(false);
+        v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
+            .expect("from the spec");
+        let resolver = TableResolver {
+            answers: HashMap::from([(CLAIM_2.to_string(), answer)]),
+            ..Default::default()
+        };
+        (Mutex::new(v), resolver)
+    }
+
     #[test]
     fn resolution_paths_table() {
         let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
@@ -289,17 +302,7 @@ mod tests {
     #[test]
     fn a_quota_learned_after_creation_is_turned_off_once() {
         for asks in [true, false] {
-            let mut v = view(false);
-            v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
-                .expect("from the spec");
-            let view = Mutex::new(v);
-            let resolver = TableResolver {
-                answers: HashMap::from([(
-                    CLAIM_2.to_string(),
-                    Resolution::Unverifiable("down".into()),
-                )]),
-                ..Default::default()
-            };
+            let (view, resolver) = spec_only_view(Resolution::Unverifiable("down".into()));
             let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], Some(2));
             let created = run(admit_container(&view, &c, &resolver)).expect("created");
             assert!(!created.cfs_quota_off);
@@ -382,14 +385,7 @@ mod tests {
             (Resolution::FromCdi(set("6-7")), Ok(false), true),
         ];
         for (answer, want, provisional) in cases {
-            let mut v = view(false);
-            v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
-                .expect("from the spec");
-            let view = Mutex::new(v);
-            let resolver = TableResolver {
-                answers: HashMap::from([(CLAIM_2.to_string(), answer.clone())]),
-                ..Default::default()
-            };
+            let (view, resolver) = spec_only_view(answer.clone());
             let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
             let got = run(admit_container(&view, &c, &resolver));
             match (&got, want) {
@@ -417,16 +413,9 @@ mod tests {
     fn synchronize_asks_dra_plugin_about_a_provisional_claim_and_learns_its_tuning() {
         // nri-plugin restarted: the claim is known from its CDI spec only,
         // which says nothing of its pod or its tuning.
-        let mut v = view(false);
-        v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
-            .expect("from the spec");
-        let view = Mutex::new(v);
         let mut tuned = claim(CLAIM_2, "6-7", POD_A);
         tuned.tuning.load_balancing_off = true;
-        let resolver = TableResolver {
-            answers: HashMap::from([(CLAIM_2.to_string(), Resolution::Prepared(tuned))]),
-            ..Default::default()
-        };
+        let (view, resolver) = spec_only_view(Resolution::Prepared(tuned));
         let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
         run(synchronize_containers(&view, &[c], &resolver));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
@@ -435,17 +424,7 @@ mod tests {
 
         // The control: dra-plugin unreachable, the claim stays what the
         // spec says, untuned, and the container is kept on its CPUs.
-        let mut v = self::view(false);
-        v.learn_claim(cdi_claim(CLAIM_2, set("6-7")), ClaimOrigin::CdiSpec)
-            .expect("from the spec");
-        let view = Mutex::new(v);
-        let resolver = TableResolver {
-            answers: HashMap::from([(
-                CLAIM_2.to_string(),
-                Resolution::Unverifiable("dra-plugin down".into()),
-            )]),
-            ..Default::default()
-        };
+        let (view, resolver) = spec_only_view(Resolution::Unverifiable("dra-plugin down".into()));
         let mut c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
         c.cpus = set("0-7");
         let out = run(synchronize_containers(&view, &[c], &resolver));
