@@ -93,7 +93,7 @@ impl DraService {
     pub async fn prepare_one(&self, claim: ClaimRef) -> Result<Prepared, PrepareError> {
         let span = tracing::info_span!(
             "prepare",
-            claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name,
+            claim_uid = %claim.uid, namespace = %claim.namespace, claim_name = %claim.name,
             pods = tracing::field::Empty, cpus = tracing::field::Empty
         );
         let started = std::time::Instant::now();
@@ -105,15 +105,17 @@ impl DraService {
             if !self.driver.needs_claim_object(&claim.uid) {
                 let driver = self.driver.clone();
                 let task_claim = claim.clone();
-                let known =
-                    tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
-                        .await
-                        .unwrap_or_else(|e| {
-                            Some(Err(PrepareError::Internal {
-                                claim: claim.to_string(),
-                                reason: format!("prepare task failed: {e}"),
-                            }))
-                        });
+                let task_span = span.clone();
+                let known = tokio::task::spawn_blocking(move || {
+                    task_span.in_scope(|| driver.already_prepared(&task_claim))
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Some(Err(PrepareError::Internal {
+                        claim: claim.to_string(),
+                        reason: format!("prepare task failed: {e}"),
+                    }))
+                });
                 if let Some(answer) = known {
                     return answer;
                 }
@@ -139,15 +141,18 @@ impl DraService {
             let results = results_of(&object, &self.driver.options().driver_name);
             let driver = self.driver.clone();
             let claim_for_task = claim.clone();
-            let prepared =
-                tokio::task::spawn_blocking(move || driver.prepare(&claim_for_task, &object))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(PrepareError::Internal {
-                            claim: claim.to_string(),
-                            reason: format!("prepare task failed: {e}"),
-                        })
-                    });
+            // What the prepare logs carries the claim, off the async workers too.
+            let task_span = span.clone();
+            let prepared = tokio::task::spawn_blocking(move || {
+                task_span.in_scope(|| driver.prepare(&claim_for_task, &object))
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(PrepareError::Internal {
+                    claim: claim.to_string(),
+                    reason: format!("prepare task failed: {e}"),
+                })
+            });
             if let (Ok(prepared), Some((writer, places))) = (&prepared, &self.status) {
                 let catalog = self.driver.catalog();
                 let body = prepared_status(
@@ -183,19 +188,22 @@ impl DraService {
     }
 
     pub async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
-        let span = tracing::info_span!("unprepare", claim_uid = %claim.uid, namespace = %claim.namespace, name = %claim.name);
+        let span = tracing::info_span!("unprepare", claim_uid = %claim.uid, namespace = %claim.namespace, claim_name = %claim.name);
         let started = std::time::Instant::now();
         let driver = self.driver.clone();
         let task_claim = claim.clone();
-        let result = tokio::task::spawn_blocking(move || driver.unprepare(&task_claim))
-            .instrument(span.clone())
-            .await
-            .unwrap_or_else(|e| {
-                Err(PrepareError::Internal {
-                    claim: claim.to_string(),
-                    reason: format!("unprepare task failed: {e}"),
-                })
-            });
+        let task_span = span.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            task_span.in_scope(|| driver.unprepare(&task_claim))
+        })
+        .instrument(span.clone())
+        .await
+        .unwrap_or_else(|e| {
+            Err(PrepareError::Internal {
+                claim: claim.to_string(),
+                reason: format!("unprepare task failed: {e}"),
+            })
+        });
         match (&result, &self.status) {
             (Err(e), _) => tracing::warn!(parent: &span, error = %e, "unprepare failed"),
             (Ok(()), Some((writer, _))) => {

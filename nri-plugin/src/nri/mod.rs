@@ -254,7 +254,7 @@ impl NriPlugin for DraCpuPlugin {
         let started = Instant::now();
         let info = container_info(&pod, &container);
         let span = tracing::info_span!(
-            "create_container", container = %info.id, name = %info.name,
+            "create_container", container = %info.id, container_name = %info.name,
             pod = %info.pod_name, namespace = %info.pod_namespace, pod_uid = %info.pod_uid
         );
         match admit_container(&self.enforcer.view, &info, self.resolver.as_ref()).await {
@@ -328,7 +328,7 @@ impl NriPlugin for DraCpuPlugin {
             return Ok(());
         };
         let span = tracing::info_span!(
-            "start_container", container = %container.id, name = %container.name,
+            "start_container", container = %container.id, container_name = %container.name,
             pod = %pod.name, namespace = %pod.namespace, cpus = %cpus
         );
         let outcome = match &self.enforcer.partitions {

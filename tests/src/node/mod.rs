@@ -30,7 +30,7 @@ pub use claims::PreparedClaim;
 pub use daemons::{process_state, HeldProcess};
 pub use layout::{binary_candidates, dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions};
 pub use pods::{PodIdentity, RunningPod};
-pub use read_back::{cdi_spec_cpus, log_messages_with, metric_value};
+pub use read_back::{cdi_spec_cpus, log_line_problems, log_messages_with, metric_value};
 
 use crate::apiserver::{FakeApiServer, FakeApiServerError};
 use crate::cgroup::CgroupError;

@@ -40,6 +40,81 @@ pub fn log_messages_with(log: &str, fragment: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What is wrong with a log of JSON lines, one problem a line: a line that
+/// is not one JSON object, or an object (at any depth) that holds a key
+/// twice, which a log pipeline reads as one value or refuses. Lines of
+/// other output (a panic message) are problems too.
+pub fn log_line_problems(log: &str) -> Vec<String> {
+    log.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .filter_map(|(i, line)| {
+            let mut de = serde_json::Deserializer::from_str(line);
+            match serde::de::Deserializer::deserialize_any(&mut de, UniqueKeys)
+                .and_then(|top| de.end().map(|()| top))
+            {
+                Ok(true) => None,
+                Ok(false) => Some(format!("line {}: not a JSON object: {line}", i + 1)),
+                Err(e) => Some(format!("line {}: {e}: {line}", i + 1)),
+            }
+        })
+        .collect()
+}
+
+/// A JSON value read only to refuse an object with a key twice; yields
+/// whether the value was an object.
+struct UniqueKeys;
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys {
+    type Value = bool;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("key {key:?} twice")));
+            }
+            map.next_value_seed(UniqueKeys)?;
+        }
+        Ok(true)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element_seed(UniqueKeys)?.is_some() {}
+        Ok(false)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +186,33 @@ mod tests {
             let spec = json!({"devices": [{"containerEdits": {"env": [format!("DRA_CPUSET_u={}", set.to_cpulist())]}}]});
             prop_assert_eq!(cdi_spec_cpus(&spec, "u"), Some(set));
         }
+    }
+
+    #[test]
+    fn log_line_problems_name_duplicate_keys_at_any_depth() {
+        let log = concat!(
+            "{\"fields\":{\"message\":\"ok\"},\"span\":{\"claim_uid\":\"u\",\"name\":\"prepare\"}}\n",
+            "{\"span\":{\"name\":\"app\",\"name\":\"create_container\"}}\n",
+            "{\"spans\":[{\"a\":1},{\"a\":1,\"a\":2}]}\n",
+            "\n",
+            "thread 'main' panicked\n",
+            "[1]\n",
+            "{\"a\":1} {\"b\":2}\n",
+        );
+        let problems = log_line_problems(log);
+        let lines: Vec<&str> = problems
+            .iter()
+            .map(|p| p.split(':').next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            lines,
+            ["line 2", "line 3", "line 5", "line 6", "line 7"],
+            "{problems:#?}"
+        );
+        assert!(
+            problems[0].contains("key \"name\" twice"),
+            "{}",
+            problems[0]
+        );
     }
 }
