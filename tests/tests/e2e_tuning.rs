@@ -14,7 +14,9 @@ mod e2e_common;
 use dra_cpu_tests::cgroup::cfs_quota_of;
 use dra_cpu_tests::cri::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::Claim;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod, GROUPED_DEVICE};
+use dra_cpu_tests::node::{
+    Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, GROUPED_DEVICE,
+};
 use e2e_common::{devices, node, Must};
 use serde_json::{json, Value};
 
@@ -49,6 +51,26 @@ async fn limited_claim_pod(
         .await
         .must("the claim container on its CPU");
     (claim, running, id)
+}
+
+/// Pod `pod` whose container `app` uses the prepared claim and is limited
+/// to 1 CPU, started without waiting for its cpuset (nri-plugin or
+/// dra-plugin is away); its id.
+async fn start_limited_pod(
+    node: &mut Node,
+    pod: &PodIdentity,
+    prepared: &PreparedClaim,
+    when: &str,
+) -> (RunningPod, String) {
+    let spec = ContainerSpec::sleeper("app")
+        .with_cdi_device(&prepared.cdi_device)
+        .with_cpu(Some(1000), Some(1000));
+    let running = node
+        .start_pod(pod, &[spec])
+        .await
+        .must(&format!("starting the pod {when}"));
+    let id = running.id("app").to_string();
+    (running, id)
 }
 
 async fn quota(node: &mut Node, id: &str) -> Option<u64> {
@@ -112,14 +134,7 @@ async fn cfs_quota_off_reaches_a_container_started_while_nri_plugin_was_away() {
     let (pod, claim) = tuned_claim(&node, "late", json!({"cfsQuota": "off"}));
     let prepared = node.prepare(&claim).await.must("preparing the claim");
     node.kill_nri_plugin();
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&prepared.cdi_device)
-        .with_cpu(Some(1000), Some(1000));
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must("starting the pod without nri-plugin");
-    let id = running.id("app").to_string();
+    let (_running, id) = start_limited_pod(&mut node, &pod, &prepared, "without nri-plugin").await;
     assert_eq!(
         quota(&mut node, &id).await,
         Some(100_000),
@@ -149,14 +164,8 @@ async fn cfs_quota_off_reaches_a_container_created_while_dra_plugin_did_not_answ
     node.start_nri_plugin_unsubscribed()
         .await
         .must("nri-plugin registered with the runtime");
-    let spec = ContainerSpec::sleeper("app")
-        .with_cdi_device(&prepared.cdi_device)
-        .with_cpu(Some(1000), Some(1000));
-    let running = node
-        .start_pod(&pod, &[spec])
-        .await
-        .must("starting the pod while dra-plugin is held");
-    let id = running.id("app").to_string();
+    let (_running, id) =
+        start_limited_pod(&mut node, &pod, &prepared, "while dra-plugin is held").await;
     node.wait_cpus(&id, &prepared.cpus)
         .await
         .must("the container on its claim's CPUs from the CDI spec");

@@ -454,6 +454,21 @@ mod tests {
         }
     }
 
+    /// Runs `work` on one thread against an [`AllAtOnce`] resolver: claims
+    /// asked one at a time never pass its barrier, so the timeout is the
+    /// failure (deadlock detection only, not a time limit).
+    fn asked_at_once<T>(work: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                tokio::time::timeout(std::time::Duration::from_secs(30), work)
+                    .await
+                    .expect("the claims were asked one at a time")
+            })
+    }
+
     #[test]
     fn synchronize_asks_about_all_unknown_claims_at_once() {
         let view = Mutex::new(view(false));
@@ -462,19 +477,7 @@ mod tests {
         };
         let a = container("a", POD_A, &[&env(CLAIM_1, "2")], None);
         let b = container("b", POD_A, &[&env(CLAIM_2, "3")], None);
-        let out = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime")
-            .block_on(async {
-                // Deadlock detection only: one at a time never passes the barrier.
-                tokio::time::timeout(
-                    std::time::Duration::from_secs(30),
-                    synchronize_containers(&view, &[a, b], &resolver),
-                )
-                .await
-                .expect("the claims were asked one at a time")
-            });
+        let out = asked_at_once(synchronize_containers(&view, &[a, b], &resolver));
         assert_eq!(out.updates, updates(&[("a", "2"), ("b", "3")]));
     }
 
@@ -490,20 +493,7 @@ mod tests {
             barrier: tokio::sync::Barrier::new(2),
         };
         let c = container("c", POD_A, &[&env(CLAIM_1, "2"), &env(CLAIM_2, "3")], None);
-        let decided = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .expect("runtime")
-            .block_on(async {
-                // Deadlock detection only: one at a time never passes the barrier.
-                tokio::time::timeout(
-                    std::time::Duration::from_secs(30),
-                    admit_container(&view, &c, &resolver),
-                )
-                .await
-                .expect("the claims were asked one at a time")
-            })
-            .expect("admitted");
+        let decided = asked_at_once(admit_container(&view, &c, &resolver)).expect("admitted");
         assert_eq!(decided.cpuset, set("2-3"));
         assert!(!lock(&view).is_provisional(CLAIM_1));
         assert!(!lock(&view).is_provisional(CLAIM_2));
