@@ -57,6 +57,12 @@ die() { log "$*"; exit 1; }
 
 in_netns() { nsenter --net="/run/netns/$netns" -- "$@"; }
 
+# DRA_CPU_PREBUILT=1: the driver's binaries, the image tool and the
+# components were built beforehand, on a machine with cargo and the Go module
+# proxy (the VM node has neither: scripts/real-node-tests.sh --vm builds on
+# the host and runs this in the guest); build nothing, use what is there.
+prebuilt() { [ -n "${DRA_CPU_PREBUILT:-}" ]; }
+
 # --- what runs where ---------------------------------------------------------
 load_versions() {
   if [ -f "$dir/versions" ]; then
@@ -225,6 +231,12 @@ make_cgroup_root() {
   fi
 }
 
+# The processes whose arguments name "$1" (pgrep -f, which a minimal image
+# such as the VM node's lacks).
+processes_naming() {
+  grep -lzF -- "$1" /proc/[0-9]*/cmdline 2>/dev/null | sed -n 's#^/proc/\([0-9]*\)/cmdline$#\1#p' || true
+}
+
 # Removes the cgroup tree under "$1" bottom-up (its processes must be gone).
 remove_cgroup_tree() {
   [ -d "$1" ] || return 0
@@ -243,7 +255,7 @@ import_images() {
 }
 
 oci_image_tool() {
-  cargo build --quiet -p dra-cpu-tests --bin oci-image >&2
+  prebuilt || cargo build --quiet -p dra-cpu-tests --bin oci-image >&2
   echo "$(cargo_target)/debug/oci-image"
 }
 
@@ -269,7 +281,7 @@ install_driver() {
   [ -n "$tag" ] || die "no appVersion in charts/dra-cpu/Chart.yaml"
   [ "$profile" = release ] && flag=(--release)
   log "building dra-plugin and nri-plugin ($profile) and the image dra-cpu.test/dra-cpu:$tag"
-  cargo build --quiet "${flag[@]}" -p dra-plugin -p nri-plugin --bin dra-plugin --bin nri-plugin
+  prebuilt || cargo build --quiet "${flag[@]}" -p dra-plugin -p nri-plugin --bin dra-plugin --bin nri-plugin
   tool="$(oci_image_tool)"
   digest="$("$tool" driver "dra-cpu.test/dra-cpu:$tag" "$dir/images/driver.tar" \
     "$(cargo_target)/$profile/dra-plugin" "$(cargo_target)/$profile/nri-plugin" | awk '{print $2}')"
@@ -367,7 +379,14 @@ up() {
     *) die "usage: up [--oldest | --versions KUBERNETES CONTAINERD]" ;;
   esac
   components
-  scripts/build-components.sh pair "$KUBERNETES_VERSION" "$CONTAINERD_VERSION"
+  if prebuilt; then
+    local built
+    for built in "$kube_bin" "$ctd_bin" "${runc_bin%/runc}" "$cni_bin" "${etcd_bin%/etcd}"; do
+      [ -f "$built/.complete" ] || die "DRA_CPU_PREBUILT is set but $built was not built (scripts/build-components.sh)"
+    done
+  else
+    scripts/build-components.sh pair "$KUBERNETES_VERSION" "$CONTAINERD_VERSION"
+  fi
   command -v nsenter >/dev/null || die "nsenter not found (util-linux)"
   [ -e /dev/net/tun ] || true
 
@@ -544,7 +563,7 @@ down() {
   # directory, the shims and containers included (their cgroups are ours).
   local pids
   for _ in 1 2 3; do
-    pids="$(pgrep -f -- "$dir/" || true)"
+    pids="$(processes_naming "$dir/")"
     for name in "$dir"/pids/*; do
       [ -f "$name" ] && pids="$pids $(cat "$name")"
     done

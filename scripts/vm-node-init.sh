@@ -35,6 +35,13 @@ mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm || die "tmpfs /dev/shm"
 mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup || die "cgroup2"
 echo "+cpuset +cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control ||
   die "cannot enable cpuset, cpu, memory and pids in /sys/fs/cgroup/cgroup.subtree_control"
+# What a kubelet also asks of its cgroup where the kernel has it (hugetlb; io
+# for its stats), as a systemd host delegates them.
+for controller in hugetlb io; do
+  if grep -qw "$controller" /sys/fs/cgroup/cgroup.controllers; then
+    echo "+$controller" >/sys/fs/cgroup/cgroup.subtree_control || die "cannot enable $controller"
+  fi
+done
 # The kernel's sysrq must accept the power-off below.
 echo 1 >/proc/sys/kernel/sysrq
 ip link set lo up || die "lo up"

@@ -30,7 +30,7 @@ snapshot=on) unless --disk is given.
 
 The guest sees the checkout (and CARGO_TARGET_DIR when it is elsewhere) at
 the same path through virtio 9p, so binaries built on the host run there.
-It mounts cgroup2 with +cpuset +cpu +memory +pids delegated, tmpfs /run and
+It mounts cgroup2 with +cpuset +cpu +memory +pids (and +hugetlb +io) delegated, tmpfs /run and
 /tmp, devpts, brings lo up, loads overlay and writes /etc/hosts. COMMAND sees
 DRA_CPU_VM_NODE=<sockets>x<cores>x<threads>,numa=<n> in its environment, and
 CI, RUST_BACKTRACE, RUST_LOG, CARGO_TARGET_DIR, DRA_PLUGIN_BIN, NRI_PLUGIN_BIN

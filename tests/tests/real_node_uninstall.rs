@@ -1,6 +1,6 @@
 //! `helm uninstall` on the real node leaves nothing of the driver behind: no
 //! ResourceSlice, no CDI spec, no kubelet socket, and no container held off
-//! CPUs. Run by scripts/real-node-tests.sh after tests/tests/real_node.rs,
+//! CPUs. Run by scripts/real-node-tests.sh after tests/tests/real_node/,
 //! since it removes the driver (ignored in `cargo test`).
 
 // Test support: a panic here fails the test that called it.

@@ -140,6 +140,37 @@ pub fn online_cpus() -> Result<CpuSet, CgroupError> {
     read_cpulist(Path::new(ONLINE_CPUS))
 }
 
+/// The CPUs of each NUMA node (`/sys/devices/system/node/node<N>/cpulist`),
+/// in the order of the nodes' numbers; one set of every online CPU where the
+/// kernel has no NUMA nodes to list.
+pub fn numa_node_cpus() -> Result<Vec<CpuSet>, CgroupError> {
+    let dir = Path::new("/sys/devices/system/node");
+    let mut nodes: Vec<(u32, CpuSet)> = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![online_cpus()?]),
+        Err(source) => {
+            return Err(CgroupError::Read {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("node"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        nodes.push((number, read_cpulist(&entry.path().join("cpulist"))?));
+    }
+    nodes.sort_by_key(|(number, _)| *number);
+    Ok(nodes.into_iter().map(|(_, cpus)| cpus).collect())
+}
+
 /// Files the tests of several rooms read.
 #[cfg(test)]
 mod test_files {

@@ -22,6 +22,8 @@ use dra_cpu_tests::real_node::{
 use serde_json::Value;
 use shared_state::CpuSet;
 
+mod many_cpus;
+
 /// One scenario at a time on the one node.
 static NODE: Mutex<()> = Mutex::new(());
 
