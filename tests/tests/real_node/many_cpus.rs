@@ -38,7 +38,9 @@ fn assert_disjoint(claims: &[(String, CpuSet)]) {
 }
 
 fn union(claims: &[(String, CpuSet)]) -> CpuSet {
-    claims.iter().fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus))
+    claims
+        .iter()
+        .fold(CpuSet::new(), |all, (_, cpus)| all.union(cpus))
 }
 
 /// The CPUs `status.nodeAllocatableResourceClaimStatuses` of a pod says its
@@ -225,7 +227,11 @@ fn a_claim_of_two_requests_gets_two_distinct_cpus() {
 fn exclusive_mixed_and_shared_pods_hold_through_a_burst_and_every_restart() {
     const BURST: usize = 3;
     let (_guard, node) = node();
-    if !holds(&node, 3 + BURST, "exclusive, mixed and shared pods with a burst") {
+    if !holds(
+        &node,
+        3 + BURST,
+        "exclusive, mixed and shared pods with a burst",
+    ) {
         return;
     }
     let ns = TestNamespace::new(&node, "all-kinds").unwrap();
@@ -374,8 +380,13 @@ fn an_offline_cpu_turns_its_device_unhealthy_and_back() {
         return;
     }
     let ns = TestNamespace::new(&node, "offline").unwrap();
-    node.apply(&claim_template_yaml(&ns.name, "two-cpus", 2, grouped(&node)))
-        .unwrap();
+    node.apply(&claim_template_yaml(
+        &ns.name,
+        "two-cpus",
+        2,
+        grouped(&node),
+    ))
+    .unwrap();
     node.apply(&pod_yaml(&ns.name, "claim", None, &[("cpus", "two-cpus")]))
         .unwrap();
     node.wait_running(&ns.name, "claim", POD_START).unwrap();
