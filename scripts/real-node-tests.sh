@@ -70,14 +70,16 @@ if [ "$vm" -eq 1 ]; then
     debug) cargo build --quiet -p dra-plugin -p nri-plugin --bin dra-plugin --bin nri-plugin ;;
     *) echo "real-node-tests: DRA_CPU_IMAGE_PROFILE is release or debug, not $profile" >&2; exit 2 ;;
   esac
-  cargo build --quiet -p dra-cpu-tests --bin oci-image
+  archive="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)/real-node-driver.tar"
+  DRA_CPU_IMAGE_PROFILE="$profile" scripts/real-node.sh image "$archive"
   scenarios_bin="$(test_binary real_node)" uninstall_bin="$(test_binary real_node_uninstall)"
   [ -x "$scenarios_bin" ] && [ -x "$uninstall_bin" ] || { echo "real-node-tests: the test binaries were not built" >&2; exit 1; }
   command -v helm >/dev/null || { echo "real-node-tests: helm not found (scripts/install-deps.sh)" >&2; exit 1; }
   helm_dir="$(dirname "$(command -v helm)")"
   exec scripts/vm-node.sh --memory 6144 --timeout 3000 \
     --share "$(dirname "$(scripts/build-components.sh --print-dir etcd)")" --share "$helm_dir" \
-    --env DRA_CPU_PREBUILT=1 --env "DRA_CPU_IMAGE_PROFILE=$profile" --env "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$helm_dir" \
+    --env DRA_CPU_PREBUILT=1 --env "DRA_CPU_IMAGE_PROFILE=$profile" --env "DRA_CPU_DRIVER_ARCHIVE=$archive" \
+    --env "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$helm_dir" \
     --env "DRA_CPU_REAL_NODE_TEST_BINS=$scenarios_bin $uninstall_bin" \
     -- scripts/real-node-tests.sh "${vm_args[@]}"
 fi

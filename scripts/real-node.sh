@@ -19,6 +19,8 @@
 #                                        tests/real-node/values.yaml (the tag
 #                                        is the chart's appVersion, or
 #                                        DRA_CPU_IMAGE_TAG)
+#   scripts/real-node.sh image ARCHIVE   only build the image install would
+#                                        import, to ARCHIVE (no node needed)
 #   scripts/real-node.sh uninstall       `helm uninstall` it
 #   scripts/real-node.sh restart containerd|kubelet
 #   scripts/real-node.sh kubectl ARGS    kubectl as cluster admin
@@ -263,6 +265,13 @@ cargo_target() {
   if [ -n "${CARGO_TARGET_DIR:-}" ]; then (cd "$CARGO_TARGET_DIR" && pwd); else echo "$repo/target"; fi
 }
 
+# Writes the driver's image "dra-cpu.test/dra-cpu:$3" of the "$2" build of
+# both binaries to the archive "$4" with the image tool "$1"; prints its digest.
+driver_image() {
+  "$1" driver "dra-cpu.test/dra-cpu:$3" "$4" "$(cargo_target)/$2/dra-plugin" "$(cargo_target)/$2/nri-plugin" |
+    awk '{print $2}'
+}
+
 driver_tag() { sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/dra-cpu/Chart.yaml; }
 
 helm_admin() { in_netns env KUBECONFIG="$dir/admin.kubeconfig" helm "$@"; }
@@ -282,9 +291,15 @@ install_driver() {
   [ "$profile" = release ] && flag=(--release)
   log "building dra-plugin and nri-plugin ($profile) and the image dra-cpu.test/dra-cpu:$tag"
   prebuilt || cargo build --quiet "${flag[@]}" -p dra-plugin -p nri-plugin --bin dra-plugin --bin nri-plugin
-  tool="$(oci_image_tool)"
-  digest="$("$tool" driver "dra-cpu.test/dra-cpu:$tag" "$dir/images/driver.tar" \
-    "$(cargo_target)/$profile/dra-plugin" "$(cargo_target)/$profile/nri-plugin" | awk '{print $2}')"
+  if prebuilt && [ -f "${DRA_CPU_DRIVER_ARCHIVE:-}" ] && [ "$tag" = "$(driver_tag)" ]; then
+    # Made beforehand where it is quick (the VM node's host): the same
+    # binaries, the same tag, its digest beside it.
+    cp "$DRA_CPU_DRIVER_ARCHIVE" "$dir/images/driver.tar"
+    digest="$(cat "$DRA_CPU_DRIVER_ARCHIVE.digest")"
+  else
+    tool="$(oci_image_tool)"
+    digest="$(driver_image "$tool" "$profile" "$tag" "$dir/images/driver.tar")"
+  fi
   import_images
   sed -e "s#@DIR@#$dir#g" -e "s#@NODE_IP@#$node_ip#g" tests/real-node/values.yaml >"$dir/values.yaml"
   # The tag stays the chart's appVersion; the image's digest in a pod
@@ -614,6 +629,14 @@ case "$cmd" in
   install)
     need_node
     install_driver "$@"
+    ;;
+  image)
+    # The driver's image as `install` makes it (DRA_CPU_IMAGE_PROFILE's
+    # build, the chart's tag), written to an archive with its digest in
+    # ARCHIVE.digest, for a node that cannot build it (the VM node's
+    # DRA_CPU_DRIVER_ARCHIVE). Needs no node.
+    [ $# -eq 1 ] || die "usage: image ARCHIVE"
+    driver_image "$(oci_image_tool)" "${DRA_CPU_IMAGE_PROFILE:-release}" "$(driver_tag)" "$1" >"$1.digest"
     ;;
   uninstall)
     need_node

@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -50,7 +51,30 @@ pub struct Enforcer {
     /// Isolated partitions (`loadBalancing: off`); `None`: such a
     /// container's start is refused.
     pub(crate) partitions: Option<PartitionKeeper>,
+    /// Signalled when an unsolicited update failed, so that
+    /// [`Enforcer::resend_failed_updates`] sends what is still due again.
+    update_failed: Notify,
 }
+
+/// What became of a pool change's updates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolChange {
+    /// Nothing was due.
+    Nothing,
+    /// Sent as an unsolicited update, answered.
+    Sent,
+    /// Left for the next event reply: the runtime takes no unsolicited
+    /// update (or none is connected).
+    Deferred,
+    /// The unsolicited update was refused or not answered in time: still
+    /// due, sent again after a pause and with the next event reply.
+    Failed,
+}
+
+/// The first pause before a failed unsolicited update is sent again; it
+/// doubles after each failure up to [`RESEND_MAX_DELAY`].
+pub const RESEND_FIRST_DELAY: Duration = Duration::from_secs(1);
+pub const RESEND_MAX_DELAY: Duration = Duration::from_secs(16);
 
 fn lock_view(view: &Mutex<NodeView>) -> MutexGuard<'_, NodeView> {
     shared_state::sync::lock(view)
@@ -80,6 +104,7 @@ impl Enforcer {
             host_cgroups: Mutex::new(None),
             host_cgroups_starved: AtomicBool::new(false),
             partitions: None,
+            update_failed: Notify::new(),
         }
     }
 
@@ -232,48 +257,83 @@ impl Enforcer {
     /// Send `updates` (the full pending set after a pool change) now if the
     /// runtime allows unsolicited updates, else leave them for the next
     /// event reply.
-    pub(crate) async fn after_pool_change(&self, updates: Vec<Update>, why: &'static str) {
+    pub(crate) async fn after_pool_change(
+        &self,
+        updates: Vec<Update>,
+        why: &'static str,
+    ) -> PoolChange {
         self.sync_host_cgroups();
         if updates.is_empty() {
             self.refresh(&self.view());
-            return;
+            return PoolChange::Nothing;
         }
         let allowed = self
             .policy
             .allowed(self.runtime_safe.load(Ordering::Relaxed));
-        if allowed && self.updater.is_connected() {
-            let n = updates.len();
-            match self
-                .updater
-                .update_containers(to_nri_updates(&updates))
-                .await
-            {
-                Ok(failed) => {
-                    let failed: Vec<&str> =
-                        failed.iter().map(|f| f.container_id.as_str()).collect();
-                    let sent: Vec<Update> = updates
-                        .into_iter()
-                        .filter(|u| !failed.contains(&u.container_id.as_str()))
-                        .collect();
-                    let mut view = self.view();
-                    view.mark_applied(&sent);
-                    self.refresh(&view);
-                    self.metrics.pool_change("unsolicited");
-                    self.metrics.updates_sent("unsolicited", sent.len());
-                    tracing::info!(why, updates = n, failed = ?failed, "pool change sent as an unsolicited update");
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(why, error = %e, "unsolicited update failed; deferring to the next event reply")
+        if !allowed || !self.updater.is_connected() {
+            self.metrics.pool_change("deferred");
+            tracing::info!(
+                why, updates = updates.len(), policy = ?self.policy,
+                "pool change deferred to the next event reply (unsolicited updates are not safe on this runtime)"
+            );
+            self.refresh(&self.view());
+            return PoolChange::Deferred;
+        }
+        let n = updates.len();
+        match self
+            .updater
+            .update_containers(to_nri_updates(&updates))
+            .await
+        {
+            Ok(failed) => {
+                let failed: Vec<&str> = failed.iter().map(|f| f.container_id.as_str()).collect();
+                let sent: Vec<Update> = updates
+                    .into_iter()
+                    .filter(|u| !failed.contains(&u.container_id.as_str()))
+                    .collect();
+                let mut view = self.view();
+                view.mark_applied(&sent);
+                self.refresh(&view);
+                self.metrics.pool_change("unsolicited");
+                self.metrics.updates_sent("unsolicited", sent.len());
+                tracing::info!(why, updates = n, failed = ?failed, "pool change sent as an unsolicited update");
+                PoolChange::Sent
+            }
+            Err(e) => {
+                // A runtime that runs `runc update` for each container can
+                // take longer than the call's deadline on a loaded node, and
+                // containerd gives up the rest of the call with it: the
+                // updates stay due, and go again without waiting for an
+                // event that may not come.
+                self.metrics.pool_change("failed");
+                tracing::warn!(
+                    why, updates = n, error = %e,
+                    "unsolicited update failed; sent again shortly, or with the next event reply"
+                );
+                self.refresh(&self.view());
+                self.update_failed.notify_one();
+                PoolChange::Failed
+            }
+        }
+    }
+
+    /// Sends again what a failed unsolicited update left due, after
+    /// [`RESEND_FIRST_DELAY`], doubling the pause after each further failure
+    /// up to [`RESEND_MAX_DELAY`], until it is answered or nothing is due
+    /// (an event reply carried it). Runs for the process's life.
+    pub async fn resend_failed_updates(&self) {
+        loop {
+            self.update_failed.notified().await;
+            let mut delay = RESEND_FIRST_DELAY;
+            loop {
+                tokio::time::sleep(delay).await;
+                let due = self.view().pending_updates();
+                match self.after_pool_change(due, "resend").await {
+                    PoolChange::Failed => delay = (delay * 2).min(RESEND_MAX_DELAY),
+                    PoolChange::Nothing | PoolChange::Sent | PoolChange::Deferred => break,
                 }
             }
         }
-        self.metrics.pool_change("deferred");
-        tracing::info!(
-            why, updates = updates.len(), policy = ?self.policy,
-            "pool change deferred to the next event reply (unsolicited updates are not safe on this runtime)"
-        );
-        self.refresh(&self.view());
     }
 
     pub async fn apply_snapshot(&self, snapshot: NodeSnapshot) -> Result<(), ViewError> {

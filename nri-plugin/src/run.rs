@@ -125,6 +125,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             }
         })
     };
+    // An unsolicited update the runtime refused or did not answer in time
+    // goes again, without waiting for an event that may not come.
+    let resend = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move { enforcer.resend_failed_updates().await })
+    };
     let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), resolver));
     let source = SocketSource::from_env_or(&config.nri_socket)?;
     let options = NriClientOptions::new(&config.plugin_name, &config.plugin_index);
@@ -141,6 +147,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             stop.cancel();
             monitor.abort();
             host_repair.abort();
+            resend.abort();
             enforcer.restore_host_cgroups();
             ended.context("NRI task")?.context("NRI connection")?;
             return Ok(());
@@ -149,6 +156,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Host daemons get their CPUs back first: the rest of the stop may
     // wait on the coordination stream.
     host_repair.abort();
+    resend.abort();
     enforcer.restore_host_cgroups();
     stop.cancel();
     let _ = subscription.await;

@@ -19,7 +19,7 @@ use dra_cpu_nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, Sock
 use dra_cpu_proto::nri::api::{Container, PodSandbox};
 use dra_cpu_tests::nri_runtime::{self, CreateReply, NriRuntime, NriSession, Update};
 use nri_plugin::config::UnsolicitedUpdates;
-use nri_plugin::enforcer::Enforcer;
+use nri_plugin::enforcer::{self, Enforcer};
 use nri_plugin::metrics::Metrics;
 use nri_plugin::nri::DraCpuPlugin;
 use nri_plugin::resolve::{ClaimResolver, Resolution};
@@ -382,4 +382,97 @@ async fn pool_changes_go_out_unsolicited_only_where_allowed() {
     for case in &cases {
         run_case(case, dir.path()).await;
     }
+}
+
+/// An unsolicited update the runtime refuses whole (containerd does when
+/// the call's deadline passes before its `runc update`s are done, as on a
+/// loaded node) is sent again after a pause, with no event to carry it.
+/// The control: with no resend task running, the shared container stays on
+/// the old pool however long one waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
+    let metrics = Arc::new(Metrics::new());
+    let updater = NriUpdater::new();
+    let enforcer = Arc::new(Enforcer::new(
+        view,
+        metrics.clone(),
+        updater.clone(),
+        UnsolicitedUpdates::Auto,
+    ));
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), Arc::new(NoLookups)));
+    let socket = dir.path().join("refused.sock");
+    let listening = NriRuntime::bind(&socket).expect("bind");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let nri = tokio::spawn(run_with_reconnect(
+        plugin,
+        SocketSource::Path(socket),
+        NriClientOptions::new("dracpu", "10"),
+        updater.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let runtime = listening.accept(CONNECT).await.expect("RegisterPlugin");
+    let (rt_name, rt_version, nri_version) = SAFE;
+    runtime
+        .configure(rt_name, rt_version, nri_version)
+        .await
+        .expect("Configure");
+    let synced = runtime
+        .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
+        .await
+        .expect("Synchronize");
+    assert_eq!(synced, updates(&[("s", "0-7")]));
+    wait_connected(&updater).await;
+    let shared_cpus = || runtime.state().cpusets.get("s").cloned().flatten();
+
+    // Claim B prepared, its unsolicited update refused: still due.
+    runtime.refuse_update_calls(1);
+    enforcer
+        .apply_prepared(2, claim(CLAIM_B, "4-5", POD_B))
+        .await
+        .expect("prepare B");
+    assert_eq!(metrics.pool_change_count("failed"), 1);
+    assert_eq!(unsolicited(&runtime).len(), 1, "the refused call");
+    // The control: nothing else sends it.
+    tokio::time::sleep(3 * enforcer::RESEND_FIRST_DELAY).await;
+    assert_eq!(shared_cpus().as_deref(), Some("0-7"), "no resend task yet");
+    assert_eq!(unsolicited(&runtime).len(), 1);
+
+    // With the resend task: refused once more, then answered.
+    runtime.refuse_update_calls(1);
+    let resend = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move { enforcer.resend_failed_updates().await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while shared_cpus().as_deref() != Some("0-3,6-7") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shrunk pool never reached the shared container: {:?}",
+            runtime.state().unsolicited
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = unsolicited(&runtime);
+    assert_eq!(
+        calls,
+        vec![
+            updates(&[("s", "0-3,6-7")]),
+            updates(&[("s", "0-3,6-7")]),
+            updates(&[("s", "0-3,6-7")]),
+        ],
+        "refused, refused again, answered"
+    );
+    assert_eq!(metrics.pool_change_count("failed"), 2);
+    assert_eq!(metrics.pool_change_count("unsolicited"), 1);
+    assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 2);
+
+    resend.abort();
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), nri)
+        .await
+        .expect("the NRI task stops")
+        .expect("join")
+        .expect("run_with_reconnect");
 }

@@ -76,6 +76,10 @@ pub struct RuntimeState {
     /// Containers whose updates this runtime reports as failed (and does
     /// not apply), as a runtime does for a container it cannot update.
     pub failing: BTreeSet<String>,
+    /// How many UpdateContainers calls to come are refused whole, nothing
+    /// applied: what containerd answers when a call's deadline passes
+    /// before its `runc update`s are done.
+    pub refuse_calls: usize,
 }
 
 impl RuntimeState {
@@ -140,6 +144,13 @@ impl api_ttrpc::Runtime for RuntimeService {
     ) -> ttrpc::Result<api::UpdateContainersResponse> {
         let mut state = lock(&self.state);
         state.unsolicited.push(listed(&req.update));
+        if state.refuse_calls > 0 {
+            state.refuse_calls -= 1;
+            return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+                ttrpc::Code::DEADLINE_EXCEEDED,
+                "context deadline exceeded",
+            )));
+        }
         state.apply(&req.update);
         let mut rsp = api::UpdateContainersResponse::new();
         rsp.failed = req
@@ -351,6 +362,11 @@ impl NriSession {
     /// From now on, report every update of container `id` as failed.
     pub fn fail_updates_of(&self, id: &str) {
         lock(&self.state).failing.insert(id.to_string());
+    }
+
+    /// Refuse the next `calls` UpdateContainers calls whole.
+    pub fn refuse_update_calls(&self, calls: usize) {
+        lock(&self.state).refuse_calls = calls;
     }
 
     /// What the runtime knows now.

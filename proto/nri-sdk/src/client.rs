@@ -22,8 +22,18 @@ pub const DEFAULT_NRI_SOCKET: &str = "/var/run/nri/nri.sock";
 pub const PLUGIN_SOCKET_ENV: &str = "NRI_PLUGIN_SOCKET";
 /// How long registration may take, as the runtime allows.
 pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Deadline for one unsolicited update call.
-pub const UPDATE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Deadline of an unsolicited update call of `containers` updates. The
+/// runtime passes it on to its handler, which gives up the rest of the call
+/// when it passes; containerd runs `runc update` for each container in turn,
+/// tens of milliseconds each on a quiet node and seconds on a loaded one, so
+/// it grows with the count.
+pub fn update_deadline(containers: usize) -> Duration {
+    const BASE: Duration = Duration::from_secs(5);
+    const PER_CONTAINER: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_secs(30);
+    BASE.saturating_add(PER_CONTAINER.saturating_mul(u32::try_from(containers).unwrap_or(u32::MAX)))
+        .min(MAX)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NriError {
@@ -311,16 +321,14 @@ impl ConnectionUpdater {
         &self,
         update: Vec<api::ContainerUpdate>,
     ) -> Result<Vec<api::ContainerUpdate>, NriError> {
+        let deadline = update_deadline(update.len());
         let mut req = api::UpdateContainersRequest::new();
         req.update = update;
-        let ctx = ttrpc::context::with_duration(UPDATE_TIMEOUT);
-        match tokio::time::timeout(UPDATE_TIMEOUT, self.runtime.update_containers(ctx, &req)).await
-        {
+        let ctx = ttrpc::context::with_duration(deadline);
+        match tokio::time::timeout(deadline, self.runtime.update_containers(ctx, &req)).await {
             Ok(Ok(rsp)) => Ok(rsp.failed),
             Ok(Err(e)) => Err(NriError::Update(e.to_string())),
-            Err(_) => Err(NriError::Update(format!(
-                "no answer within {UPDATE_TIMEOUT:?}"
-            ))),
+            Err(_) => Err(NriError::Update(format!("no answer within {deadline:?}"))),
         }
     }
 }
@@ -481,6 +489,27 @@ mod tests {
         assert_eq!(seen.len(), 100, "the schedule does not run out");
         assert!(seen.drain(7..).all(|d| d == 5000), "capped at 5 s");
         assert_eq!(seen, vec![100, 200, 400, 800, 1600, 3200, 5000]);
+    }
+
+    #[test]
+    fn an_update_call_gets_longer_with_more_containers_up_to_30s() {
+        let secs = |n| update_deadline(n).as_secs_f64();
+        let cases = [
+            (0, 5.0),
+            (1, 5.2),
+            (10, 7.0),
+            (100, 25.0),
+            (125, 30.0),
+            (10_000, 30.0),
+            (usize::MAX, 30.0),
+        ];
+        for (containers, want) in cases {
+            assert!(
+                (secs(containers) - want).abs() < 1e-9,
+                "{containers} containers: {:?}, want {want} s",
+                update_deadline(containers)
+            );
+        }
     }
 
     #[test]
