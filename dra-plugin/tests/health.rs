@@ -12,7 +12,8 @@ mod common;
 
 use common::{pod_uid, prepare_ok, Node, FIXTURE_NUMA_DEVICES, NODE, WAIT};
 use dra_cpu_proto::kubelet::health_v1;
-use dra_cpu_tests::kubelet_dra::{DeviceHealthState, DraVersion, HealthApi, KubeletRelease};
+use dra_cpu_tests::kubelet_dra::health::{DeviceHealthState, HealthApi, KubeletRelease};
+use dra_cpu_tests::kubelet_dra::DraVersion;
 use dra_cpu_transport::connect_unix;
 use dra_plugin::devices::DeviceMode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -11,7 +11,7 @@
 mod common;
 
 use common::{printed_slices, slices_output};
-use dra_cpu_tests::apiserver::validate_k8s_objects;
+use dra_cpu_tests::apiserver::schema::validate_k8s_objects;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{printed_slices, slices_output, written_tree};
-use dra_cpu_tests::apiserver::validate_k8s_objects;
+use dra_cpu_tests::apiserver::schema::validate_k8s_objects;
 use serde_json::Value;
 use shared_state::topology::sysfs_tree;
 use std::collections::BTreeSet;

@@ -9,9 +9,9 @@
 mod common;
 
 use common::{eventually, HANG_GUARD};
-use dra_cpu_tests::apiserver::{
-    validate_k8s_objects, FakeApiServer, FakeApiServerOptions, KubernetesVersion,
-};
+use dra_cpu_tests::apiserver::schema::validate_k8s_objects;
+use dra_cpu_tests::apiserver::version::KubernetesVersion;
+use dra_cpu_tests::apiserver::{FakeApiServer, FakeApiServerOptions};
 use dra_plugin::devices::{DeviceMode, DeviceOptions, GroupBy};
 use dra_plugin::metrics::Metrics;
 use dra_plugin::publisher::status::PublishStatus;

@@ -11,9 +11,11 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::must::Must;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::Node;
 use dra_cpu_tests::seed::seed_from_env;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +169,7 @@ async fn every_cpuset_is_right_after_each_fault_of_a_pod_churn() {
             .await
             .must(&what("the watcher grown back"));
         for uid in [&pod.uid, &shared_identity.uid] {
-            dra_cpu_tests::cgroup::remove_everywhere(&format!("kubepods/pod{uid}"))
+            dra_cpu_tests::cgroup::removal::remove_everywhere(&format!("kubepods/pod{uid}"))
                 .must("removing the pod cgroup, as kubelet does");
         }
         survived.push((fault, when));

@@ -10,10 +10,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use dra_cpu_tests::containerd::ContainerdError;
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{
-    metric_value, Node, NodeError, NodeOptions, PodIdentity, PreparedClaim, NAMESPACE,
-};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::read_back::metric_value;
+use dra_cpu_tests::node::{Node, NodeError, NAMESPACE};
 use dra_cpu_tests::served_series::{check_served, Series};
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use shared_state::CpuSet;

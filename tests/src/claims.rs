@@ -2,7 +2,7 @@
 //! the scheduler has allocated (one device result, reserved for one pod), so
 //! every test and benchmark writes the same object the same way.
 
-use crate::node::{CPU_CAPACITY, DRIVER_NAME};
+use crate::node::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
     DeviceRequestAllocationResult, ResourceClaim, ResourceClaimConsumerReference,
@@ -10,6 +10,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use shared_state::assignment::CPU_CAPACITY;
 use std::collections::BTreeMap;
 
 /// The pod a claim is reserved for unless a test names another.

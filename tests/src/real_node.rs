@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use shared_state::CpuSet;
 
-use crate::cgroup::{cpuset_dir_of, parse_cpus_allowed_list, read_cpuset_dir};
+use crate::cgroup::container::parse_cpus_allowed_list;
+use crate::cgroup::cpuset::read_cpuset_dir;
+use crate::cgroup::hierarchy::cpuset_dir_of;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RealNodeError {

@@ -21,7 +21,7 @@ use shared_state::claim_env::cdi_env_var;
 use shared_state::CpuSet;
 use tokio::process::{Child, Command};
 
-use crate::node::metric_value;
+use crate::node::read_back::metric_value;
 use crate::nri_runtime::{self, NriRuntime, NriRuntimeError, RuntimeState};
 
 /// Bound on things that take milliseconds (a start, a subscription); only a

@@ -6,10 +6,11 @@
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dra_cpu_tests::apiserver::{
+use dra_cpu_tests::apiserver::schema::{
     validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
-    FakeApiServer, FakeApiServerOptions, KubernetesVersion,
 };
+use dra_cpu_tests::apiserver::version::KubernetesVersion;
+use dra_cpu_tests::apiserver::{FakeApiServer, FakeApiServerOptions};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

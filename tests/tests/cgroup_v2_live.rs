@@ -11,9 +11,9 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use dra_cpu_tests::cgroup::{
-    cgroup_mounts, parse_proc_cgroup, remove_cgroup_tree, CpusetHierarchy,
-};
+use dra_cpu_tests::cgroup::hierarchy::CpusetHierarchy;
+use dra_cpu_tests::cgroup::mounts::{cgroup_mounts, parse_proc_cgroup};
+use dra_cpu_tests::cgroup::removal::remove_cgroup_tree;
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 
 fn cgroup2_mount() -> Option<PathBuf> {

@@ -11,9 +11,12 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
-use e2e_common::{claim_env, node, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::Node;
+use e2e_common::{claim_env, node};
 use serde_json::Value;
 use shared_state::CpuSet;
 use std::path::PathBuf;

@@ -12,9 +12,12 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{log_line_problems, NodeOptions, PodIdentity};
-use e2e_common::{node, shared_pod, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::read_back::log_line_problems;
+use e2e_common::{node, shared_pod};
 use serde_json::Value;
 
 /// The lines of `log` logged inside the span `span`.

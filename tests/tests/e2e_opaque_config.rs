@@ -13,10 +13,13 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::Claim;
-use dra_cpu_tests::node::{Node, NodeError, NodeOptions, PodIdentity, GROUPED_DEVICE};
-use e2e_common::{node, Must};
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::{Node, NodeError, GROUPED_DEVICE};
+use e2e_common::node;
 use serde_json::json;
 use shared_state::CpuSet;
 

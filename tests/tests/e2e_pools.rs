@@ -9,9 +9,13 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{log_messages_with, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
-use e2e_common::{claim_env, claim_pod, node, node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
+use dra_cpu_tests::node::read_back::log_messages_with;
+use e2e_common::{claim_env, claim_pod, node, node_with_mixed_mode, shared_pod};
 
 /// Kubelet deleting a claim pod: pod first, then unprepare.
 async fn delete_claim_pod(

@@ -8,9 +8,15 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::{new_uid, ContainerSpec, CriError};
-use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim};
-use e2e_common::{node, node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::cri::{new_uid, CriError};
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::read_back::log_messages_with;
+use dra_cpu_tests::node::Node;
+use e2e_common::{node, node_with_mixed_mode, shared_pod};
 use serde_json::Value;
 use shared_state::topology::Topology;
 use shared_state::CpuSet;

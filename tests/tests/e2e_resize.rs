@@ -12,12 +12,16 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cgroup::cpu_weight_of;
-use dra_cpu_tests::cri::{milli_cpu_to_shares, ContainerSpec};
-use dra_cpu_tests::node::{
-    log_messages_with, Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod,
-};
-use e2e_common::{claim_pod, node, shared_pod, Must};
+use dra_cpu_tests::cgroup::weight::cpu_weight_of;
+use dra_cpu_tests::cri::resources::milli_cpu_to_shares;
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
+use dra_cpu_tests::node::read_back::log_messages_with;
+use dra_cpu_tests::node::Node;
+use e2e_common::{claim_pod, node, shared_pod};
 
 /// Mixed mode on; the shared pool's floor off, so a later claim may take
 /// the last shared CPU of a two-CPU machine.

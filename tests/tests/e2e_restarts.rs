@@ -8,9 +8,12 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, PreparedClaim, RunningPod};
-use e2e_common::{claim_pod, node_with_mixed_mode, shared_pod, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::pods::RunningPod;
+use dra_cpu_tests::node::Node;
+use e2e_common::{claim_pod, node_with_mixed_mode, shared_pod};
 use shared_state::CpuSet;
 
 /// A node with shared pod A and claim pod B, B pinned to its claim and A

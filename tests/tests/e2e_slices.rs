@@ -14,14 +14,18 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::apiserver::{validate_k8s_objects, FakeApiServerOptions};
-use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::apiserver::schema::validate_k8s_objects;
+use dra_cpu_tests::apiserver::FakeApiServerOptions;
+use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::DraVersion;
-use dra_cpu_tests::node::{
-    metric_value, Node, NodeOptions, PodIdentity, CPU_CAPACITY, GROUPED_DEVICE,
-};
-use e2e_common::{devices, node, Must};
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::read_back::metric_value;
+use dra_cpu_tests::node::{Node, GROUPED_DEVICE};
+use e2e_common::{devices, node};
 use serde_json::Value;
+use shared_state::assignment::CPU_CAPACITY;
 use shared_state::topology::Topology;
 use std::path::Path;
 

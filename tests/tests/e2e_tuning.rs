@@ -11,13 +11,15 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cgroup::cfs_quota_of;
-use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::cgroup::weight::cfs_quota_of;
+use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::kubelet_dra::Claim;
-use dra_cpu_tests::node::{
-    Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod, GROUPED_DEVICE,
-};
-use e2e_common::{devices, node, Must};
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
+use dra_cpu_tests::node::{Node, GROUPED_DEVICE};
+use e2e_common::{devices, node};
 use serde_json::{json, Value};
 
 /// Pod `name` and its claim of one CPU, allocated by the scheduler, whose

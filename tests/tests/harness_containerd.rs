@@ -11,12 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dra_cpu_tests::cgroup::{self, container_cpus, container_env};
-use dra_cpu_tests::containerd::{
-    instance_processes, reap_stale_instances, shim_socket_path, Containerd, ContainerdOptions,
-    InstancePaths, CRI_NAMESPACE,
-};
-use dra_cpu_tests::cri::{kubelet_cpu_resources, new_uid, pod_cgroup_parent, ContainerSpec};
+use dra_cpu_tests::cgroup;
+use dra_cpu_tests::cgroup::container::{container_cpus, container_env};
+use dra_cpu_tests::containerd::cleanup::{instance_processes, reap_stale_instances};
+use dra_cpu_tests::containerd::config::{shim_socket_path, ContainerdOptions, InstancePaths};
+use dra_cpu_tests::containerd::{Containerd, CRI_NAMESPACE};
+use dra_cpu_tests::cri::new_uid;
+use dra_cpu_tests::cri::resources::kubelet_cpu_resources;
+use dra_cpu_tests::cri::spec::{pod_cgroup_parent, ContainerSpec};
 use shared_state::CpuSet;
 
 /// Set (to a parent directory) when this binary is re-run as a test owner
@@ -36,7 +38,7 @@ fn online() -> CpuSet {
 
 /// The memory nodes of the root cpuset cgroup: every memory node.
 fn all_mems() -> CpuSet {
-    cgroup::all_memory_nodes().expect("memory nodes of the root cpuset cgroup")
+    cgroup::cpuset::all_memory_nodes().expect("memory nodes of the root cpuset cgroup")
 }
 
 /// Writes a CDI spec the way the driver does: temp file, fsync, rename.
@@ -68,7 +70,7 @@ fn assert_nothing_left(paths: &InstancePaths, pod_uids: &[String], task_ids: &[S
         "processes left"
     );
     for uid in pod_uids {
-        let left = cgroup::existing_dirs(&pod_cgroup_parent(uid)).unwrap();
+        let left = cgroup::removal::existing_dirs(&pod_cgroup_parent(uid)).unwrap();
         assert!(left.is_empty(), "pod cgroups left: {left:?}");
     }
     for id in task_ids {
@@ -123,15 +125,15 @@ async fn pod_with_two_containers_runs_and_cpusets_read_back() {
         // Nobody wrote its cpuset: v1 copies the parent's into cpuset.cpus,
         // v2 leaves it empty and the effective set is what is reported.
         let expected_source = match cpus.cgroup.version {
-            cgroup::CgroupVersion::V1 => cgroup::CpusetSource::Requested,
-            cgroup::CgroupVersion::V2 => cgroup::CpusetSource::Effective,
+            cgroup::cpuset::CgroupVersion::V1 => cgroup::cpuset::CpusetSource::Requested,
+            cgroup::cpuset::CgroupVersion::V2 => cgroup::cpuset::CpusetSource::Effective,
         };
         assert_eq!(cpus.cgroup.cpus_detail.source, expected_source, "{id}");
     }
     // Kubelet's shares reached the cgroup: 100m is 102 shares (v1
     // `cpu.shares`; on v2 runc's conversion of them in `cpu.weight`).
     let pid = cri.container_pid(&first).await.unwrap();
-    let weight = cgroup::cpu_weight_of(pid).unwrap();
+    let weight = cgroup::weight::cpu_weight_of(pid).unwrap();
     assert!(weight.matches_shares(102), "{weight:?}");
 
     cri.delete_pod(&pod.id).await.unwrap();
@@ -392,7 +394,7 @@ async fn a_crashed_run_is_reaped_by_the_next() {
 
     // The crash left a running containerd, shims, a container and its cgroups.
     assert!(!instance_processes(&paths).is_empty());
-    assert!(!cgroup::existing_dirs(&pod_cgroup_parent(&uid))
+    assert!(!cgroup::removal::existing_dirs(&pod_cgroup_parent(&uid))
         .unwrap()
         .is_empty());
 

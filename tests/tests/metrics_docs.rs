@@ -16,7 +16,7 @@ use dra_cpu_tests::metrics_doc::{
     replace_table, with_declared,
 };
 use dra_cpu_tests::metrics_golden;
-use dra_cpu_tests::node::binary_candidates;
+use dra_cpu_tests::node::layout::binary_candidates;
 use dra_cpu_tests::prom_text::{self, Family};
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use std::collections::{BTreeMap, BTreeSet};

@@ -17,9 +17,11 @@ use dra_cpu_nri::client::{run_with_reconnect, NriClientOptions, NriUpdater, Sock
 use dra_cpu_nri::events::EventMask;
 use dra_cpu_nri::plugin::{ContainerCreation, NriPlugin, PluginError};
 use dra_cpu_proto::nri::api::{self, Container, Event, PodSandbox};
-use dra_cpu_tests::cgroup::{container_cpus, container_env};
-use dra_cpu_tests::containerd::{Containerd, ContainerdError, ContainerdOptions};
-use dra_cpu_tests::cri::{ContainerSpec, CriClient};
+use dra_cpu_tests::cgroup::container::{container_cpus, container_env};
+use dra_cpu_tests::containerd::config::ContainerdOptions;
+use dra_cpu_tests::containerd::{Containerd, ContainerdError};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::cri::CriClient;
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use pin_plugin::{
     PinByAnnotation, Seen, ALSO_UPDATE_ANNOTATION, CPUSET_ANNOTATION, FAIL_ANNOTATION,

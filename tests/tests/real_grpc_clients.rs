@@ -18,15 +18,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dra_cpu_tests::apiserver::FakeApiServer;
-use dra_cpu_tests::node::{
-    allocated_claim, binary_candidates, device_class, dra_plugin_args, NodeLayout, NodeOptions,
-    CDI_KIND, DRA_PLUGIN_BIN_ENV, DRIVER_NAME, NAMESPACE,
-};
+use dra_cpu_tests::node::claim_objects::{allocated_claim, device_class};
+use dra_cpu_tests::node::layout::{binary_candidates, dra_plugin_args, NodeLayout, NodeOptions};
+use dra_cpu_tests::node::{DRA_PLUGIN_BIN_ENV, DRIVER_NAME, NAMESPACE};
 use dra_cpu_tests::real_clients::{
     grpcio_get_info_script, kubelet_go_client, python_with_grpcio, RealClientError,
 };
 use dra_cpu_tests::skip::skip_or_fail_in_ci;
 use serde_json::Value;
+use shared_state::cdi_spec::CDI_KIND;
 
 const NODE: &str = "node-a";
 const START_TIMEOUT: Duration = Duration::from_secs(60);

@@ -15,9 +15,12 @@
 
 mod e2e_common;
 
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
-use e2e_common::{node, shared_pod, Must};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::Node;
+use e2e_common::{node, shared_pod};
 use shared_state::CpuSet;
 
 /// Descriptors a process may hold above its post-warm-up count at the end:
@@ -147,7 +150,7 @@ async fn pod_cycles_leave_nothing_behind_and_keep_every_cpuset_right() {
         // kubelet's to remove, so the stand-in does that here.
         let relative = format!("kubepods/pod{}", pod.uid);
         let mut left = Vec::new();
-        for dir in dra_cpu_tests::cgroup::existing_dirs(&relative).must("pod cgroups") {
+        for dir in dra_cpu_tests::cgroup::removal::existing_dirs(&relative).must("pod cgroups") {
             left.extend(
                 std::fs::read_dir(&dir)
                     .map(|d| {
@@ -164,7 +167,8 @@ async fn pod_cycles_leave_nothing_behind_and_keep_every_cpuset_right() {
             "{}: {left:?}",
             what("container cgroups left")
         );
-        dra_cpu_tests::cgroup::remove_everywhere(&relative).must("removing the pod cgroup");
+        dra_cpu_tests::cgroup::removal::remove_everywhere(&relative)
+            .must("removing the pod cgroup");
         if cycle + 1 == WARM_UP {
             let (d, n) = pids(&node);
             baseline = (usage(d), usage(n));
@@ -216,7 +220,7 @@ async fn pod_cycles_leave_nothing_behind_and_keep_every_cpuset_right() {
     let mut left = Vec::new();
     for uid in &pod_uids {
         left.extend(
-            dra_cpu_tests::cgroup::existing_dirs(&format!("kubepods/pod{uid}"))
+            dra_cpu_tests::cgroup::removal::existing_dirs(&format!("kubepods/pod{uid}"))
                 .must("looking for pod cgroups"),
         );
     }

@@ -15,10 +15,15 @@ mod e2e_common;
 
 use dra_cpu_tests::interrupts::{idle_latency_path, KernelTuning};
 use dra_cpu_tests::irqbalance::IrqBalance;
-use dra_cpu_tests::kubelet_dra::{DeviceHealthState, KubeletRelease};
-use dra_cpu_tests::node::{log_messages_with, Node, NodeOptions, PodIdentity, CPU_CAPACITY};
-use e2e_common::{claim_pod_on, devices, node, shared_pod, Must};
+use dra_cpu_tests::kubelet_dra::health::{DeviceHealthState, KubeletRelease};
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::read_back::log_messages_with;
+use dra_cpu_tests::node::Node;
+use e2e_common::{claim_pod_on, devices, node, shared_pod};
 use serde_json::Value;
+use shared_state::assignment::CPU_CAPACITY;
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -902,14 +907,15 @@ async fn h_tuning_reaches_the_kernel_and_is_put_back_after_unprepare_and_crashes
         .must("the kernel's tuning")
         .moved_since(&before);
     assert!(moved > 0, "no interrupt moved for the claim");
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let spec =
+        dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
     let (running, id) = node
         .start_claim_container(&pod, &prepared, spec)
         .await
         .must("the tuned container on its CPUs");
     let pid = node.cri.container_pid(&id).await.must("pid");
     assert_eq!(
-        dra_cpu_tests::cgroup::cfs_quota_of(pid).must("quota"),
+        dra_cpu_tests::cgroup::weight::cfs_quota_of(pid).must("quota"),
         None,
         "the container of a claim asking cfsQuota off has a quota"
     );
@@ -1083,13 +1089,15 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         .await
         .must("preparing the isolated claim");
     let cpus = prepared.cpus.clone();
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let spec =
+        dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
     let (running, id) = node
         .start_claim_container(&pod, &prepared, spec)
         .await
         .must("the isolated container on its CPUs");
     let pid = node.cri.container_pid(&id).await.must("pid");
-    let cgroup = dra_cpu_tests::cgroup::cpuset_dir_of(pid).must("the container's cgroup");
+    let cgroup =
+        dra_cpu_tests::cgroup::hierarchy::cpuset_dir_of(pid).must("the container's cgroup");
     let ancestors = ancestors_below_root(&cgroup);
     let check_isolated = |step: &str| {
         let partition = read(&cgroup.join("cpuset.cpus.partition").to_string_lossy());
@@ -1183,7 +1191,7 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
     )
     .must("the blocking cgroup takes the claim's CPUs");
     let kubepods_before = ancestors.first().and_then(|a| exclusive_of(a));
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+    let spec = dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app")
         .with_cdi_device(&prepared.cdi_device)
         .with_cpu(Some(2000), Some(2000));
     let sandbox = node
@@ -1238,7 +1246,7 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         .must("allocating the late claim");
     let prepared = node.prepare(&claim).await.must("preparing it");
     node.kill_nri_plugin();
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app")
+    let spec = dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app")
         .with_cdi_device(&prepared.cdi_device)
         .with_cpu(Some(2000), Some(2000));
     let running = node
@@ -1247,7 +1255,8 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         .must("starting the late pod without nri-plugin");
     let id = running.id("app").to_string();
     let pid = node.cri.container_pid(&id).await.must("pid");
-    let cgroup = dra_cpu_tests::cgroup::cpuset_dir_of(pid).must("the late container's cgroup");
+    let cgroup =
+        dra_cpu_tests::cgroup::hierarchy::cpuset_dir_of(pid).must("the late container's cgroup");
     let partition_file = cgroup.join("cpuset.cpus.partition");
     assert_eq!(
         read(&partition_file.to_string_lossy()),
@@ -1348,7 +1357,8 @@ async fn i_load_balancing_off_makes_an_isolated_partition_and_gives_it_back() {
         )
         .must("allocating the gone claim");
     let prepared = node.prepare(&claim).await.must("preparing it");
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let spec =
+        dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
     let (running, _id) = node
         .start_claim_container(&pod, &prepared, spec)
         .await
@@ -1417,7 +1427,7 @@ impl Drop for Offline {
 
 /// Waits until the health stream holds `want` for every device it named.
 async fn wait_health(
-    watch: &dra_cpu_tests::kubelet_dra::HealthWatch,
+    watch: &dra_cpu_tests::kubelet_dra::health::HealthWatch,
     step: &str,
     want: impl Fn(&str, &DeviceHealthState) -> bool,
 ) {
@@ -1464,7 +1474,8 @@ async fn k_an_offline_cpu_turns_its_devices_unhealthy_until_it_is_back() {
         .allocate_claim("steady-cpu", 2, &pod)
         .must("allocating the claim");
     let prepared = node.prepare(&claim).await.must("preparing the claim");
-    let spec = dra_cpu_tests::cri::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
+    let spec =
+        dra_cpu_tests::cri::spec::ContainerSpec::sleeper("app").with_cpu(Some(2000), Some(2000));
     let (_running, id) = node
         .start_claim_container(&pod, &prepared, spec)
         .await

@@ -26,8 +26,8 @@
 //! `numa_node` that does not parse is an error naming the path and its
 //! content. Entries of `sys/devices` that are not root complexes are skipped.
 
+use super::discover::files::{dir_entries, parse_cpulist_at, quote, read_optional};
 use super::discover::TopologyError;
-use super::discover::{dir_entries, parse_cpulist_at, quote, read_optional};
 use super::Topology;
 use crate::cpuset::CpuSet;
 use std::collections::{BTreeMap, BTreeSet};

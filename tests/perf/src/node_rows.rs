@@ -9,9 +9,11 @@
 use super::{summarize, Goal, Row, Verdict};
 use anyhow::{bail, Context};
 use dra_cpu_tests::cgroup;
-use dra_cpu_tests::containerd::ContainerdOptions;
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
+use dra_cpu_tests::containerd::config::ContainerdOptions;
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::Node;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -227,7 +229,7 @@ async fn create_rows(
 }
 
 fn cgroup_cpus(dir: &std::path::Path) -> Option<shared_state::CpuSet> {
-    cgroup::read_cpuset_dir(dir).ok().map(|c| c.cpus)
+    cgroup::cpuset::read_cpuset_dir(dir).ok().map(|c| c.cpus)
 }
 
 /// Polls `dir` every millisecond until it says `want`.
@@ -259,7 +261,8 @@ async fn convergence_row(
     let running = node.start_pod(&pod, &[shared_spec()]).await?;
     let id = running.id("app").to_string();
     let pid = node.cri.container_pid(&id).await?;
-    let dir: PathBuf = cgroup::cpuset_dir_of(pid).context("shared container's cgroup")?;
+    let dir: PathBuf =
+        cgroup::hierarchy::cpuset_dir_of(pid).context("shared container's cgroup")?;
     wait_cgroup(&dir, &all).await?;
     let unsolicited = node.unsolicited_updates_safe() == Some(true);
     let mut times = Vec::new();

@@ -9,7 +9,7 @@
 //! core `v1` Nodes. Tests play the scheduler by setting claim status, and can
 //! change slices behind the product's back. Every object body received is
 //! recorded so tests can check it against the real schemas
-//! ([`validate_k8s_objects`]).
+//! ([`schema::validate_k8s_objects`]).
 //!
 //! It plays one Kubernetes release, 1.34 to 1.37, with its feature gates
 //! ([`FakeApiServerOptions::for_version`], [`FakeApiServerOptions::parse`]):
@@ -23,20 +23,18 @@
 mod patch;
 mod quantity;
 mod rest;
-mod schema;
+pub mod schema;
 mod selector;
-mod store;
+pub mod store;
 mod validate;
-mod version;
-
-pub use schema::{
-    validate_k8s_objects, validate_k8s_objects_with, without_node_allocatable_resources,
-};
-pub use store::ApiError;
-pub use version::{FeatureGates, KubernetesVersion, SliceSchema, UnsupportedVersion};
+pub mod version;
 
 use self::rest::{handle, lock, Shared};
-use self::store::{Store, Subresource, DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
+use self::store::error::ApiError;
+use self::store::resource_types::{DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
+use self::store::write::Subresource;
+use self::store::Store;
+use self::version::{FeatureGates, KubernetesVersion, UnsupportedVersion};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;

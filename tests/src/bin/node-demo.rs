@@ -12,8 +12,10 @@
 
 use anyhow::Context;
 use dra_cpu_tests::apiserver::FakeApiServerOptions;
-use dra_cpu_tests::cri::ContainerSpec;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, RunningPod};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
+use dra_cpu_tests::node::Node;
 use std::fmt::Write;
 
 /// One container shown in the table.
@@ -82,8 +84,8 @@ impl Demo {
             let cpus = self.node.cpus(&id).await?;
             // On cgroup v2 an unset cpuset.cpus is empty: its effective set
             // is shown instead, marked.
-            let from_effective =
-                cpus.cgroup.cpus_detail.source == dra_cpu_tests::cgroup::CpusetSource::Effective;
+            let from_effective = cpus.cgroup.cpus_detail.source
+                == dra_cpu_tests::cgroup::cpuset::CpusetSource::Effective;
             effective_shown |= from_effective;
             let _ = writeln!(
                 out,

@@ -32,9 +32,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use anyhow::{bail, Context};
-use dra_cpu_tests::cri::ContainerSpec;
+use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::interrupts::{involuntary_switches, parse_interrupts, InterruptCounts};
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity};
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::Node;
 use serde_json::json;
 use shared_state::CpuSet;
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 
 use shared_state::CpuSet;
 
-use super::{cpuset_dir_of, read_cpuset_dir, CgroupCpuset, CgroupError};
+use super::cpuset::{read_cpuset_dir, CgroupCpuset};
+use super::hierarchy::cpuset_dir_of;
+use super::CgroupError;
 use crate::cri::CriClient;
 
 /// The `Cpus_allowed_list` of `/proc/<pid>/status` text.

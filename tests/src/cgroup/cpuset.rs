@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use shared_state::CpuSet;
 
-use super::{cpuset_hierarchy, parse_cpulist_at, CgroupError};
+use super::hierarchy::cpuset_hierarchy;
+use super::{parse_cpulist_at, CgroupError};
 
 /// Which file a reported set was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

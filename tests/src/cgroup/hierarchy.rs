@@ -3,9 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{
-    cgroup_mounts, parse_proc_cgroup, read_to_string, CgroupError, CgroupMount, ProcCgroup,
-};
+use super::mounts::{cgroup_mounts, parse_proc_cgroup, CgroupMount, ProcCgroup};
+use super::{read_to_string, CgroupError};
 
 /// Where the cpuset controller lives on a host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,8 +140,9 @@ pub fn cpuset_dir_of(pid: u32) -> Result<PathBuf, CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::cpuset::{read_cpuset_dir, CpusetSource};
+    use crate::cgroup::mounts::parse_cgroup_mounts;
     use crate::cgroup::test_files::{write_files, MOUNTINFO_SAMPLE};
-    use crate::cgroup::{parse_cgroup_mounts, read_cpuset_dir, CpusetSource};
     use shared_state::CpuSet;
 
     const MOUNTINFO_V2: &str = "\

@@ -22,33 +22,12 @@
 //! Parsers and decisions are plain functions over the text of `/proc` and
 //! `/sys` files; the functions that read those files are thin wrappers.
 
-mod container;
-mod cpuset;
-mod hierarchy;
-mod mounts;
-mod removal;
-mod weight;
-
-pub use container::{
-    container_cpus, container_env, cpus_allowed_inside, parse_cpus_allowed_list, parse_env,
-    ContainerCpus,
-};
-pub use cpuset::{
-    all_memory_nodes, cgroup_version_of, cpuset_value, read_cpuset_dir, CgroupCpuset,
-    CgroupVersion, CpusetSource, CpusetValue,
-};
-pub use hierarchy::{
-    cpuset_dir_of, cpuset_hierarchy, enable_cpuset_below, enable_cpuset_for_pods,
-    find_cpuset_hierarchy, CpusetHierarchy,
-};
-pub use mounts::{cgroup_mounts, parse_cgroup_mounts, parse_proc_cgroup, CgroupMount, ProcCgroup};
-pub use removal::{
-    existing_dirs, remove_cgroup_tree, remove_cgroup_tree_with, remove_everywhere, CgroupTreeFs,
-    RealCgroupFs,
-};
-pub use weight::{
-    cfs_quota_of, cpu_weight_of, shares_to_weight_linear, shares_to_weight_quadratic, CpuWeight,
-};
+pub mod container;
+pub mod cpuset;
+pub mod hierarchy;
+pub mod mounts;
+pub mod removal;
+pub mod weight;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{cgroup_mounts, CgroupError};
+use super::mounts::cgroup_mounts;
+use super::CgroupError;
 
 /// Directories of `relative` (e.g. `kubepods/pod<uid>`) that exist in any
 /// mounted hierarchy (every v1 one and the cgroup2 one).

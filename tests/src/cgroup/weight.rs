@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::{cgroup_mounts, parse_proc_cgroup, read_to_string, CgroupError};
+use super::mounts::{cgroup_mounts, parse_proc_cgroup};
+use super::{read_to_string, CgroupError};
 
 /// A container's CPU weight as its cgroup holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

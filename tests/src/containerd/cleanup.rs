@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::{shim_socket_path, InstancePaths, CRI_NAMESPACE, INSTANCE_PREFIX};
+use super::config::{shim_socket_path, InstancePaths};
+use super::{CRI_NAMESPACE, INSTANCE_PREFIX};
 use crate::cgroup;
-use crate::cri::pod_cgroup_parent;
+use crate::cri::spec::pod_cgroup_parent;
 
 /// Field 22 (start time in clock ticks) of `/proc/<pid>/stat` text; the
 /// command name before it may contain spaces and parentheses.
@@ -143,7 +144,7 @@ pub fn clean_instance(paths: &InstancePaths) -> Vec<String> {
     }
     let uids = std::fs::read_to_string(paths.pod_ledger()).unwrap_or_default();
     for uid in uids.lines().map(str::trim).filter(|u| !u.is_empty()) {
-        if let Err(e) = cgroup::remove_everywhere(&pod_cgroup_parent(uid)) {
+        if let Err(e) = cgroup::removal::remove_everywhere(&pod_cgroup_parent(uid)) {
             problems.push(e.to_string());
         }
     }

@@ -23,13 +23,8 @@
 //! removing one could race with another instance creating a pod under it.
 //! Likewise the shared, empty `/run/containerd/s` directory stays.
 
-mod cleanup;
-mod config;
-
-pub use cleanup::{
-    clean_instance, instance_processes, parse_owner, parse_start_time, reap_stale_instances,
-};
-pub use config::{render_config, shim_socket_path, ContainerdOptions, InstancePaths};
+pub mod cleanup;
+pub mod config;
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -44,7 +39,8 @@ use nix::unistd::Pid;
 use crate::cgroup;
 use crate::cri::CriClient;
 use crate::image::{self, OciArchive, SANDBOX_IMAGE, WORKLOAD_IMAGE};
-use cleanup::process_start_time;
+use cleanup::{clean_instance, process_start_time, reap_stale_instances};
+use config::{render_config, ContainerdOptions, InstancePaths};
 
 /// Where Debian's containerd 1.7, its shim and `ctr` are installed.
 pub const DEFAULT_BIN_DIR: &str = "/usr/bin";
@@ -139,7 +135,7 @@ impl Containerd {
         }
         // On cgroup v2 the pod cgroups under /kubepods get cpuset files only
         // when the hierarchy's root enables the controller for its children.
-        cgroup::enable_cpuset_for_pods()?;
+        cgroup::hierarchy::enable_cpuset_for_pods()?;
         reap_stale_instances(&options.parent_dir);
         let dir = tempfile::Builder::new()
             .prefix(INSTANCE_PREFIX)

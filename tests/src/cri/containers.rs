@@ -2,7 +2,9 @@
 
 use k8s_cri::v1 as cri;
 
-use super::{call_error, kubelet_resize_resources, ContainerSpec, CriClient, CriError, PodSandbox};
+use super::resources::kubelet_resize_resources;
+use super::spec::{ContainerSpec, PodSandbox};
+use super::{call_error, CriClient, CriError};
 
 /// How long an exec may run before the runtime gives up on it.
 const EXEC_TIMEOUT_SECONDS: i64 = 30;

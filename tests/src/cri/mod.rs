@@ -13,17 +13,10 @@
 //! Not modelled: kubelet's QoS `oom_score_adj` (containerd runs with
 //! `restrict_oom_score_adj`, which would clamp it anyway) and memory limits.
 
-mod containers;
+pub mod containers;
 mod pods;
-mod resources;
-mod spec;
-
-pub use containers::{pid_from_verbose_info, ExecOutput};
-pub use resources::{
-    kubelet_cpu_resources, kubelet_resize_resources, milli_cpu_to_quota, milli_cpu_to_shares,
-    MAX_SHARES, MIN_QUOTA, MIN_SHARES, QUOTA_PERIOD, SHARES_PER_CPU,
-};
-pub use spec::{pod_cgroup_parent, ContainerSpec, PodSandbox};
+pub mod resources;
+pub mod spec;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -6,7 +6,8 @@ use std::io::Write;
 use k8s_cri::v1 as cri;
 
 use super::spec::host_network_namespaces;
-use super::{call_error, pod_cgroup_parent, CriClient, CriError, PodSandbox};
+use super::spec::{pod_cgroup_parent, PodSandbox};
+use super::{call_error, CriClient, CriError};
 
 impl CriClient {
     fn record_pod(&self, uid: &str) -> Result<(), CriError> {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_cri::v1 as cri;
 
-use super::kubelet_cpu_resources;
+use super::resources::kubelet_cpu_resources;
 use crate::image::WORKLOAD_IMAGE;
 
 /// The cgroup parent kubelet's cgroupfs driver gives a pod.

@@ -25,15 +25,11 @@
 //!   `resources.claims[].request` is empty or listed in `request_names`.
 //! - health (`pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`,
 //!   `pickHealthService`; `pkg/kubelet/cm/dra/healthinfo.go`): see
-//!   [`KubeletRelease`] and [`HealthWatch`].
+//!   [`health::KubeletRelease`] and [`health::HealthWatch`].
 
-mod calls;
-mod health;
-mod plugin_watcher;
-
-pub use calls::cdi_ids_for_container;
-pub use health::{DeviceHealthState, HealthApi, HealthWatch, KubeletRelease};
-pub use plugin_watcher::{validate_info, RegistrySnapshot};
+pub mod calls;
+pub mod health;
+pub mod plugin_watcher;
 
 use dra_cpu_proto::kubelet::{registration, DRA_V1BETA1_VERSION, DRA_V1_VERSION};
 use dra_cpu_transport::connect_unix;

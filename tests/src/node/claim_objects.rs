@@ -1,9 +1,11 @@
 //! The API objects the scheduler and the chart leave for a node: allocated
 //! and reserved ResourceClaims, the driver's DeviceClass.
 
-use super::{PodIdentity, CPU_CAPACITY, DRIVER_NAME, GROUPED_DEVICE, NAMESPACE};
+use super::pods::PodIdentity;
+use super::{DRIVER_NAME, GROUPED_DEVICE, NAMESPACE};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use serde_json::{json, Value};
+use shared_state::assignment::CPU_CAPACITY;
 
 /// The ResourceClaim the scheduler would leave for a grouped-mode claim of
 /// `cpus` CPUs on `node`, reserved for one pod.

@@ -1,12 +1,13 @@
 //! The node playing the scheduler and kubelet for claims: allocate, prepare,
 //! unprepare, and what dra-plugin stored and wrote for them.
 
-use super::{
-    allocated_claim_on, allocated_individual_claim, cdi_spec_cpus, first_available_claim, Node,
-    NodeError, PodIdentity, RunningPod, DRIVER_NAME, GROUPED_DEVICE, NAMESPACE,
-};
-use crate::cri::ContainerSpec;
-use crate::kubelet_dra::{cdi_ids_for_container, Claim, KubeletDra, KubeletDraError};
+use super::claim_objects::{allocated_claim_on, allocated_individual_claim, first_available_claim};
+use super::pods::{PodIdentity, RunningPod};
+use super::read_back::cdi_spec_cpus;
+use super::{Node, NodeError, DRIVER_NAME, GROUPED_DEVICE, NAMESPACE};
+use crate::cri::spec::ContainerSpec;
+use crate::kubelet_dra::calls::cdi_ids_for_container;
+use crate::kubelet_dra::{Claim, KubeletDra, KubeletDraError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::Value;
 use shared_state::CpuSet;
@@ -30,8 +31,8 @@ impl Node {
     /// registered kubelet stand-in.
     pub async fn watch_health(
         &self,
-        release: crate::kubelet_dra::KubeletRelease,
-    ) -> Result<Option<crate::kubelet_dra::HealthWatch>, NodeError> {
+        release: crate::kubelet_dra::health::KubeletRelease,
+    ) -> Result<Option<crate::kubelet_dra::health::HealthWatch>, NodeError> {
         Ok(self.kubelet()?.watch_health(release).await?)
     }
 

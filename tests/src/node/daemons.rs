@@ -1,9 +1,12 @@
 //! Starting, stopping and restarting the node's processes and containerd,
 //! and waiting until they are ready.
 
+use super::layout::nri_plugin_args;
 use super::process::{http_get, log_tail};
-use super::{metric_value, nri_plugin_args, Node, NodeError, DRIVER_NAME, POLL, SETTLE};
-use crate::kubelet_dra::{KubeletDra, RegistrySnapshot};
+use super::read_back::metric_value;
+use super::{Node, NodeError, DRIVER_NAME, POLL, SETTLE};
+use crate::kubelet_dra::plugin_watcher::RegistrySnapshot;
+use crate::kubelet_dra::KubeletDra;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 
 use super::NodeError;
 use crate::apiserver::FakeApiServerOptions;
-use crate::containerd::ContainerdOptions;
+use crate::containerd::config::ContainerdOptions;
 use crate::kubelet_dra::DraVersion;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

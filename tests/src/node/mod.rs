@@ -14,30 +14,21 @@
 //! --workspace` builds them). Nodes of one test binary run one at a time: the
 //! machine's CPUs are what every node allocates from.
 
-mod claim_objects;
-mod claims;
-mod daemons;
-mod layout;
-mod pods;
+pub mod claim_objects;
+pub mod claims;
+pub mod daemons;
+pub mod layout;
+pub mod pods;
 mod process;
-mod read_back;
-
-pub use claim_objects::{
-    allocated_claim, allocated_claim_on, allocated_individual_claim, device_class,
-    first_available_claim,
-};
-pub use claims::PreparedClaim;
-pub use daemons::{process_state, HeldProcess};
-pub use layout::{binary_candidates, dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions};
-pub use pods::{PodIdentity, RunningPod};
-pub use read_back::{cdi_spec_cpus, log_line_problems, log_messages_with, metric_value};
+pub mod read_back;
 
 use crate::apiserver::{FakeApiServer, FakeApiServerError};
 use crate::cgroup::CgroupError;
 use crate::containerd::{Containerd, ContainerdError};
 use crate::cri::{CriClient, CriError};
 use crate::kubelet_dra::{KubeletDra, KubeletDraError};
-use layout::find_binary;
+use claim_objects::device_class;
+use layout::{dra_plugin_args, find_binary, nri_plugin_args, NodeLayout, NodeOptions};
 use process::{free_port, http_get, Process};
 use shared_state::CpuSet;
 use std::path::PathBuf;
@@ -47,10 +38,6 @@ use std::time::Duration;
 pub const DRIVER_NAME: &str = "dra.cpu";
 /// The grouped-mode device of NUMA node 0, the only one on this machine.
 pub const GROUPED_DEVICE: &str = "cpudevnuma000";
-/// The consumable capacity a grouped claim asks CPUs from.
-pub use shared_state::assignment::CPU_CAPACITY;
-/// The CDI kind dra-plugin writes claim specs under.
-pub use shared_state::cdi_spec::CDI_KIND;
 /// Namespace of the pods and claims of a node.
 pub const NAMESPACE: &str = "default";
 /// Environment variables naming the binaries to run.

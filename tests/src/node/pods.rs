@@ -1,9 +1,12 @@
 //! The node playing kubelet for pods and containers, and reading back their
 //! cpusets and the processes' logs.
 
-use super::{log_messages_with, Node, NodeError, NAMESPACE, POLL, SETTLE};
-use crate::cgroup::{self, ContainerCpus};
-use crate::cri::{new_uid, ContainerSpec, PodSandbox};
+use super::read_back::log_messages_with;
+use super::{Node, NodeError, NAMESPACE, POLL, SETTLE};
+use crate::cgroup;
+use crate::cgroup::container::ContainerCpus;
+use crate::cri::new_uid;
+use crate::cri::spec::{ContainerSpec, PodSandbox};
 use serde_json::Value;
 use shared_state::CpuSet;
 use std::time::Instant;
@@ -132,7 +135,7 @@ impl Node {
 
     /// A container's cpuset now, from its cgroup and from inside it.
     pub async fn cpus(&mut self, id: &str) -> Result<ContainerCpus, NodeError> {
-        Ok(cgroup::container_cpus(&mut self.cri, id).await?)
+        Ok(cgroup::container::container_cpus(&mut self.cri, id).await?)
     }
 
     /// Waits until both the cgroup and the inside of container `id` say

@@ -118,9 +118,9 @@ impl<'de> serde::de::Visitor<'de> for UniqueKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::CDI_KIND;
     use proptest::prelude::*;
     use serde_json::json;
+    use shared_state::cdi_spec::CDI_KIND;
 
     #[test]
     fn metric_values_table() {

@@ -3,9 +3,12 @@
 
 #![allow(dead_code)]
 
-use dra_cpu_tests::cri::ContainerSpec;
-pub use dra_cpu_tests::must::Must;
-use dra_cpu_tests::node::{Node, NodeOptions, PodIdentity, PreparedClaim, RunningPod};
+use dra_cpu_tests::cri::spec::ContainerSpec;
+use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
+use dra_cpu_tests::node::layout::NodeOptions;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
+use dra_cpu_tests::node::Node;
 use serde_json::Value;
 use shared_state::CpuSet;
 
@@ -51,7 +54,7 @@ pub fn set(list: &str) -> CpuSet {
 
 /// The `DRA_CPUSET_<uid>` variable a container sees, parsed.
 pub async fn claim_env(node: &mut Node, id: &str, claim_uid: &str) -> Option<CpuSet> {
-    let env = dra_cpu_tests::cgroup::container_env(&mut node.cri, id)
+    let env = dra_cpu_tests::cgroup::container::container_env(&mut node.cri, id)
         .await
         .must("reading the container's environment");
     env.get(&format!("DRA_CPUSET_{claim_uid}"))

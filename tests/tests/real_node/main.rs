@@ -1385,7 +1385,7 @@ fn a_tuned_claim_gets_quiet_cpus_and_a_selector_on_the_nodes_tuning_works() {
     let id = node.container_id(&ns.name, "quiet", "app").unwrap();
     let pid = node.container_pid(&id).unwrap();
     assert_eq!(
-        dra_cpu_tests::cgroup::cfs_quota_of(pid).unwrap(),
+        dra_cpu_tests::cgroup::weight::cfs_quota_of(pid).unwrap(),
         None,
         "the container of a claim asking cfsQuota off has a quota"
     );

@@ -7,7 +7,8 @@
 
 use super::*;
 
-use dra_cpu_tests::cgroup::{cpuset_hierarchy, numa_node_cpus, CpusetHierarchy};
+use dra_cpu_tests::cgroup::hierarchy::{cpuset_hierarchy, CpusetHierarchy};
+use dra_cpu_tests::cgroup::numa_node_cpus;
 
 /// Whether the node's shared pool holds `needed` CPUs for claims and still
 /// one for the shared pods (the chart's `minSharedCpus`); prints why not.

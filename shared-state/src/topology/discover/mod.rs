@@ -24,12 +24,14 @@
 //!   (E-cores) on hybrid parts; `standard` everywhere else.
 //! - `cpu/isolated`: absent means empty.
 
-mod files;
+pub(super) mod files;
 
 use super::{CoreType, CpuInfo, Topology};
 use crate::cpuset::CpuSet;
-pub(super) use files::{dir_entries, parse_cpulist_at, quote, read_optional};
-use files::{numbered_entries, parse_u32_at, read_cpulist, read_id, read_optional_id, read_u32};
+use files::{
+    numbered_entries, parse_cpulist_at, parse_u32_at, quote, read_cpulist, read_id, read_optional,
+    read_optional_id, read_u32,
+};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! first reading here is of a fresh start.
 
 use anyhow::Context;
-use dra_cpu_perf::dra::DraBench;
+use dra_cpu_perf::dra::bench::DraBench;
 use std::io::Read;
 use std::time::Duration;
 

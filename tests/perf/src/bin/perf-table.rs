@@ -14,11 +14,9 @@
 
 use anyhow::Context;
 use dra_cpu_perf as perf;
-use perf::{
-    dra::{CdiPlacement, DraBench},
-    node_rows::Runtime,
-    Goal, Row,
-};
+use perf::dra::bench::{CdiPlacement, DraBench};
+use perf::node_rows::Runtime;
+use perf::{Goal, Row};
 use std::time::Instant;
 
 // Rows 3 and 7c run nri-plugin's handler in this process: give it the
@@ -57,12 +55,12 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
     let mut bench = DraBench::new()?;
     bench.start().await.context("starting dra-plugin")?;
     let nri = bench.start_nri().await;
-    let mut rows = perf::dra::prepare_floor_rows(&mut bench, c.fast).await?;
-    rows.push(perf::dra::concurrency_row(&mut bench, c.rounds).await?);
+    let mut rows = perf::dra::rows::prepare_floor_rows(&mut bench, c.fast).await?;
+    rows.push(perf::dra::rows::concurrency_row(&mut bench, c.rounds).await?);
     if let Err(e) = &nri {
         eprintln!("nri-plugin did not start: {e:#}");
     }
-    rows.extend(perf::dra::footprint_rows(&mut bench, c.restarts).await?);
+    rows.extend(perf::dra::rows::footprint_rows(&mut bench, c.restarts).await?);
     drop(bench);
     // The same prepare with the CDI specs on the store's disk: what a node
     // whose --cdi-dir is not on a tmpfs pays.
@@ -71,7 +69,7 @@ async fn dra_rows(c: &Counts) -> anyhow::Result<Vec<Row>> {
         .start()
         .await
         .context("starting dra-plugin (CDI on disk)")?;
-    rows.extend(perf::dra::prepare_floor_rows(&mut on_disk, c.fast).await?);
+    rows.extend(perf::dra::rows::prepare_floor_rows(&mut on_disk, c.fast).await?);
     Ok(rows)
 }
 

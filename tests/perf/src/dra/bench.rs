@@ -5,10 +5,9 @@ use super::{find_binary, free_port, http_get, metric, sysfs_1024, NODE, NUMA_NOD
 use anyhow::{bail, Context};
 use dra_cpu_tests::apiserver::FakeApiServer;
 use dra_cpu_tests::kubelet_dra::{Claim, DraVersion, KubeletDra};
-use dra_cpu_tests::node::{
-    allocated_claim, device_class, dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions,
-    DRIVER_NAME, NAMESPACE,
-};
+use dra_cpu_tests::node::claim_objects::{allocated_claim, device_class};
+use dra_cpu_tests::node::layout::{dra_plugin_args, nri_plugin_args, NodeLayout, NodeOptions};
+use dra_cpu_tests::node::{DRIVER_NAME, NAMESPACE};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

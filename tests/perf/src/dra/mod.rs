@@ -4,11 +4,8 @@
 //! prepare against the durability floor (row 1), concurrent against
 //! sequential prepares (row 2), footprint and restart (row 7).
 
-mod bench;
-mod rows;
-
-pub use bench::{CdiPlacement, DraBench};
-pub use rows::{concurrency_row, footprint_rows, prepare_floor_rows};
+pub mod bench;
+pub mod rows;
 
 use anyhow::{bail, Context};
 use shared_state::topology::synthetic::MACHINE_1024;
@@ -87,7 +84,7 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
-    dra_cpu_tests::node::metric_value(text, name)
+    dra_cpu_tests::node::read_back::metric_value(text, name)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! concurrent against sequential prepares (2), footprint and restart (7).
 
 use super::super::{human, mib, ratio, rss_kib, summarize, Goal, Row, Verdict};
-use super::{CdiPlacement, DraBench};
+use super::bench::{CdiPlacement, DraBench};
 use anyhow::{bail, Context};
 use dra_cpu_tests::kubelet_dra::Claim;
 use std::io::Write;

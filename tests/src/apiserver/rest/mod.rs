@@ -5,7 +5,9 @@ mod resources;
 mod watch;
 
 use super::selector::parse_query;
-use super::store::{ApiError, Store, RESOURCE_TYPES};
+use super::store::error::ApiError;
+use super::store::resource_types::RESOURCE_TYPES;
+use super::store::Store;
 use super::{Received, RequestLine};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};

@@ -1,6 +1,8 @@
 //! Watches: the initial events, bookmarks, expiry and the live stream.
 
-use super::super::store::{ApiError, Filter, ResourceType};
+use super::super::store::error::ApiError;
+use super::super::store::events::Filter;
+use super::super::store::resource_types::ResourceType;
 use super::{error_response, lock, Body, Params, Shared};
 use http::{header, Response};
 use http_body_util::{BodyExt, Full, StreamBody};

@@ -3,7 +3,9 @@
 
 use super::super::validate;
 use super::super::version::{drop_disabled_fields, drop_disabled_list_attributes};
-use super::{metadata_mut, name_of, ApiError, ResourceType, Store};
+use super::error::ApiError;
+use super::resource_types::ResourceType;
+use super::{metadata_mut, name_of, Store};
 use serde_json::{json, Value};
 
 impl Store {
@@ -162,8 +164,8 @@ fn roundtrip<T: k8s_openapi::serde::de::DeserializeOwned + k8s_openapi::serde::S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::store::resource_types::RESOURCE_SLICES;
     use crate::apiserver::store::tests::slice;
-    use crate::apiserver::store::RESOURCE_SLICES;
 
     #[test]
     fn invalid_and_mistyped_objects_are_refused() {

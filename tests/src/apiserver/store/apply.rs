@@ -2,10 +2,10 @@
 
 use super::super::patch;
 use super::super::version::undeclared_message;
-use super::{
-    key, metadata_mut, name_from_url, now_rfc3339, spec_part, ApiError, ResourceType, Store,
-    Subresource,
-};
+use super::error::ApiError;
+use super::resource_types::ResourceType;
+use super::write::Subresource;
+use super::{key, metadata_mut, name_from_url, now_rfc3339, spec_part, Store};
 use serde_json::{json, Map, Value};
 
 impl Store {
@@ -273,8 +273,8 @@ fn record_apply_ownership(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::store::resource_types::RESOURCE_SLICES;
     use crate::apiserver::store::tests::slice;
-    use crate::apiserver::store::RESOURCE_SLICES;
 
     /// Server-side apply of `body` to slice `a` by `manager`.
     fn apply_slice(

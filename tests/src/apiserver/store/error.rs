@@ -1,7 +1,7 @@
 //! Errors as the API server answers them.
 
 use super::super::validate::Cause;
-use super::ResourceType;
+use super::resource_types::ResourceType;
 use serde_json::{json, Value};
 
 /// An error answered as a Kubernetes `Status` object.

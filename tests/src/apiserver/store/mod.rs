@@ -5,20 +5,15 @@
 
 mod admission;
 mod apply;
-mod error;
-mod events;
-mod resource_types;
-mod write;
-
-pub use error::ApiError;
-pub use events::{EventType, Filter, StoredEvent};
-pub use resource_types::{
-    find_type, ResourceType, DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES,
-    RESOURCE_TYPES,
-};
-pub use write::Subresource;
+pub mod error;
+pub mod events;
+pub mod resource_types;
+pub mod write;
 
 use super::version::{FeatureGates, KubernetesVersion, SliceSchema};
+use error::ApiError;
+use events::{EventType, Filter, StoredEvent};
+use resource_types::ResourceType;
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -260,6 +255,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::resource_types::{NODES, RESOURCE_SLICES};
+    use super::write::Subresource;
     use super::*;
     use crate::apiserver::selector::FieldRequirement;
 

@@ -3,10 +3,10 @@
 
 use super::super::patch;
 use super::apply::{managed_entry, set_managed_entry};
-use super::{
-    key, metadata_mut, name_from_url, name_of, now_rfc3339, spec_part, ApiError, EventType, Key,
-    ResourceType, Store,
-};
+use super::error::ApiError;
+use super::events::EventType;
+use super::resource_types::ResourceType;
+use super::{key, metadata_mut, name_from_url, name_of, now_rfc3339, spec_part, Key, Store};
 use serde_json::{json, Map, Value};
 use std::hash::BuildHasher;
 
@@ -290,8 +290,9 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::store::events::Filter;
+    use crate::apiserver::store::resource_types::{RESOURCE_CLAIMS, RESOURCE_SLICES};
     use crate::apiserver::store::tests::slice;
-    use crate::apiserver::store::{Filter, RESOURCE_CLAIMS, RESOURCE_SLICES};
     use crate::apiserver::validate;
 
     /// A PUT of `body` to `name`, its main resource or its status.
