@@ -10,7 +10,9 @@
 # (scripts/vm-node-tests.sh): the node demo and the scenarios of
 # tests/tests/vm_node.rs on a 2-socket, 2-NUMA-node, SMT, cgroup v2 guest, on
 # containerd 1.7 and 2.x, and 12 power cuts of the power-cut storm
-# (scripts/power-cut-storm.sh) in a 2-vCPU guest.
+# (scripts/power-cut-storm.sh) in a 2-vCPU guest; then the real node's
+# scenarios that need more CPUs, on the real node inside the VM node
+# (scripts/real-node-tests.sh --vm).
 # The first run builds the real node's components (scripts/build-components.sh,
 # tens of minutes on 2 cores); later runs find them cached.
 set -euo pipefail
@@ -101,5 +103,10 @@ if [ "$vm_status" -ne 0 ]; then
   exit 1
 fi
 check_demo_tables "$vm_log" "the node demo in the VM node"
+# The real node's scenarios that need more CPUs than this host has, on the
+# same real node inside the VM node (8 CPUs, 2 NUMA nodes, SMT, cgroup v2);
+# the host's run above covers the uninstall.
+phase "real node in the VM node"
+scripts/real-node-tests.sh --vm --no-uninstall -- many_cpus
 phase done
 printf '%s\n' "test: phase times:" "${phase_times[@]}" >&2
