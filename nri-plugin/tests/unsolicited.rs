@@ -138,6 +138,60 @@ const SAFE: (&str, &str, &str) = ("containerd", "2.2.0", "v0.12.1");
 const CONTAINERD_1_7: (&str, &str, &str) = ("containerd", "1.7.24", "");
 const NRI_0_6_1: (&str, &str, &str) = ("containerd", "1.7.24", "v0.6.1");
 
+/// The plugin under test connected to a stand-in runtime that has
+/// configured it.
+struct Connected {
+    enforcer: Arc<Enforcer>,
+    metrics: Arc<Metrics>,
+    updater: NriUpdater,
+    runtime: NriSession,
+    stop: tokio_util::sync::CancellationToken,
+    nri: tokio::task::JoinHandle<Result<(), dra_cpu_nri::client::NriError>>,
+}
+
+/// Starts the plugin over `view` with `policy` against a stand-in runtime
+/// listening at `socket`, which registers and configures it as `runtime`
+/// (name, version, NRI version).
+async fn connect(
+    view: NodeView,
+    policy: UnsolicitedUpdates,
+    socket: &Path,
+    runtime: (&str, &str, &str),
+) -> Connected {
+    let metrics = Arc::new(Metrics::new());
+    let updater = NriUpdater::new();
+    let enforcer = Arc::new(Enforcer::new(
+        view,
+        metrics.clone(),
+        updater.clone(),
+        policy,
+    ));
+    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), Arc::new(NoLookups)));
+    let listening = NriRuntime::bind(socket).expect("bind");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let nri = tokio::spawn(run_with_reconnect(
+        plugin,
+        SocketSource::Path(socket.to_path_buf()),
+        NriClientOptions::new("dracpu", "10"),
+        updater.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    let session = listening.accept(CONNECT).await.expect("RegisterPlugin");
+    let (rt_name, rt_version, nri_version) = runtime;
+    session
+        .configure(rt_name, rt_version, nri_version)
+        .await
+        .expect("Configure");
+    Connected {
+        enforcer,
+        metrics,
+        updater,
+        runtime: session,
+        stop,
+        nri,
+    }
+}
+
 async fn run_case(case: &Case, dir: &Path) {
     let name = case.name;
     // CPUs 0-7; claim A (6-7) is the mixed container's, prepared before
@@ -145,33 +199,21 @@ async fn run_case(case: &Case, dir: &Path) {
     let mut view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
     view.apply_prepared(1, claim(CLAIM_A, "6-7", POD_M))
         .expect("claim A");
-    let metrics = Arc::new(Metrics::new());
-    let updater = NriUpdater::new();
-    let enforcer = Arc::new(Enforcer::new(
+    let Connected {
+        enforcer,
+        metrics,
+        updater,
+        runtime,
+        stop,
+        nri,
+    } = connect(
         view,
-        metrics.clone(),
-        updater.clone(),
         case.policy,
-    ));
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), Arc::new(NoLookups)));
-
-    let socket = dir.join(format!("{name}.sock"));
-    let listening = NriRuntime::bind(&socket).expect("bind");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let nri = tokio::spawn(run_with_reconnect(
-        plugin,
-        SocketSource::Path(socket),
-        NriClientOptions::new("dracpu", "10"),
-        updater.clone(),
-        stop.clone().cancelled_owned(),
-    ));
+        &dir.join(format!("{name}.sock")),
+        case.runtime,
+    )
+    .await;
     let mut connection = updater.connection();
-    let runtime = listening.accept(CONNECT).await.expect("RegisterPlugin");
-    let (rt_name, rt_version, nri_version) = case.runtime;
-    runtime
-        .configure(rt_name, rt_version, nri_version)
-        .await
-        .expect("Configure");
 
     // A shared container and a mixed one (claim A, a CPU request), both
     // unpinned: Synchronize pins them.
@@ -393,31 +435,20 @@ async fn pool_changes_go_out_unsolicited_only_where_allowed() {
 async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
     let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
-    let metrics = Arc::new(Metrics::new());
-    let updater = NriUpdater::new();
-    let enforcer = Arc::new(Enforcer::new(
+    let Connected {
+        enforcer,
+        metrics,
+        updater,
+        runtime,
+        stop,
+        nri,
+    } = connect(
         view,
-        metrics.clone(),
-        updater.clone(),
         UnsolicitedUpdates::Auto,
-    ));
-    let plugin = Arc::new(DraCpuPlugin::new(enforcer.clone(), Arc::new(NoLookups)));
-    let socket = dir.path().join("refused.sock");
-    let listening = NriRuntime::bind(&socket).expect("bind");
-    let stop = tokio_util::sync::CancellationToken::new();
-    let nri = tokio::spawn(run_with_reconnect(
-        plugin,
-        SocketSource::Path(socket),
-        NriClientOptions::new("dracpu", "10"),
-        updater.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-    let runtime = listening.accept(CONNECT).await.expect("RegisterPlugin");
-    let (rt_name, rt_version, nri_version) = SAFE;
-    runtime
-        .configure(rt_name, rt_version, nri_version)
-        .await
-        .expect("Configure");
+        &dir.path().join("refused.sock"),
+        SAFE,
+    )
+    .await;
     let synced = runtime
         .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
         .await

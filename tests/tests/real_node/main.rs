@@ -22,6 +22,7 @@ use dra_cpu_tests::real_node::{
 use serde_json::Value;
 use shared_state::CpuSet;
 
+mod every_kind;
 mod many_cpus;
 
 /// One scenario at a time on the one node.
@@ -1168,6 +1169,20 @@ fn unread_on_dra_socket(node: &RealNode) -> Result<u64, RealNodeError> {
         .sum())
 }
 
+/// Waits until kubelet's NodePrepareResources waits unread on the DRA
+/// socket of a frozen dra-plugin ([`Frozen`]).
+fn wait_prepare_unread(node: &RealNode) {
+    node.wait(
+        "kubelet's NodePrepareResources waiting on the frozen dra-plugin",
+        CPUSET_CHANGE,
+        || match unread_on_dra_socket(node)? {
+            0 => Ok(Err("nothing unread on dra.sock".to_string())),
+            unread => Ok(Ok(unread)),
+        },
+    )
+    .unwrap();
+}
+
 /// A container of the node frozen (`ctr tasks pause`) until dropped, also
 /// when the scenario fails.
 struct Frozen<'a> {
@@ -1239,19 +1254,7 @@ fn restarts_in_the_middle_of_pod_starts_lose_and_double_nothing() {
     wait_allocated(&node, &ns.name, "first");
     // kubelet's pod worker prepares first thing once the pod is bound: its
     // request waits unread on dra-plugin's DRA socket.
-    node.wait(
-        "kubelet's NodePrepareResources waiting on the frozen dra-plugin",
-        CPUSET_CHANGE,
-        || {
-            let unread = unread_on_dra_socket(&node)?;
-            if unread > 0 {
-                Ok(Ok(unread))
-            } else {
-                Ok(Err("nothing unread on dra.sock".to_string()))
-            }
-        },
-    )
-    .unwrap();
+    wait_prepare_unread(&node);
     let pending = node.get_json(&["pod", "-n", &ns.name, "first"]).unwrap();
     assert_ne!(
         pending["status"]["phase"], "Running",

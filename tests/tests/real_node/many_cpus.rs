@@ -12,7 +12,7 @@ use dra_cpu_tests::cgroup::numa_node_cpus;
 
 /// Whether the node's shared pool holds `needed` CPUs for claims and still
 /// one for the shared pods (the chart's `minSharedCpus`); prints why not.
-fn holds(node: &RealNode, needed: usize, scenario: &str) -> bool {
+pub(super) fn holds(node: &RealNode, needed: usize, scenario: &str) -> bool {
     let (_, available, _, _) = gauges(node);
     let fits = available as usize > needed;
     if !fits {
@@ -24,8 +24,68 @@ fn holds(node: &RealNode, needed: usize, scenario: &str) -> bool {
     fits
 }
 
+/// The CPUs of [`start_every_kind`]'s pods.
+pub(super) struct EveryKind {
+    /// The exclusive pod's 2 CPUs.
+    pub exclusive: CpuSet,
+    /// The mixed pod's claim's CPU (it runs on this and the pool).
+    pub mixed: CpuSet,
+    /// The rest: the shared pod's CPUs.
+    pub pool: CpuSet,
+}
+
+/// Templates `one-cpu` and `two-cpus`, and a shared pod `shared`, an
+/// exclusive pod `exclusive` (2 CPUs) and a mixed pod `mixed` (1 CPU and
+/// 250m) running, each on what its kind gets.
+pub(super) fn start_every_kind(node: &RealNode, namespace: &str) -> EveryKind {
+    let grouped = grouped(node);
+    node.apply(&claim_template_yaml(namespace, "one-cpu", 1, grouped))
+        .unwrap();
+    node.apply(&claim_template_yaml(namespace, "two-cpus", 2, grouped))
+        .unwrap();
+    node.apply(&pod_yaml(namespace, "shared", Some("100m"), &[]))
+        .unwrap();
+    node.apply(&pod_yaml(
+        namespace,
+        "exclusive",
+        None,
+        &[("cpus", "two-cpus")],
+    ))
+    .unwrap();
+    node.apply(&pod_yaml(
+        namespace,
+        "mixed",
+        Some("250m"),
+        &[("cpus", "one-cpu")],
+    ))
+    .unwrap();
+    for pod in ["shared", "exclusive", "mixed"] {
+        node.wait_running(namespace, pod, POD_START).unwrap();
+    }
+    let exclusive = claim_cpus(node, namespace, "exclusive");
+    let mixed = claim_env_cpus(node, namespace, "mixed");
+    assert_eq!((exclusive.len(), mixed.len()), (2, 1));
+    assert!(exclusive.intersection(&mixed).is_empty());
+    let pool = online_cpus().unwrap().difference(&exclusive.union(&mixed));
+    node.wait_cpus(namespace, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(
+        namespace,
+        "mixed",
+        "app",
+        &mixed.union(&pool),
+        CPUSET_CHANGE,
+    )
+    .unwrap();
+    EveryKind {
+        exclusive,
+        mixed,
+        pool,
+    }
+}
+
 /// The claims' CPUs are pairwise disjoint.
-fn assert_disjoint(claims: &[(String, CpuSet)]) {
+pub(super) fn assert_disjoint(claims: &[(String, CpuSet)]) {
     for (i, (a, a_cpus)) in claims.iter().enumerate() {
         for (b, b_cpus) in &claims[i + 1..] {
             assert!(
@@ -237,41 +297,13 @@ fn exclusive_mixed_and_shared_pods_hold_through_a_burst_and_every_restart() {
     }
     let ns = TestNamespace::new(&node, "all-kinds").unwrap();
     let online = online_cpus().unwrap();
-    let grouped = grouped(&node);
     let (allocated, available, reserved, claims) = gauges(&node);
-    node.apply(&claim_template_yaml(&ns.name, "one-cpu", 1, grouped))
-        .unwrap();
-    node.apply(&claim_template_yaml(&ns.name, "two-cpus", 2, grouped))
-        .unwrap();
-    node.apply(&pod_yaml(&ns.name, "shared", Some("100m"), &[]))
-        .unwrap();
-    node.apply(&pod_yaml(
-        &ns.name,
-        "exclusive",
-        None,
-        &[("cpus", "two-cpus")],
-    ))
-    .unwrap();
-    node.apply(&pod_yaml(
-        &ns.name,
-        "mixed",
-        Some("250m"),
-        &[("cpus", "one-cpu")],
-    ))
-    .unwrap();
-    for pod in ["shared", "exclusive", "mixed"] {
-        node.wait_running(&ns.name, pod, POD_START).unwrap();
-    }
-    let exclusive = claim_cpus(&node, &ns.name, "exclusive");
-    let mixed = claim_env_cpus(&node, &ns.name, "mixed");
-    assert_eq!((exclusive.len(), mixed.len()), (2, 1));
-    assert!(exclusive.intersection(&mixed).is_empty());
+    let EveryKind {
+        exclusive,
+        mixed,
+        pool: _,
+    } = start_every_kind(&node, &ns.name);
     let held = exclusive.union(&mixed);
-    let pool = online.difference(&held);
-    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
-        .unwrap();
-    node.wait_cpus(&ns.name, "mixed", "app", &mixed.union(&pool), CPUSET_CHANGE)
-        .unwrap();
     let exclusive_history = node.record_cpus(&ns.name, "exclusive", "app").unwrap();
     let mixed_history = node.record_cpus(&ns.name, "mixed", "app").unwrap();
     let shared_history = node.record_cpus(&ns.name, "shared", "app").unwrap();
