@@ -13,6 +13,10 @@
 #   scripts/real-node-tests.sh -- NAME... only the scenarios whose names
 #                                         contain one of NAME (and the
 #                                         uninstall checks)
+#   scripts/real-node-tests.sh --set KEY=VALUE ...
+#                                         a value of the chart for the install
+#                                         (repeatable), e.g.
+#                                         draPlugin.groupBy=machine
 #   scripts/real-node-tests.sh --no-uninstall ...
 #                                         leave out the uninstall checks
 #   scripts/real-node-tests.sh --vm ...   the same, with the whole node inside
@@ -28,18 +32,21 @@
 # The first run builds the components (tens of minutes on 2 cores; cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-which=() filters=() vm=0 uninstall=1 args=("$@")
+which=() filters=() vm=0 uninstall=1 helm_set=() args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
     --vm) vm=1; shift ;;
     --no-uninstall) uninstall=0; shift ;;
+    --set)
+      [ $# -ge 2 ] || { echo "real-node-tests: --set KEY=VALUE" >&2; exit 2; }
+      helm_set+=(--set "$2"); shift 2 ;;
     --oldest) which=(--oldest); shift ;;
     --versions)
       [ $# -ge 3 ] || { echo "real-node-tests: --versions KUBERNETES CONTAINERD" >&2; exit 2; }
       which=(--versions "$2" "$3"); shift 3 ;;
     --smoke) filters=(slices_are_published an_exclusive_claim_is_pinned a_mixed_pod_gets restarts_keep); shift ;;
     --) shift; filters=("$@"); break ;;
-    *) echo "usage: $0 [--vm] [--no-uninstall] [--oldest | --versions KUBERNETES CONTAINERD] [--smoke | -- NAME...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--vm] [--no-uninstall] [--set KEY=VALUE]... [--oldest | --versions KUBERNETES CONTAINERD] [--smoke | -- NAME...]" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" -eq 0 ] || { echo "real-node-tests: must run as root" >&2; exit 1; }
@@ -119,7 +126,7 @@ run_test() {
 scripts/real-node.sh up "${which[@]}"
 # The test build of the binaries (DRA_CPU_IMAGE_PROFILE=debug) saves a
 # release build where only the behaviour is under test.
-scripts/real-node.sh install
+scripts/real-node.sh install "${helm_set[@]}"
 run_test real_node --ignored --test-threads=1 "${filters[@]}"
 # One at a time, in name order: the second installs the driver again.
 [ "$uninstall" -eq 0 ] || run_test real_node_uninstall --ignored --test-threads=1

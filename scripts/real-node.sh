@@ -18,7 +18,8 @@
 #                                        install` charts/dra-cpu with
 #                                        tests/real-node/values.yaml (the tag
 #                                        is the chart's appVersion, or
-#                                        DRA_CPU_IMAGE_TAG)
+#                                        DRA_CPU_IMAGE_TAG); HELM ARGS are
+#                                        kept for the node's later installs
 #   scripts/real-node.sh image ARCHIVE   only build the image install would
 #                                        import, to ARCHIVE (no node needed)
 #   scripts/real-node.sh uninstall       `helm uninstall` it
@@ -284,6 +285,14 @@ install_driver() {
   profile="${DRA_CPU_IMAGE_PROFILE:-$(cat "$dir/driver-profile" 2>/dev/null || echo release)}"
   case "$profile" in release | debug) ;; *) die "DRA_CPU_IMAGE_PROFILE is release or debug, not $profile" ;; esac
   echo "$profile" >"$dir/driver-profile"
+  # Helm arguments given to an install are kept for the node's later
+  # installs (an upgrade keeps the values a scenario started with).
+  local helm_args=("$@")
+  if [ $# -gt 0 ]; then
+    printf '%s\n' "$@" >"$dir/helm-args"
+  elif [ -f "$dir/helm-args" ]; then
+    mapfile -t helm_args <"$dir/helm-args"
+  fi
   # DRA_CPU_IMAGE_TAG: another tag than the chart's appVersion, so that an
   # install is an upgrade to a new image (the helm upgrade scenario).
   tag="${DRA_CPU_IMAGE_TAG:-$(driver_tag)}"
@@ -307,7 +316,7 @@ install_driver() {
   log "helm upgrade --install dra-cpu charts/dra-cpu (namespace dra-cpu), image $digest"
   helm_admin upgrade --install dra-cpu charts/dra-cpu --namespace dra-cpu --create-namespace \
     -f "$dir/values.yaml" --set image.tag="$tag" \
-    --set-string "podAnnotations.dra-cpu\\.test/image-digest=$digest" --wait --timeout 300s "$@" >"$dir/logs/helm.log" 2>&1 || {
+    --set-string "podAnnotations.dra-cpu\\.test/image-digest=$digest" --wait --timeout 300s "${helm_args[@]}" >"$dir/logs/helm.log" 2>&1 || {
     tail -n 20 "$dir/logs/helm.log" >&2
     kubectl_admin -n dra-cpu get pods -o wide >&2 || true
     kubectl_admin -n dra-cpu describe pods >&2 || true

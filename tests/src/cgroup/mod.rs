@@ -29,6 +29,7 @@ pub mod mounts;
 pub mod removal;
 pub mod weight;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use shared_state::{CpuSet, CpuSetError};
@@ -119,15 +120,16 @@ pub fn online_cpus() -> Result<CpuSet, CgroupError> {
     read_cpulist(Path::new(ONLINE_CPUS))
 }
 
-/// The CPUs of each NUMA node (`/sys/devices/system/node/node<N>/cpulist`),
-/// in the order of the nodes' numbers; one set of every online CPU where the
-/// kernel has no NUMA nodes to list.
-pub fn numa_node_cpus() -> Result<Vec<CpuSet>, CgroupError> {
+/// The CPUs of each NUMA node by its number
+/// (`/sys/devices/system/node/node<N>/cpulist`); node 0 with every online
+/// CPU where the kernel lists no NUMA nodes.
+pub fn numa_node_cpus() -> Result<BTreeMap<u32, CpuSet>, CgroupError> {
     let dir = Path::new("/sys/devices/system/node");
-    let mut nodes: Vec<(u32, CpuSet)> = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![online_cpus()?]),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(BTreeMap::from([(0, online_cpus()?)]))
+        }
         Err(source) => {
             return Err(CgroupError::Read {
                 path: dir.to_path_buf(),
@@ -135,6 +137,7 @@ pub fn numa_node_cpus() -> Result<Vec<CpuSet>, CgroupError> {
             })
         }
     };
+    let mut nodes = BTreeMap::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(number) = name
@@ -144,10 +147,9 @@ pub fn numa_node_cpus() -> Result<Vec<CpuSet>, CgroupError> {
         else {
             continue;
         };
-        nodes.push((number, read_cpulist(&entry.path().join("cpulist"))?));
+        nodes.insert(number, read_cpulist(&entry.path().join("cpulist"))?);
     }
-    nodes.sort_by_key(|(number, _)| *number);
-    Ok(nodes.into_iter().map(|(_, cpus)| cpus).collect())
+    Ok(nodes)
 }
 
 /// Files the tests of several rooms read.

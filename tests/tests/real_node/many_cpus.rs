@@ -84,6 +84,24 @@ pub(super) fn start_every_kind(node: &RealNode, namespace: &str) -> EveryKind {
     }
 }
 
+/// The NUMA node (`dra.cpu/numaNodeID`) of the grouped device the claim of
+/// `pod` was allocated, when the device is grouped by NUMA node.
+fn claim_numa_node(node: &RealNode, namespace: &str, pod: &str) -> Option<u64> {
+    let object = node.get_json(&["pod", "-n", namespace, pod]).unwrap();
+    let claim = object["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim = node
+        .get_json(&["resourceclaim", "-n", namespace, &claim])
+        .unwrap();
+    let device = claim["status"]["allocation"]["devices"]["results"][0]["device"].clone();
+    devices(&slices(node))
+        .into_iter()
+        .find(|d| d["name"] == device && d["capacity"]["dra.cpu/cpu"].is_object())
+        .and_then(|d| d["attributes"]["dra.cpu/numaNodeID"]["int"].as_u64())
+}
+
 /// The claims' CPUs are pairwise disjoint.
 pub(super) fn assert_disjoint(claims: &[(String, CpuSet)]) {
     for (i, (a, a_cpus)) in claims.iter().enumerate() {
@@ -157,11 +175,18 @@ fn several_claims_of_two_cpus_get_distinct_cpus_and_shared_pods_the_rest() {
         assert_eq!(cpus.len(), 2, "{name}: got {}", cpus.to_cpulist());
         assert!(cpus.is_subset(&online), "{name}: {}", cpus.to_cpulist());
         assert_eq!(claim_env_cpus(&node, &ns.name, name), cpus, "{name}");
-        if grouped {
+        // A device grouped by NUMA node names its node: the claim's CPUs
+        // are that node's (grouped by machine or socket, they may span).
+        if let Some(numa) = claim_numa_node(&node, &ns.name, name) {
+            let numa_cpus = u32::try_from(numa)
+                .ok()
+                .and_then(|numa| numa_nodes.get(&numa))
+                .unwrap_or_else(|| panic!("no NUMA node {numa}: {numa_nodes:?}"));
             assert!(
-                numa_nodes.iter().any(|numa| cpus.is_subset(numa)),
-                "{name}: CPUs {} span NUMA nodes {numa_nodes:?}",
-                cpus.to_cpulist()
+                cpus.is_subset(numa_cpus),
+                "{name}: CPUs {} not on the device's NUMA node {numa} ({})",
+                cpus.to_cpulist(),
+                numa_cpus.to_cpulist()
             );
         }
         if maps_node_allocatable(&node) {
