@@ -145,6 +145,27 @@ impl Enforcer {
                 Reconciled::Refused { .. } => {}
             }
         }
+        self.refresh_v1_load_balancing();
+    }
+
+    /// cgroup v1: turns off the load balancing of cgroups created since the
+    /// last pass that hold isolated CPUs (a new pod's). Never fails; a
+    /// failure is logged and the next pass tries again.
+    pub fn refresh_v1_load_balancing(&self) {
+        let Some(keeper) = &self.partitions else {
+            return;
+        };
+        match keeper.refresh_v1() {
+            Ok(written) if written.is_empty() => {}
+            Ok(written) => tracing::info!(
+                cgroups = ?written,
+                "cgroup v1: load balancing of these cgroups brought in step with the isolated CPUs"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cgroup v1: bringing load balancing in step with the isolated CPUs failed"
+            ),
+        }
     }
 
     /// Report connections through `health` (the one `/readyz` and the

@@ -1,7 +1,8 @@
 //! Claims' tuning on a real containerd, on this host's kernel: the CFS quota
 //! of a claim's container read back from its cgroup (v1 `cpu.cfs_quota_us`
-//! or v2 `cpu.max`), refusals by name with nothing applied, and the device
-//! attributes that say what the node honours. The knobs of the node
+//! or v2 `cpu.max`), load balancing off on cgroup v1 read back from the
+//! cpusets' `cpuset.sched_load_balance`, refusals by name with nothing
+//! applied, and the device attributes that say what the node honours. The knobs of the node
 //! itself (interrupts, idle states) are shown on the VM node's kernel
 //! (`tests/tests/vm_node.rs`), where changing them harms no other work.
 //! Needs root and containerd, as every `e2e_*` test.
@@ -263,10 +264,12 @@ async fn the_devices_say_which_tuning_the_node_honours() {
         };
         assert_eq!(attribute("cfsQuotaControl"), Some(json!(true)), "{device}");
         // Offered where the host's cgroup v2 has remote partitions (the
-        // root's cpuset.cpus.isolated, Linux 6.7+), and said so.
+        // root's cpuset.cpus.isolated, Linux 6.7+), or on cgroup v1 where
+        // the root cpuset does not balance, and said so.
         let partitions = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
             .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpuset"))
-            && std::path::Path::new("/sys/fs/cgroup/cpuset.cpus.isolated").exists();
+            && std::path::Path::new("/sys/fs/cgroup/cpuset.cpus.isolated").exists()
+            || std::fs::read_to_string(V1_ROOT_LOAD_BALANCE).is_ok_and(|f| f.trim() == "0");
         assert_eq!(
             attribute("isolatedPartition"),
             Some(json!(partitions)),
@@ -275,4 +278,138 @@ async fn the_devices_say_which_tuning_the_node_honours() {
         assert!(attribute("irqIsolation").is_some(), "{device}");
         assert!(attribute("idleLatencyControl").is_some(), "{device}");
     }
+}
+
+const V1_ROOT_LOAD_BALANCE: &str = "/sys/fs/cgroup/cpuset/cpuset.sched_load_balance";
+
+/// The root cpuset's `sched_load_balance` turned off, as a node's operator
+/// prepares a cgroup v1 node for `loadBalancing: off`, and put back as it
+/// was when dropped (a failed test too).
+struct RootUnbalanced {
+    was: String,
+}
+
+impl RootUnbalanced {
+    fn set() -> RootUnbalanced {
+        let was = std::fs::read_to_string(V1_ROOT_LOAD_BALANCE).must("the root's flag");
+        std::fs::write(V1_ROOT_LOAD_BALANCE, "0\n").must("turning the root's balancing off");
+        RootUnbalanced { was }
+    }
+}
+
+impl Drop for RootUnbalanced {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(V1_ROOT_LOAD_BALANCE, &self.was) {
+            eprintln!("putting back {V1_ROOT_LOAD_BALANCE} failed: {e}");
+        }
+    }
+}
+
+/// A cgroup's `cpuset.sched_load_balance`, as the kernel reads it back.
+fn balances(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("cpuset.sched_load_balance"))
+        .must(&format!("{}'s flag", dir.display()))
+        .trim()
+        .to_string()
+}
+
+async fn cpuset_dir(node: &mut Node, id: &str) -> std::path::PathBuf {
+    let pid = node.cri.container_pid(id).await.must("container pid");
+    dra_cpu_tests::cgroup::hierarchy::cpuset_dir_of(pid).must("the container's cpuset cgroup")
+}
+
+/// cgroup v1, which has no partitions: `loadBalancing: off` is refused by
+/// name while the root cpuset balances (the control: nothing is turned off
+/// without the operator's preparation); with the root's flag off, every
+/// cpuset of kubelet's tree holding the claim's CPU stops balancing (the
+/// claim's container, its pod, `kubepods`, and a pod started later), the
+/// shared containers keep balancing, an untuned claim's container keeps
+/// it, and after the pod's deletion and the unprepare every flag is 1
+/// again. Read back from the host's kernel. The v2 partitions are shown
+/// on the VM node.
+#[tokio::test]
+async fn load_balancing_off_on_cgroup_v1_turns_off_the_cpusets_that_hold_the_claims_cpus() {
+    if !std::path::Path::new(V1_ROOT_LOAD_BALANCE).exists() {
+        eprintln!("skipped: this host is not cgroup v1 (the VM node shows cgroup v2's partitions)");
+        return;
+    }
+    {
+        let node = node(tuning_node()).await;
+        if std::fs::read_to_string(V1_ROOT_LOAD_BALANCE)
+            .must("root")
+            .trim()
+            == "1"
+        {
+            let (_pod, claim) = tuned_claim(&node, "balancing", json!({"loadBalancing": "off"}));
+            let error = match node.prepare(&claim).await {
+                Ok(prepared) => {
+                    panic!("prepared on CPUs {} while the root balances", prepared.cpus)
+                }
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                error.contains("tuning.loadBalancing cannot be honoured on this node")
+                    && error.contains("its root cpuset balances every CPU"),
+                "{error}"
+            );
+        }
+    }
+    let _root = RootUnbalanced::set();
+    let mut node = node(tuning_node()).await;
+    let slices = node.wait_slices().await.must("slices");
+    for device in devices(&slices) {
+        assert_eq!(
+            device.pointer("/attributes/dra.cpu~1isolatedPartition/bool"),
+            Some(&json!(true)),
+            "{device}"
+        );
+    }
+    let (_shared, shared_id) = e2e_common::shared_pod(&mut node, "shared", 100).await;
+    let shared_dir = cpuset_dir(&mut node, &shared_id).await;
+    let (pod, claim) = tuned_claim(&node, "unbalanced", json!({"loadBalancing": "off"}));
+    let prepared = node.prepare(&claim).await.must("preparing the claim");
+    let (tuned, id) = node
+        .start_claim_container(&pod, &prepared, ContainerSpec::sleeper("app"))
+        .await
+        .must("the claim container on its CPU");
+    let container = cpuset_dir(&mut node, &id).await;
+    let pod_dir = container.parent().expect("the pod's cgroup").to_path_buf();
+    let kubepods = pod_dir.parent().expect("kubepods").to_path_buf();
+    for dir in [&container, &pod_dir, &kubepods] {
+        assert_eq!(
+            balances(dir),
+            "0",
+            "{} balances the claim's CPU",
+            dir.display()
+        );
+    }
+    assert_eq!(
+        balances(&shared_dir),
+        "1",
+        "the shared container stopped balancing"
+    );
+
+    // A pod started later: its pod cgroup holds every CPU, and balances
+    // when made; its first container's start turns that off.
+    let (_later, later_id) = e2e_common::shared_pod(&mut node, "later", 100).await;
+    let later = cpuset_dir(&mut node, &later_id).await;
+    assert_eq!(balances(&later), "1", "a shared container of the later pod");
+    let later_pod = later.parent().expect("its pod").to_path_buf();
+    assert_eq!(
+        balances(&later_pod),
+        "0",
+        "the later pod's cgroup balances the claim's CPU"
+    );
+
+    // An untuned claim's container keeps balancing (its CPU is not isolated).
+    node.delete_pod(&tuned).await.must("deleting the tuned pod");
+    node.unprepare(&claim).await.must("unpreparing its claim");
+    for dir in [&kubepods, &later_pod, &shared_dir] {
+        assert_eq!(balances(dir), "1", "{} after the claim went", dir.display());
+    }
+    let (_claim, _plain, plain_id) =
+        limited_claim_pod(&mut node, "plain", json!({"cfsQuota": "default"})).await;
+    let plain = cpuset_dir(&mut node, &plain_id).await;
+    assert_eq!(balances(&plain), "1", "an untuned claim's container");
+    assert_eq!(balances(&kubepods), "1");
 }

@@ -110,8 +110,12 @@ impl KernelPaths {
         let root = &self.cgroup_root;
         CgroupFacts {
             v2_controllers: std::fs::read_to_string(root.join("cgroup.controllers")).ok(),
-            v1_cpuset: root.join("cpuset.sched_load_balance").exists()
-                || root.join("cpuset/cpuset.sched_load_balance").exists(),
+            v1_root_load_balance: [
+                "cpuset.sched_load_balance",
+                "cpuset/cpuset.sched_load_balance",
+            ]
+            .iter()
+            .find_map(|file| std::fs::read_to_string(root.join(file)).ok()),
             isolated_file: root.join("cpuset.cpus.isolated").exists(),
         }
     }
@@ -213,6 +217,16 @@ mod tests {
             .load_balancing
             .as_deref()
             .is_some_and(|why| why.contains("no cgroup v2 hierarchy")));
+        // cgroup v1: honoured only once the root cpuset stops balancing.
+        let v1_root = paths.cgroup_root.join("cpuset/cpuset.sched_load_balance");
+        put(&v1_root, "1\n");
+        assert!(paths
+            .support(&cpus)
+            .load_balancing
+            .is_some_and(|why| why.contains("its root cpuset balances every CPU")));
+        put(&v1_root, "0\n");
+        assert_eq!(paths.support(&cpus).load_balancing, None);
+        std::fs::remove_file(&v1_root).expect("back to no hierarchy");
 
         put(&paths.default_irq_affinity(), "3\n");
         for cpu in 0..2 {

@@ -325,6 +325,8 @@ impl NriPlugin for DraCpuPlugin {
             if let (true, Some(keeper)) = (of_claims, &self.enforcer.partitions) {
                 keeper.note_running(&container.id, &cgroups_path);
             }
+            // On cgroup v1 its pod's cgroups, new, balance every CPU.
+            self.enforcer.refresh_v1_load_balancing();
             return Ok(());
         };
         let span = tracing::info_span!(

@@ -59,6 +59,13 @@ pub struct PartitionKeeper {
     containers: Mutex<Containers>,
 }
 
+/// The CPUs the containers of `held` hold isolated, but `except`'s.
+fn held_cpus(held: &HashMap<String, Held>, except: Option<&str>) -> CpuSet {
+    held.iter()
+        .filter(|(id, _)| Some(id.as_str()) != except)
+        .fold(CpuSet::new(), |all, (_, h)| all.union(&h.cpus))
+}
+
 impl PartitionKeeper {
     pub fn new(partitions: IsolatedPartitions) -> Self {
         PartitionKeeper {
@@ -90,7 +97,8 @@ impl PartitionKeeper {
         let mut containers = self.lock();
         // A refused start does not run: it is not remembered, so no later
         // reconcile makes a partition of its cgroup.
-        let isolated = self.partitions.isolate(cgroups_path, cpus)?;
+        let others = held_cpus(&containers.held, Some(container_id));
+        let isolated = self.partitions.isolate(cgroups_path, cpus, &others)?;
         containers
             .running
             .insert(container_id.to_string(), cgroups_path.to_string());
@@ -122,7 +130,8 @@ impl PartitionKeeper {
             if containers.held.values().any(|h| !h.cpus.is_disjoint(&cpus)) {
                 continue;
             }
-            match self.partitions.isolate(&cgroups_path, &cpus) {
+            let others = held_cpus(&containers.held, None);
+            match self.partitions.isolate(&cgroups_path, &cpus, &others) {
                 Ok(Isolated::Made { .. }) | Ok(Isolated::Already { .. }) => {
                     containers.refused.remove(&id);
                     containers.held.insert(
@@ -183,7 +192,9 @@ impl PartitionKeeper {
         {
             return Ok(0);
         }
-        self.partitions.release(&held.cgroups_path, &held.cpus)
+        let still = held_cpus(&containers.held, None);
+        self.partitions
+            .release(&held.cgroups_path, &held.cpus, &still)
     }
 
     /// At Synchronize, `running` is every container the runtime lists: the
@@ -220,7 +231,12 @@ impl PartitionKeeper {
             {
                 continue;
             }
-            released.push((id, self.partitions.release(&held.cgroups_path, &held.cpus)));
+            let still = held_cpus(&containers.held, None);
+            released.push((
+                id,
+                self.partitions
+                    .release(&held.cgroups_path, &held.cpus, &still),
+            ));
         }
         released
     }
@@ -232,8 +248,28 @@ impl PartitionKeeper {
         &self,
         cgroups_paths: impl IntoIterator<Item = &'p str>,
     ) -> Result<Vec<std::path::PathBuf>, PartitionError> {
-        let _containers = self.lock();
-        self.partitions.sweep_stale_exclusive(cgroups_paths)
+        let containers = self.lock();
+        let isolated = held_cpus(&containers.held, None);
+        self.partitions
+            .sweep_stale_exclusive(cgroups_paths, &isolated)
+    }
+
+    /// cgroup v1: brings kubelet's tree to the rule again for the CPUs held
+    /// isolated, since a pod created after a claim's container started has
+    /// its cgroups balancing every CPU (see [`super::v1`]). Returns the
+    /// cgroups written; nothing on cgroup v2 or while nothing is held.
+    pub fn refresh_v1(&self) -> Result<Vec<std::path::PathBuf>, PartitionError> {
+        let containers = self.lock();
+        if !self.partitions.is_v1() || containers.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let isolated = held_cpus(&containers.held, None);
+        let paths: Vec<&str> = containers
+            .held
+            .values()
+            .map(|h| h.cgroups_path.as_str())
+            .collect();
+        self.partitions.sweep_stale_exclusive(paths, &isolated)
     }
 
     /// Containers remembered as holding a partition.
@@ -364,5 +400,88 @@ mod tests {
             0
         );
         assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "2-3");
+    }
+
+    /// cgroup v1: two claims' containers isolated in two pods; a pod
+    /// created since is turned off by the refresh; the first stop keeps
+    /// what the second still needs off (`kubepods`, its QoS and pod
+    /// cgroups) and turns on what only the first needed; the last stop
+    /// turns everything on. Control: a refresh with nothing held writes
+    /// nothing (the new pod keeps balancing).
+    #[test]
+    fn on_cgroup_v1_each_stop_keeps_what_the_other_claims_still_need() {
+        use super::super::v1::fake_tree::{flag, make};
+        let dir = make(
+            "0",
+            &[
+                ("kubepods", "0-7"),
+                ("kubepods/pa", "0-7"),
+                ("kubepods/pa/a", "2-3"),
+                ("kubepods/pb", "0-7"),
+                ("kubepods/pb/b", "4"),
+                ("kubepods/ps", "0-7"),
+                ("kubepods/ps/s", "0-1,5-7"),
+            ],
+        );
+        let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
+        let new_pod = dir.path().join("cpuset/kubepods/pn");
+        std::fs::create_dir_all(&new_pod).expect("mkdir");
+        std::fs::write(new_pod.join("cpuset.cpus"), "0-7\n").expect("cpus");
+        std::fs::write(new_pod.join("cpuset.sched_load_balance"), "1\n").expect("flag");
+        assert!(keeper.refresh_v1().expect("nothing held").is_empty());
+        assert_eq!(flag(&dir, "kubepods/pn"), "1");
+
+        assert!(matches!(
+            keeper.isolate("a", "/kubepods/pa/a", &set("2-3")),
+            Ok(Isolated::Made { .. })
+        ));
+        keeper.isolate("b", "/kubepods/pb/b", &set("4")).expect("b");
+        for d in [
+            "kubepods",
+            "kubepods/pa",
+            "kubepods/pa/a",
+            "kubepods/pb/b",
+            "kubepods/ps",
+            "kubepods/pn",
+        ] {
+            assert_eq!(flag(&dir, d), "0", "{d}");
+        }
+        assert_eq!(
+            flag(&dir, "kubepods/ps/s"),
+            "1",
+            "the shared container balances"
+        );
+
+        let newer = dir.path().join("cpuset/kubepods/pm");
+        std::fs::create_dir_all(&newer).expect("mkdir");
+        std::fs::write(newer.join("cpuset.cpus"), "0-7\n").expect("cpus");
+        std::fs::write(newer.join("cpuset.sched_load_balance"), "1\n").expect("flag");
+        assert_eq!(
+            keeper.refresh_v1().expect("refresh"),
+            vec![std::path::PathBuf::from("kubepods/pm")]
+        );
+
+        assert!(keeper.release("a", "/kubepods/pa/a", None).expect("a") > 0);
+        assert_eq!(flag(&dir, "kubepods/pa/a"), "1", "only a needed it");
+        for d in [
+            "kubepods",
+            "kubepods/pa",
+            "kubepods/pb",
+            "kubepods/pb/b",
+            "kubepods/pm",
+        ] {
+            assert_eq!(flag(&dir, d), "0", "{d}: b's CPU 4 is still there");
+        }
+        keeper.release("b", "/kubepods/pb/b", None).expect("b");
+        for d in [
+            "kubepods",
+            "kubepods/pa",
+            "kubepods/pb",
+            "kubepods/pb/b",
+            "kubepods/pm",
+            "kubepods/pn",
+        ] {
+            assert_eq!(flag(&dir, d), "1", "{d}");
+        }
     }
 }

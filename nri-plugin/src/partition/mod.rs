@@ -20,6 +20,9 @@
 //! writer. Nothing is recorded on disk: the kernel's files are the record
 //! (a restarted nri-plugin finds the ancestors' exclusive CPUs as they are
 //! and gives them back when the container stops).
+//!
+//! On cgroup v1, which has no partitions, the same calls turn the claim's
+//! CPUs out of load balancing with `cpuset.sched_load_balance` ([`v1`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -28,11 +31,13 @@ use shared_state::CpuSet;
 
 pub mod keeper;
 pub mod plan;
+pub mod v1;
 
 use plan::{
     ancestors, container_cgroup, isolate_writes, partition_state, release_writes,
     stale_exclusive_write, CgroupPathError, PartitionState, Write, EXCLUSIVE, PARTITION,
 };
+use v1::SchedLoadBalance;
 
 /// Why a container could not get its isolated partition.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +64,10 @@ pub enum PartitionError {
         reason: String,
         text: String,
     },
+    #[error("cgroup v1: the root cpuset balances every CPU ({} is not 0), so no cpuset below can leave load balancing; the node's operator turns it off (docs/user/tuning.md)", file.display())]
+    RootBalances { file: PathBuf },
+    #[error("cgroup v1: {} is 1 outside kubelet's tree and its cpuset holds the claim's CPUs {cpus}, which it keeps balanced; the node's operator gives it other CPUs or turns it off", file.display())]
+    BalancedOutside { file: PathBuf, cpus: CpuSet },
 }
 
 /// What [`IsolatedPartitions::isolate`] did.
@@ -70,17 +79,68 @@ pub enum Isolated {
     Already { cgroup: PathBuf },
 }
 
-/// The cgroupfs side of isolated partitions, under the cgroup v2 root
-/// (`--cgroup-root`).
+/// The cgroupfs side of isolated partitions, under the cgroup root
+/// (`--cgroup-root`): cgroup v2 partitions, or on cgroup v1 the
+/// load-balancing flags of kubelet's tree.
 #[derive(Debug, Clone)]
 pub struct IsolatedPartitions {
     root: PathBuf,
+    v1: Option<SchedLoadBalance>,
+}
+
+/// The outermost ancestor of a container's cgroup (`kubepods`), or the
+/// cgroup itself when it has none.
+fn top_of(cgroup: &Path) -> PathBuf {
+    ancestors(cgroup)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| cgroup.to_path_buf())
 }
 
 impl IsolatedPartitions {
     pub fn new(root: &Path) -> Self {
         IsolatedPartitions {
             root: root.to_path_buf(),
+            v1: SchedLoadBalance::find(root),
+        }
+    }
+
+    /// Whether this is cgroup v1, where kubelet's whole tree is kept to
+    /// the rule (a pod created since a claim's container started needs its
+    /// flags turned off too; see [`v1`]).
+    pub fn is_v1(&self) -> bool {
+        self.v1.is_some()
+    }
+
+    /// cgroup v1: turns the claim's CPUs out of load balancing, with
+    /// `others` (the CPUs other containers hold isolated) kept out.
+    fn isolate_v1(
+        &self,
+        v1: &SchedLoadBalance,
+        cgroup: PathBuf,
+        cpus: &CpuSet,
+        others: &CpuSet,
+    ) -> Result<Isolated, PartitionError> {
+        let tops = [top_of(&cgroup)];
+        let isolated = cpus.union(others);
+        v1.check_outside(&tops, &isolated)?;
+        let before = v1.balances(&cgroup)?;
+        v1.bring_to_rule(&tops, &isolated)?;
+        match v1.balances(&cgroup)? {
+            Some(false) if before == Some(false) => Ok(Isolated::Already { cgroup }),
+            Some(false) => Ok(Isolated::Made { cgroup }),
+            found => {
+                // Its cpuset holds none of the claim's CPUs (or it is gone):
+                // give back what this pass turned off for it.
+                if let Err(undo) = v1.bring_to_rule(&tops, others) {
+                    tracing::warn!(cgroup = %cgroup.display(), error = %undo, "giving back the load balancing of a refused container failed");
+                }
+                Err(PartitionError::Invalid {
+                    file: v1.flag_file(&cgroup),
+                    reason: "the container's cpuset holds none of the claim's CPUs".into(),
+                    text: format!("{found:?}"),
+                })
+            }
         }
     }
 
@@ -126,8 +186,18 @@ impl IsolatedPartitions {
     /// `linux.cgroupsPath`) an isolated partition of `cpus`. On failure
     /// everything written is given back, and the error says why (the
     /// kernel's reason when it refused).
-    pub fn isolate(&self, cgroups_path: &str, cpus: &CpuSet) -> Result<Isolated, PartitionError> {
+    /// `others`: the CPUs other containers hold isolated now (cgroup v1
+    /// keeps them out; a partition is the container's alone).
+    pub fn isolate(
+        &self,
+        cgroups_path: &str,
+        cpus: &CpuSet,
+        others: &CpuSet,
+    ) -> Result<Isolated, PartitionError> {
         let cgroup = container_cgroup(cgroups_path).map_err(PartitionError::Path)?;
+        if let Some(v1) = &self.v1 {
+            return self.isolate_v1(v1, cgroup, cpus, others);
+        }
         if partition_state(&self.read(&cgroup, PARTITION)?) == PartitionState::Isolated
             && self.read_cpus(&cgroup)? == *cpus
         {
@@ -155,7 +225,7 @@ impl IsolatedPartitions {
         match result {
             Ok(()) => Ok(Isolated::Made { cgroup }),
             Err(e) => {
-                if let Err(undo) = self.release(cgroups_path, cpus) {
+                if let Err(undo) = self.release(cgroups_path, cpus, others) {
                     tracing::warn!(cgroup = %cgroup.display(), error = %undo, "giving back a refused partition's CPUs failed");
                 }
                 Err(e)
@@ -166,8 +236,18 @@ impl IsolatedPartitions {
     /// Gives `cpus` back: the container's cgroup (if it is still there)
     /// leaves its partition, and every ancestor still there loses them.
     /// Returns the number of files written; a second call writes nothing.
-    pub fn release(&self, cgroups_path: &str, cpus: &CpuSet) -> Result<usize, PartitionError> {
+    /// `still`: the CPUs other containers hold isolated (cgroup v1 keeps
+    /// them out of load balancing).
+    pub fn release(
+        &self,
+        cgroups_path: &str,
+        cpus: &CpuSet,
+        still: &CpuSet,
+    ) -> Result<usize, PartitionError> {
         let cgroup = container_cgroup(cgroups_path).map_err(PartitionError::Path)?;
+        if let Some(v1) = &self.v1 {
+            return Ok(v1.bring_to_rule(&[top_of(&cgroup)], still)?.len());
+        }
         // The container's own files: only when it still holds a partition
         // or exclusive CPUs; a failure here must not keep the ancestors'.
         let own_held = self.root.join(&cgroup).is_dir()
@@ -216,9 +296,12 @@ impl IsolatedPartitions {
     /// gives its CPUs back. Bottom up, so a parent sees its children swept;
     /// only cgroups with exclusive CPUs are descended into (a child's are
     /// always its parent's). Returns the cgroups written.
+    /// On cgroup v1 it brings those subtrees' load-balancing flags to the
+    /// rule for the CPUs `isolated` now (see [`v1`]).
     pub fn sweep_stale_exclusive<'p>(
         &self,
         cgroups_paths: impl IntoIterator<Item = &'p str>,
+        isolated: &CpuSet,
     ) -> Result<Vec<PathBuf>, PartitionError> {
         let mut tops: Vec<PathBuf> = cgroups_paths
             .into_iter()
@@ -227,6 +310,10 @@ impl IsolatedPartitions {
             .collect();
         tops.sort();
         tops.dedup();
+        if let Some(v1) = &self.v1 {
+            let written = v1.bring_to_rule(&tops, isolated)?;
+            return Ok(written.into_iter().map(|w| w.dir).collect());
+        }
         let mut swept = Vec::new();
         for top in tops {
             self.sweep_below(&top, &mut swept)?;
@@ -320,7 +407,9 @@ mod tests {
     fn isolate_then_release_on_a_cgroupfs_tree() {
         let (dir, p) = tree(&["kubepods", "kubepods/pod1", "kubepods/pod1/c"]);
         std::fs::write(dir.path().join("kubepods").join(EXCLUSIVE), "6\n").expect("other claim");
-        let made = p.isolate("/kubepods/pod1/c", &set("2-3")).expect("isolate");
+        let made = p
+            .isolate("/kubepods/pod1/c", &set("2-3"), &CpuSet::new())
+            .expect("isolate");
         assert_eq!(
             made,
             Isolated::Made {
@@ -335,12 +424,13 @@ mod tests {
             "isolated"
         );
         assert!(matches!(
-            p.isolate("/kubepods/pod1/c", &set("2-3")),
+            p.isolate("/kubepods/pod1/c", &set("2-3"), &CpuSet::new()),
             Ok(Isolated::Already { .. })
         ));
 
         assert_eq!(
-            p.release("/kubepods/pod1/c", &set("2-3")).expect("release"),
+            p.release("/kubepods/pod1/c", &set("2-3"), &CpuSet::new())
+                .expect("release"),
             4
         );
         assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "6");
@@ -350,7 +440,8 @@ mod tests {
             "member"
         );
         assert_eq!(
-            p.release("/kubepods/pod1/c", &set("2-3")).expect("again"),
+            p.release("/kubepods/pod1/c", &set("2-3"), &CpuSet::new())
+                .expect("again"),
             0
         );
     }
@@ -365,7 +456,7 @@ mod tests {
         std::fs::create_dir_all(c.join(EXCLUSIVE)).expect("mkdir");
         std::fs::write(c.join(PARTITION), "member\n").expect("partition");
         let err = p
-            .isolate("/kubepods/pod1/c", &set("2-3"))
+            .isolate("/kubepods/pod1/c", &set("2-3"), &CpuSet::new())
             .expect_err("refused");
         assert!(err.to_string().contains("c/cpuset.cpus.exclusive"), "{err}");
         assert_eq!(read(&dir, "kubepods/cpuset.cpus.exclusive"), "");
@@ -381,7 +472,7 @@ mod tests {
         let (dir, p) = tree(&["kubepods"]);
         std::fs::create_dir_all(dir.path().join("kubepods/pod1/c")).expect("mkdir");
         let err = p
-            .isolate("/kubepods/pod1/c", &set("2"))
+            .isolate("/kubepods/pod1/c", &set("2"), &CpuSet::new())
             .expect_err("no cpuset files");
         assert!(
             err.to_string().contains("cpuset controller is not enabled"),
@@ -403,7 +494,7 @@ mod tests {
             "kubepods/besteffort",
             "kubepods/besteffort/pod2/s",
         ]);
-        p.isolate("/kubepods/burstable/pod1/c", &set("2-3"))
+        p.isolate("/kubepods/burstable/pod1/c", &set("2-3"), &CpuSet::new())
             .expect("isolate");
         for d in ["kubepods", "kubepods/burstable"] {
             std::fs::write(dir.path().join(d).join(EXCLUSIVE), "2-3,6\n").expect("left behind");
@@ -413,7 +504,7 @@ mod tests {
             "2-3,6"
         );
         let paths = ["/kubepods/burstable/pod1/c", "/kubepods/besteffort/pod2/s"];
-        let swept = p.sweep_stale_exclusive(paths).expect("sweep");
+        let swept = p.sweep_stale_exclusive(paths, &set("2-3")).expect("sweep");
         assert_eq!(
             swept,
             vec![
@@ -432,6 +523,9 @@ mod tests {
             read(&dir, "kubepods/burstable/pod1/c/cpuset.cpus.partition"),
             "isolated"
         );
-        assert!(p.sweep_stale_exclusive(paths).expect("again").is_empty());
+        assert!(p
+            .sweep_stale_exclusive(paths, &set("2-3"))
+            .expect("again")
+            .is_empty());
     }
 }

@@ -29,24 +29,28 @@ pub struct NodeSupport {
 pub struct CgroupFacts {
     /// The root's `cgroup.controllers` (`None`: not a cgroup v2 root).
     pub v2_controllers: Option<String>,
-    /// A cgroup v1 cpuset hierarchy is there (`cpuset.sched_load_balance`
-    /// at the root or under `cpuset/`).
-    pub v1_cpuset: bool,
+    /// What the cgroup v1 cpuset hierarchy's root `cpuset.sched_load_balance`
+    /// reads (at the root or under `cpuset/`), `None` where there is none.
+    pub v1_root_load_balance: Option<String>,
     /// The v2 root has `cpuset.cpus.isolated` (Linux 6.7+: remote
     /// partitions, which a container's cgroup deep in kubelet's tree needs).
     pub isolated_file: bool,
 }
 
 /// Why `loadBalancing: off` cannot be honoured with this cgroup mount, or
-/// `None` when it can (the claim's container becomes an isolated cpuset
-/// partition).
+/// `None` when it can: on cgroup v2 the claim's container becomes an
+/// isolated cpuset partition; on cgroup v1 every cpuset of kubelet's tree
+/// holding the claim's CPUs stops balancing (`cpuset.sched_load_balance`
+/// 0), which the kernel honours only when the root's is 0 too. Turning the
+/// root's off changes how the whole node is balanced, so that is left to
+/// the node's operator (docs/user/tuning.md), and checked here.
 pub fn isolated_partition_support(root: &str, facts: &CgroupFacts) -> Option<String> {
     let Some(controllers) = &facts.v2_controllers else {
-        return Some(if facts.v1_cpuset {
-            format!("{root} is cgroup v1: its cpuset.sched_load_balance only takes effect when every ancestor up to the root turns it off, which this driver does not do to the node; use cgroup v2 (Linux 6.7+)")
-        } else {
-            format!("no cgroup v2 hierarchy at {root} (dra-plugin --cgroup-root)")
-        });
+        return match facts.v1_root_load_balance.as_deref().map(str::trim) {
+            Some("0") => None,
+            Some(value) => Some(format!("{root} is cgroup v1 and its root cpuset balances every CPU (cpuset.sched_load_balance reads {value:?}): a CPU leaves the scheduler's load balancing only when no cpuset holding it balances, the root's included; prepare the node as docs/user/tuning.md says (the root's off, the system's processes in a balanced cpuset of their own), or use cgroup v2 (Linux 6.7+)")),
+            None => Some(format!("no cgroup v2 hierarchy at {root} (dra-plugin --cgroup-root)")),
+        };
     };
     if !controllers.split_whitespace().any(|c| c == "cpuset") {
         return Some(format!(
@@ -143,7 +147,7 @@ mod tests {
     fn isolated_partition_support_table() {
         let v2 = |controllers: &str, isolated_file| CgroupFacts {
             v2_controllers: Some(controllers.into()),
-            v1_cpuset: false,
+            v1_root_load_balance: None,
             isolated_file,
         };
         let cases: Vec<(&str, CgroupFacts, Option<&str>)> = vec![
@@ -151,9 +155,14 @@ mod tests {
             ("v2 before 6.7", v2("cpuset cpu", false), Some("cpuset.cpus.isolated is missing")),
             ("v2 without cpuset", v2("cpu memory", true), Some("cpuset controller is not available")),
             (
-                "v1",
-                CgroupFacts { v1_cpuset: true, ..CgroupFacts::default() },
-                Some("is cgroup v1: its cpuset.sched_load_balance only takes effect when every ancestor"),
+                "v1, the root balancing",
+                CgroupFacts { v1_root_load_balance: Some("1\n".into()), ..CgroupFacts::default() },
+                Some("is cgroup v1 and its root cpuset balances every CPU (cpuset.sched_load_balance reads \"1\")"),
+            ),
+            (
+                "v1, the root prepared by the operator",
+                CgroupFacts { v1_root_load_balance: Some("0\n".into()), ..CgroupFacts::default() },
+                None,
             ),
             ("nothing mounted", CgroupFacts::default(), Some("no cgroup v2 hierarchy at /sys/fs/cgroup")),
         ];
