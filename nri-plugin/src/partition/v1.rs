@@ -57,6 +57,11 @@ pub fn parse_flag(text: &str) -> Option<bool> {
     }
 }
 
+/// Whether an error says the cgroup is gone.
+fn gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENODEV)
+}
+
 /// The cgroup v1 cpuset hierarchy (its mount, `<cgroup-root>/cpuset`).
 #[derive(Debug, Clone)]
 pub struct SchedLoadBalance {
@@ -93,7 +98,7 @@ impl SchedLoadBalance {
         let file = self.file(dir, name);
         match std::fs::read_to_string(&file) {
             Ok(text) => Ok(Some(text.trim().to_string())),
-            Err(source) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) if gone(&source) => Ok(None),
             Err(source) => Err(PartitionError::Read { file, source }),
         }
     }
@@ -119,7 +124,7 @@ impl SchedLoadBalance {
         let here = self.root.join(dir);
         let entries = match std::fs::read_dir(&here) {
             Ok(entries) => entries,
-            Err(source) if source.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) if gone(&source) => return Ok(Vec::new()),
             Err(source) => return Err(PartitionError::Read { file: here, source }),
         };
         let mut children: Vec<PathBuf> = entries
@@ -154,8 +159,9 @@ impl SchedLoadBalance {
                         dir: dir.clone(),
                         balances: now,
                     }),
-                    // Removed between the read and the write.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    // Removed between the read and the write (ENODEV:
+                    // opened just before its cgroup went).
+                    Err(e) if gone(&e) => continue,
                     Err(source) => return Err(PartitionError::Io { file, source }),
                 }
             }
