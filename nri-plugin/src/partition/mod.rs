@@ -130,15 +130,21 @@ impl IsolatedPartitions {
             Some(false) if before == Some(false) => Ok(Isolated::Already { cgroup }),
             Some(false) => Ok(Isolated::Made { cgroup }),
             found => {
-                // Its cpuset holds none of the claim's CPUs (or it is gone):
-                // give back what this pass turned off for it.
+                // Give back what this pass turned off for it.
                 if let Err(undo) = v1.bring_to_rule(&tops, others) {
                     tracing::warn!(cgroup = %cgroup.display(), error = %undo, "giving back the load balancing of a refused container failed");
                 }
+                let (reason, text) = match found {
+                    Some(_) => ("the container's cpuset holds none of the claim's CPUs", "1"),
+                    None => (
+                        "the container has no cgroup in the cpuset hierarchy",
+                        "nothing",
+                    ),
+                };
                 Err(PartitionError::Invalid {
                     file: v1.flag_file(&cgroup),
-                    reason: "the container's cpuset holds none of the claim's CPUs".into(),
-                    text: format!("{found:?}"),
+                    reason: reason.into(),
+                    text: text.into(),
                 })
             }
         }
@@ -527,5 +533,46 @@ mod tests {
             .sweep_stale_exclusive(paths, &set("2-3"))
             .expect("again")
             .is_empty());
+    }
+
+    /// cgroup v1: a container whose cpuset does not hold the claim's CPUs
+    /// (or that has no cgroup) is refused by name, and what the pass turned
+    /// off for it balances again; another claim's CPUs stay out.
+    #[test]
+    fn on_cgroup_v1_a_container_off_its_claims_cpus_is_refused_and_undone() {
+        use super::v1::fake_tree::{flag, make};
+        let dir = make(
+            "0",
+            &[
+                ("kubepods", "0-7"),
+                ("kubepods/p", "0-7"),
+                ("kubepods/p/wrong", "0-1"),
+                ("kubepods/q", "0-7"),
+                ("kubepods/q/other", "6"),
+            ],
+        );
+        let p = IsolatedPartitions::new(dir.path());
+        assert!(p.is_v1());
+        p.isolate("/kubepods/q/other", &set("6"), &CpuSet::new())
+            .expect("the other claim");
+        let err = p
+            .isolate("/kubepods/p/wrong", &set("2-3"), &set("6"))
+            .expect_err("its cpuset holds 0-1");
+        assert!(
+            err.to_string().contains("holds none of the claim's CPUs"),
+            "{err}"
+        );
+        assert_eq!(flag(&dir, "kubepods/p/wrong"), "1");
+        for d in ["kubepods", "kubepods/p", "kubepods/q", "kubepods/q/other"] {
+            assert_eq!(flag(&dir, d), "0", "{d} holds the other claim's CPU 6");
+        }
+        let err = p
+            .isolate("/kubepods/p/gone", &set("2-3"), &set("6"))
+            .expect_err("no cgroup");
+        assert!(
+            err.to_string()
+                .contains("has no cgroup in the cpuset hierarchy"),
+            "{err}"
+        );
     }
 }
