@@ -410,7 +410,7 @@ mod tests {
     /// nothing (the new pod keeps balancing).
     #[test]
     fn on_cgroup_v1_each_stop_keeps_what_the_other_claims_still_need() {
-        use super::super::v1::fake_tree::{flag, make};
+        use super::super::v1::fake_tree::{add, flag, make};
         let dir = make(
             "0",
             &[
@@ -424,10 +424,7 @@ mod tests {
             ],
         );
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
-        let new_pod = dir.path().join("cpuset/kubepods/pn");
-        std::fs::create_dir_all(&new_pod).expect("mkdir");
-        std::fs::write(new_pod.join("cpuset.cpus"), "0-7\n").expect("cpus");
-        std::fs::write(new_pod.join("cpuset.sched_load_balance"), "1\n").expect("flag");
+        add(&dir, "kubepods/pn", "0-7");
         assert!(keeper.refresh_v1().expect("nothing held").is_empty());
         assert_eq!(flag(&dir, "kubepods/pn"), "1");
 
@@ -452,10 +449,7 @@ mod tests {
             "the shared container balances"
         );
 
-        let newer = dir.path().join("cpuset/kubepods/pm");
-        std::fs::create_dir_all(&newer).expect("mkdir");
-        std::fs::write(newer.join("cpuset.cpus"), "0-7\n").expect("cpus");
-        std::fs::write(newer.join("cpuset.sched_load_balance"), "1\n").expect("flag");
+        add(&dir, "kubepods/pm", "0-7");
         assert_eq!(
             keeper.refresh_v1().expect("refresh"),
             vec![std::path::PathBuf::from("kubepods/pm")]

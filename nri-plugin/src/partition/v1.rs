@@ -230,20 +230,23 @@ pub(crate) mod fake_tree {
         std::fs::write(root.join(CPUS), "0-7\n").expect("cpus");
         std::fs::write(root.join(LOAD_BALANCE), format!("{root_flag}\n")).expect("flag");
         for (d, cpus) in dirs {
-            let path = root.join(d);
-            std::fs::create_dir_all(&path).expect("mkdir");
-            std::fs::write(path.join(CPUS), format!("{cpus}\n")).expect("cpus");
-            std::fs::write(path.join(LOAD_BALANCE), "1\n").expect("flag");
+            add(&dir, d, cpus);
         }
         dir
     }
 
+    /// A cgroup made after the tree (`path`, relative to the hierarchy),
+    /// balancing, as the kernel makes it.
+    pub fn add(dir: &tempfile::TempDir, path: &str, cpus: &str) {
+        let path = dir.path().join("cpuset").join(path);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::write(path.join(CPUS), format!("{cpus}\n")).expect("cpus");
+        std::fs::write(path.join(LOAD_BALANCE), "1\n").expect("flag");
+    }
+
     /// The flag of a cgroup of the tree.
     pub fn flag(dir: &tempfile::TempDir, path: &str) -> String {
-        std::fs::read_to_string(dir.path().join("cpuset").join(path).join(LOAD_BALANCE))
-            .expect("read")
-            .trim()
-            .to_string()
+        crate::partition::fake_tree::read(dir, &format!("cpuset/{path}/{LOAD_BALANCE}"))
     }
 }
 
@@ -348,10 +351,7 @@ mod tests {
         let v1 = SchedLoadBalance::find(dir.path()).expect("v1");
         let tops = [PathBuf::from("kubepods")];
         v1.bring_to_rule(&tops, &set("2-3")).expect("isolate");
-        let pod3 = dir.path().join("cpuset/kubepods/besteffort/pod3");
-        std::fs::create_dir_all(&pod3).expect("mkdir");
-        std::fs::write(pod3.join(CPUS), "0-7\n").expect("cpus");
-        std::fs::write(pod3.join(LOAD_BALANCE), "1\n").expect("flag");
+        super::fake_tree::add(&dir, "kubepods/besteffort/pod3", "0-7");
         assert_eq!(flag(&dir, "kubepods/besteffort/pod3"), "1");
         let written = v1.bring_to_rule(&tops, &set("2-3")).expect("pass");
         assert_eq!(
