@@ -23,6 +23,7 @@ use serde_json::Value;
 use shared_state::CpuSet;
 
 mod every_kind;
+mod load_balancing_v1;
 mod many_cpus;
 
 /// One scenario at a time on the one node.
