@@ -135,6 +135,9 @@ impl IsolatedPartitions {
                     tracing::warn!(cgroup = %cgroup.display(), error = %undo, "giving back the load balancing of a refused container failed");
                 }
                 let (reason, text) = match found {
+                    Some(_) if v1.holds_any(&cgroup, cpus)? => {
+                        ("the container still balances the claim's CPUs", "1")
+                    }
                     Some(_) => ("the container's cpuset holds none of the claim's CPUs", "1"),
                     None => (
                         "the container has no cgroup in the cpuset hierarchy",

@@ -210,6 +210,13 @@ impl SchedLoadBalance {
         Ok(self.state(dir)?.map(|(_, balances)| balances))
     }
 
+    /// Whether a cgroup's cpuset holds any of `cpus` (`false`: gone).
+    pub fn holds_any(&self, dir: &Path, cpus: &CpuSet) -> Result<bool, PartitionError> {
+        Ok(self
+            .state(dir)?
+            .is_some_and(|(held, _)| !held.is_disjoint(cpus)))
+    }
+
     /// The file of a cgroup's flag, for messages.
     pub fn flag_file(&self, dir: &Path) -> PathBuf {
         self.file(dir, LOAD_BALANCE)
