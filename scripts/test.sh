@@ -9,7 +9,7 @@
 # containerd 2.2), the node demo on it, and beside them the VM node
 # (scripts/vm-node-tests.sh): the node demo and the scenarios of
 # tests/tests/vm_node.rs on a 2-socket, 2-NUMA-node, SMT, cgroup v2 guest, on
-# containerd 1.7 and 2.x, and 12 power cuts of the power-cut storm
+# containerd 1.7 and 2.x, and 8 power cuts of the power-cut storm
 # (scripts/power-cut-storm.sh) in a 2-vCPU guest; then the real node's
 # scenarios that need more CPUs, on the real node inside the VM node
 # (scripts/real-node-tests.sh --vm).
@@ -70,9 +70,9 @@ scripts/check-chart.sh
 # The VM node runs beside the real node: its guest keeps the CPUs busy, while
 # the real node's scenarios mostly wait on the scheduler and kubelet. Its log
 # is printed when it ends, after the real node's.
-setsid scripts/vm-node-tests.sh --demo --power-cuts 12 >"$vm_log" 2>&1 &
+setsid scripts/vm-node-tests.sh --demo --power-cuts 8 >"$vm_log" 2>&1 &
 vm_pid=$!
-echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --demo --power-cuts 12)" >&2
+echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --demo --power-cuts 8)" >&2
 # The real node: every scenario on the newest supported pair, the smoke on the
 # oldest (scripts/real-node-matrix.sh runs it on every pair). Its scenarios use the
 # test build of the binaries in the driver's image (no release build).
