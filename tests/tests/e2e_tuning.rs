@@ -282,25 +282,44 @@ async fn the_devices_say_which_tuning_the_node_honours() {
 
 const V1_ROOT_LOAD_BALANCE: &str = "/sys/fs/cgroup/cpuset/cpuset.sched_load_balance";
 
-/// The root cpuset's `sched_load_balance` turned off, as a node's operator
-/// prepares a cgroup v1 node for `loadBalancing: off`, and put back as it
-/// was when dropped (a failed test too).
+/// A cgroup v1 node prepared for `loadBalancing: off` as its operator
+/// would: the root cpuset's `sched_load_balance` turned off, and every other
+/// top-level cpuset's than the node's (`kubepods`) too (on a test host,
+/// what other software made). Put back as it was when dropped (a failed
+/// test too).
 struct RootUnbalanced {
-    was: String,
+    was: Vec<(std::path::PathBuf, String)>,
 }
 
 impl RootUnbalanced {
     fn set() -> RootUnbalanced {
-        let was = std::fs::read_to_string(V1_ROOT_LOAD_BALANCE).must("the root's flag");
-        std::fs::write(V1_ROOT_LOAD_BALANCE, "0\n").must("turning the root's balancing off");
-        RootUnbalanced { was }
+        let root = std::path::Path::new(V1_ROOT_LOAD_BALANCE)
+            .parent()
+            .expect("the cpuset root");
+        let mut files = vec![std::path::PathBuf::from(V1_ROOT_LOAD_BALANCE)];
+        for entry in std::fs::read_dir(root).must("the cpuset root").flatten() {
+            if entry.path().is_dir() && entry.file_name() != "kubepods" {
+                files.push(entry.path().join("cpuset.sched_load_balance"));
+            }
+        }
+        let mut prepared = RootUnbalanced { was: Vec::new() };
+        for file in files {
+            let was = std::fs::read_to_string(&file).must("a cpuset's flag");
+            if was.trim() != "0" {
+                std::fs::write(&file, "0\n").must("turning a cpuset's balancing off");
+                prepared.was.push((file, was));
+            }
+        }
+        prepared
     }
 }
 
 impl Drop for RootUnbalanced {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::write(V1_ROOT_LOAD_BALANCE, &self.was) {
-            eprintln!("putting back {V1_ROOT_LOAD_BALANCE} failed: {e}");
+        for (file, was) in self.was.iter().rev() {
+            if let Err(e) = std::fs::write(file, was) {
+                eprintln!("putting back {} failed: {e}", file.display());
+            }
         }
     }
 }

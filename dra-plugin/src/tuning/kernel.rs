@@ -111,8 +111,9 @@ impl KernelPaths {
         CgroupFacts {
             v2_controllers: std::fs::read_to_string(root.join("cgroup.controllers")).ok(),
             v1_root_load_balance: [
-                "cpuset.sched_load_balance",
+                // As nri-plugin looks for the hierarchy: `cpuset/` first.
                 "cpuset/cpuset.sched_load_balance",
+                "cpuset.sched_load_balance",
             ]
             .iter()
             .find_map(|file| std::fs::read_to_string(root.join(file)).ok()),

@@ -21,6 +21,7 @@ use shared_state::pool::Update;
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;
+use crate::partition::keeper::PartitionKeeper;
 use crate::partition::Isolated;
 use crate::resolve::ClaimResolver;
 use crate::view::admission::{admit_container, synchronize_containers};
@@ -155,14 +156,33 @@ impl DraCpuPlugin {
 #[async_trait]
 impl NriPlugin for DraCpuPlugin {
     fn events(&self) -> EventMask {
-        EventMask::of(&[
+        let mut events = vec![
             Event::CREATE_CONTAINER,
             Event::START_CONTAINER,
             Event::POST_START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
             Event::REMOVE_CONTAINER,
-        ])
+        ];
+        // cgroup v1: a new pod's cgroups balance every CPU from their
+        // making, the sandbox's too; the earliest event is its start.
+        if self
+            .enforcer
+            .partitions
+            .as_ref()
+            .is_some_and(PartitionKeeper::is_v1)
+        {
+            events.push(Event::RUN_POD_SANDBOX);
+        }
+        EventMask::of(&events)
+    }
+
+    async fn run_pod_sandbox(&self, pod: PodSandbox) -> Result<(), PluginError> {
+        let _span =
+            tracing::debug_span!("run_pod_sandbox", pod = %pod.name, namespace = %pod.namespace)
+                .entered();
+        self.enforcer.refresh_v1_load_balancing();
+        Ok(())
     }
 
     async fn configure(&self, runtime: &RuntimeInfo, _config: &str) -> Result<(), PluginError> {

@@ -78,6 +78,27 @@ impl PartitionKeeper {
         shared_state::sync::lock(&self.containers)
     }
 
+    /// The CPUs held isolated now, but `except`'s: those of the containers
+    /// holding them, and on cgroup v1 also those of running claim
+    /// containers whose own cgroup does not balance though no record says
+    /// why (a restarted nri-plugin, before dra-plugin tells their tuning):
+    /// on v1 the flags are the only record, so they are kept until the
+    /// claim is known.
+    fn isolated_now(&self, containers: &Containers, except: Option<&str>) -> CpuSet {
+        let mut isolated = held_cpus(&containers.held, except);
+        if self.partitions.is_v1() {
+            for (id, path) in &containers.running {
+                if Some(id.as_str()) == except || containers.held.contains_key(id) {
+                    continue;
+                }
+                if let Some(cpus) = self.partitions.v1_unbalanced_cpus(path) {
+                    isolated = isolated.union(&cpus);
+                }
+            }
+        }
+        isolated
+    }
+
     /// A running container, so that a partition its claim asks for later
     /// is made when the claim is known.
     pub fn note_running(&self, container_id: &str, cgroups_path: &str) {
@@ -97,7 +118,7 @@ impl PartitionKeeper {
         let mut containers = self.lock();
         // A refused start does not run: it is not remembered, so no later
         // reconcile makes a partition of its cgroup.
-        let others = held_cpus(&containers.held, Some(container_id));
+        let others = self.isolated_now(&containers, Some(container_id));
         let isolated = self.partitions.isolate(cgroups_path, cpus, &others)?;
         containers
             .running
@@ -123,6 +144,11 @@ impl PartitionKeeper {
             .filter(|(id, _)| !containers.held.contains_key(*id))
             .filter_map(|(id, path)| wanted(id).map(|cpus| (id.clone(), path.clone(), cpus)))
             .collect();
+        // Every container due is kept out of balancing while each is made
+        // (cgroup v1 brings the whole tree to one rule at each).
+        let due_cpus = due
+            .iter()
+            .fold(CpuSet::new(), |all, (_, _, cpus)| all.union(cpus));
         let mut done = Vec::new();
         for (id, cgroups_path, cpus) in due {
             // Another container of the claim (a restart of this one) holds
@@ -130,7 +156,7 @@ impl PartitionKeeper {
             if containers.held.values().any(|h| !h.cpus.is_disjoint(&cpus)) {
                 continue;
             }
-            let others = held_cpus(&containers.held, None);
+            let others = self.isolated_now(&containers, Some(&id)).union(&due_cpus);
             match self.partitions.isolate(&cgroups_path, &cpus, &others) {
                 Ok(Isolated::Made { .. }) | Ok(Isolated::Already { .. }) => {
                     containers.refused.remove(&id);
@@ -192,7 +218,7 @@ impl PartitionKeeper {
         {
             return Ok(0);
         }
-        let still = held_cpus(&containers.held, None);
+        let still = self.isolated_now(&containers, None);
         self.partitions
             .release(&held.cgroups_path, &held.cpus, &still)
     }
@@ -231,7 +257,7 @@ impl PartitionKeeper {
             {
                 continue;
             }
-            let still = held_cpus(&containers.held, None);
+            let still = self.isolated_now(&containers, None);
             released.push((
                 id,
                 self.partitions
@@ -249,7 +275,7 @@ impl PartitionKeeper {
         cgroups_paths: impl IntoIterator<Item = &'p str>,
     ) -> Result<Vec<std::path::PathBuf>, PartitionError> {
         let containers = self.lock();
-        let isolated = held_cpus(&containers.held, None);
+        let isolated = self.isolated_now(&containers, None);
         self.partitions
             .sweep_stale_exclusive(cgroups_paths, &isolated)
     }
@@ -260,16 +286,25 @@ impl PartitionKeeper {
     /// cgroups written; nothing on cgroup v2 or while nothing is held.
     pub fn refresh_v1(&self) -> Result<Vec<std::path::PathBuf>, PartitionError> {
         let containers = self.lock();
-        if !self.partitions.is_v1() || containers.held.is_empty() {
+        if !self.partitions.is_v1() {
             return Ok(Vec::new());
         }
-        let isolated = held_cpus(&containers.held, None);
+        let isolated = self.isolated_now(&containers, None);
+        if isolated.is_empty() {
+            return Ok(Vec::new());
+        }
         let paths: Vec<&str> = containers
             .held
             .values()
             .map(|h| h.cgroups_path.as_str())
+            .chain(containers.running.values().map(String::as_str))
             .collect();
         self.partitions.sweep_stale_exclusive(paths, &isolated)
+    }
+
+    /// Whether this is cgroup v1 (see [`IsolatedPartitions::is_v1`]).
+    pub fn is_v1(&self) -> bool {
+        self.partitions.is_v1()
     }
 
     /// Containers remembered as holding a partition.
@@ -477,5 +512,69 @@ mod tests {
         ] {
             assert_eq!(flag(&dir, d), "1", "{d}");
         }
+    }
+
+    /// cgroup v1 after a restart of nri-plugin, before dra-plugin tells the
+    /// claims' tuning: a running claim container whose cgroup does not
+    /// balance keeps its CPUs out through the Synchronize sweep (the flags
+    /// are the only record); one that balances is not presumed isolated
+    /// (its pod's stale 0 is put back). Once the claim is known to ask, it
+    /// is held; a node whose root balances is left alone by the sweep.
+    #[test]
+    fn on_cgroup_v1_a_restart_keeps_what_the_flags_say_until_the_claims_are_known() {
+        use super::super::v1::fake_tree::{flag, make};
+        let tree = [
+            ("kubepods", "0-7"),
+            ("kubepods/pa", "0-7"),
+            ("kubepods/pa/a", "2-3"),
+            // A pod on other CPUs than a's.
+            ("kubepods/pb", "4-7"),
+            ("kubepods/pb/b", "4"),
+        ];
+        let dir = make("0", &tree);
+        for d in ["kubepods", "kubepods/pa", "kubepods/pa/a", "kubepods/pb"] {
+            std::fs::write(
+                dir.path()
+                    .join("cpuset")
+                    .join(d)
+                    .join("cpuset.sched_load_balance"),
+                "0\n",
+            )
+            .expect("left by the nri-plugin before");
+        }
+        let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
+        keeper.note_running("a", "/kubepods/pa/a");
+        keeper.note_running("b", "/kubepods/pb/b");
+        let swept = keeper
+            .sweep_stale_exclusive(["/kubepods/pa/a", "/kubepods/pb/b"])
+            .expect("sweep");
+        assert_eq!(swept, vec![std::path::PathBuf::from("kubepods/pb")]);
+        for d in ["kubepods", "kubepods/pa", "kubepods/pa/a"] {
+            assert_eq!(flag(&dir, d), "0", "{d}: a's CPUs stay out");
+        }
+        assert_eq!(flag(&dir, "kubepods/pb/b"), "1");
+        assert!(matches!(
+            keeper
+                .reconcile(|id| (id == "a").then(|| set("2-3")))
+                .as_slice(),
+            [Reconciled::Made { .. }]
+        ));
+        assert_eq!(keeper.held(), 1);
+
+        // The control: a node whose root balances keeps every flag as it is.
+        let plain = make("1", &tree);
+        std::fs::write(
+            plain
+                .path()
+                .join("cpuset/kubepods/pb/cpuset.sched_load_balance"),
+            "0\n",
+        )
+        .expect("someone's 0");
+        let keeper = PartitionKeeper::new(IsolatedPartitions::new(plain.path()));
+        assert!(keeper
+            .sweep_stale_exclusive(["/kubepods/pb/b"])
+            .expect("sweep")
+            .is_empty());
+        assert_eq!(flag(&plain, "kubepods/pb"), "0");
     }
 }

@@ -64,6 +64,14 @@ pub enum PartitionError {
         reason: String,
         text: String,
     },
+    #[error("cgroup v1: {reason} ({} reads {text:?})", file.display())]
+    NotUnbalanced {
+        file: PathBuf,
+        reason: String,
+        text: String,
+    },
+    #[error("{}: {text:?} is not 0 or 1", file.display())]
+    Flag { file: PathBuf, text: String },
     #[error("cgroup v1: the root cpuset balances every CPU ({} is not 0), so no cpuset below can leave load balancing; the node's operator turns it off (docs/user/tuning.md)", file.display())]
     RootBalances { file: PathBuf },
     #[error("cgroup v1: {} is 1 outside kubelet's tree and its cpuset holds the claim's CPUs {cpus}, which it keeps balanced; the node's operator gives it other CPUs or turns it off", file.display())]
@@ -112,6 +120,14 @@ impl IsolatedPartitions {
         self.v1.is_some()
     }
 
+    /// cgroup v1: the CPUs of a container's cgroup when it does not
+    /// balance (`None` elsewhere, on cgroup v2, or when unreadable).
+    pub fn v1_unbalanced_cpus(&self, cgroups_path: &str) -> Option<CpuSet> {
+        let v1 = self.v1.as_ref()?;
+        let cgroup = container_cgroup(cgroups_path).ok()?;
+        v1.unbalanced_cpus(&cgroup).ok().flatten()
+    }
+
     /// cgroup v1: turns the claim's CPUs out of load balancing, with
     /// `others` (the CPUs other containers hold isolated) kept out.
     fn isolate_v1(
@@ -144,7 +160,7 @@ impl IsolatedPartitions {
                         "nothing",
                     ),
                 };
-                Err(PartitionError::Invalid {
+                Err(PartitionError::NotUnbalanced {
                     file: v1.flag_file(&cgroup),
                     reason: reason.into(),
                     text: text.into(),
@@ -320,6 +336,11 @@ impl IsolatedPartitions {
         tops.sort();
         tops.dedup();
         if let Some(v1) = &self.v1 {
+            // Where the root balances, no flag below matters and none is
+            // this driver's: an ordinary cgroup v1 node is left alone.
+            if !v1.root_unbalanced()? {
+                return Ok(Vec::new());
+            }
             let written = v1.bring_to_rule(&tops, isolated)?;
             return Ok(written.into_iter().map(|w| w.dir).collect());
         }

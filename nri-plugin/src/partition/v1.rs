@@ -18,10 +18,13 @@
 //!   undo it: it is named in the refusal, not changed.
 //!
 //! Nothing is recorded: the flags are the record. The tree is brought to
-//! that rule as a whole, at a claim container's start and stop, after every
-//! claim change and on the timer, so a pod created since (its cgroups start
-//! at 1 with every CPU), or a flag a killed nri-plugin left at 0, is put
-//! right by the next pass, and a cgroup no isolated CPU needs balances again.
+//! that rule as a whole, at a pod sandbox's and any container's start, at a
+//! claim container's stop, after every claim change and on the timer, so a
+//! pod created since (its cgroups start at 1 with every CPU), or a flag a
+//! killed nri-plugin left at 0 where the kernel looks, is put right by the
+//! next pass, and a cgroup no isolated CPU needs balances again. (A 0 left
+//! below a cgroup that balances again is never looked at, by the kernel or
+//! by the walk, and changes nothing.)
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -113,7 +116,7 @@ impl SchedLoadBalance {
             file: self.file(dir, CPUS),
             text: cpus.clone(),
         })?;
-        let balances = parse_flag(&flag).ok_or_else(|| PartitionError::Parse {
+        let balances = parse_flag(&flag).ok_or_else(|| PartitionError::Flag {
             file: self.file(dir, LOAD_BALANCE),
             text: flag,
         })?;
@@ -177,13 +180,10 @@ impl SchedLoadBalance {
     /// and no cpuset outside the tree balances one of them.
     pub fn check_outside(&self, tops: &[PathBuf], isolated: &CpuSet) -> Result<(), PartitionError> {
         let root = PathBuf::new();
-        match self.state(&root)? {
-            Some((_, false)) => {}
-            _ => {
-                return Err(PartitionError::RootBalances {
-                    file: self.file(&root, LOAD_BALANCE),
-                })
-            }
+        if !self.root_unbalanced()? {
+            return Err(PartitionError::RootBalances {
+                file: self.file(&root, LOAD_BALANCE),
+            });
         }
         let mut pending = self.children(&root)?;
         while let Some(dir) = pending.pop() {
@@ -203,6 +203,26 @@ impl SchedLoadBalance {
             }
         }
         Ok(())
+    }
+
+    /// Whether the root cpuset's flag is 0, as the node's operator sets it
+    /// for `loadBalancing: off`.
+    pub fn root_unbalanced(&self) -> Result<bool, PartitionError> {
+        let file = self.file(Path::new(""), LOAD_BALANCE);
+        match std::fs::read_to_string(&file) {
+            Ok(text) => parse_flag(&text)
+                .map(|balances| !balances)
+                .ok_or(PartitionError::Flag { file, text }),
+            Err(source) => Err(PartitionError::Read { file, source }),
+        }
+    }
+
+    /// A cgroup's CPUs when it does not balance (`None`: it balances, or
+    /// is gone).
+    pub fn unbalanced_cpus(&self, dir: &Path) -> Result<Option<CpuSet>, PartitionError> {
+        Ok(self
+            .state(dir)?
+            .and_then(|(cpus, balances)| (!balances).then_some(cpus)))
     }
 
     /// Whether a cgroup balances now (`None`: gone).
