@@ -516,3 +516,39 @@ fn synchronize_turns_the_cfs_quota_off_for_claims_that_ask_so() {
     assert_eq!(shared.cpus, "0-1,4-7");
     assert!(shared.quota.is_none(), "a shared container keeps its quota");
 }
+
+/// cgroup v1: nri-plugin asks for the pod sandbox's start there (and only
+/// there), and a sandbox starting while a claim's CPUs are isolated has its
+/// new pod cgroup, which holds every CPU, turned off at once. The control:
+/// before the event the new pod's cgroup balances.
+#[test]
+fn on_cgroup_v1_a_sandbox_start_turns_its_new_pod_off_balancing() {
+    use crate::partition::v1::fake_tree::{add, flag, make};
+    let v2 = crate::partition::fake_tree::make(&["kubepods"]);
+    std::fs::write(v2.path().join("cgroup.controllers"), "cpuset cpu\n").expect("v2 root");
+    let view = || NodeView::new(set("0-7"), CpuSet::new(), true, None);
+    let on_v2 = DraCpuPlugin::new(partition_enforcer(view(), v2.path()), Arc::new(NoClaims));
+    assert!(!on_v2.events().contains(Event::RUN_POD_SANDBOX));
+
+    let dir = make(
+        "0",
+        &[
+            ("kubepods", "0-7"),
+            ("kubepods/pa", "0-7"),
+            ("kubepods/pa/a", "2-3"),
+        ],
+    );
+    let enforcer = partition_enforcer(view(), dir.path());
+    let plugin = DraCpuPlugin::new(enforcer.clone(), Arc::new(NoClaims));
+    assert!(plugin.events().contains(Event::RUN_POD_SANDBOX));
+    enforcer
+        .partitions
+        .as_ref()
+        .expect("partitions")
+        .isolate("a", "/kubepods/pa/a", &set("2-3"))
+        .expect("a isolated");
+    add(&dir, "kubepods/pn", "0-7");
+    assert_eq!(flag(&dir, "kubepods/pn"), "1");
+    run(plugin.run_pod_sandbox(PodSandbox::new())).expect("sandbox");
+    assert_eq!(flag(&dir, "kubepods/pn"), "0");
+}
