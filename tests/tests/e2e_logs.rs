@@ -16,36 +16,8 @@ use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::must::Must;
 use dra_cpu_tests::node::layout::NodeOptions;
 use dra_cpu_tests::node::pods::PodIdentity;
-use dra_cpu_tests::node::read_back::log_line_problems;
+use dra_cpu_tests::node::read_back::{json_lines_in_span, json_span_field, log_line_problems};
 use e2e_common::{node, shared_pod};
-use serde_json::Value;
-
-/// The lines of `log` logged inside the span `span`.
-fn in_span(log: &str, span: &str) -> Vec<Value> {
-    log.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| {
-            v.get("spans")
-                .and_then(Value::as_array)
-                .is_some_and(|spans| {
-                    spans
-                        .iter()
-                        .any(|s| s.get("name").and_then(Value::as_str) == Some(span))
-                })
-        })
-        .collect()
-}
-
-/// The value of field `field` of span `span` in one line.
-fn span_field(line: &Value, span: &str, field: &str) -> Option<String> {
-    line.get("spans")?
-        .as_array()?
-        .iter()
-        .find(|s| s.get("name").and_then(Value::as_str) == Some(span))?
-        .get(field)?
-        .as_str()
-        .map(str::to_string)
-}
 
 #[tokio::test]
 async fn every_log_line_is_one_json_object_and_names_what_it_is_about() {
@@ -80,11 +52,11 @@ async fn every_log_line_is_one_json_object_and_names_what_it_is_about() {
 
     let dra = node.dra_log();
     for span in ["prepare", "unprepare"] {
-        let lines = in_span(&dra, span);
+        let lines = json_lines_in_span(&dra, span);
         assert!(!lines.is_empty(), "no dra-plugin line inside a {span} span");
         for line in lines {
             assert_eq!(
-                span_field(&line, span, "claim_uid").as_deref(),
+                json_span_field(&line, span, "claim_uid").as_deref(),
                 Some(claim.uid.as_str()),
                 "a {span} line without the claim's UID: {line}"
             );
@@ -94,10 +66,10 @@ async fn every_log_line_is_one_json_object_and_names_what_it_is_about() {
     // asks for an isolated partition; CreateContainer always does.
     let nri = node.nri_log();
     for (span, required) in [("create_container", true), ("start_container", false)] {
-        let lines = in_span(&nri, span);
+        let lines = json_lines_in_span(&nri, span);
         let ours = lines
             .iter()
-            .filter(|l| span_field(l, span, "container").as_deref() == Some(id.as_str()))
+            .filter(|l| json_span_field(l, span, "container").as_deref() == Some(id.as_str()))
             .count();
         assert!(
             !required || ours > 0,
@@ -105,7 +77,7 @@ async fn every_log_line_is_one_json_object_and_names_what_it_is_about() {
         );
         for line in &lines {
             assert!(
-                span_field(line, span, "container").is_some(),
+                json_span_field(line, span, "container").is_some(),
                 "a {span} line without the container's id: {line}"
             );
         }

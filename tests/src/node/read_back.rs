@@ -40,6 +40,58 @@ pub fn log_messages_with(log: &str, fragment: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The JSON log lines of `log` written inside a span named `span` (at any
+/// depth of the line's `spans`).
+pub fn json_lines_in_span(log: &str, span: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| {
+            v.get("spans")
+                .and_then(Value::as_array)
+                .is_some_and(|spans| {
+                    spans
+                        .iter()
+                        .any(|s| s.get("name").and_then(Value::as_str) == Some(span))
+                })
+        })
+        .collect()
+}
+
+/// The value of field `field` of span `span` in one JSON log line.
+pub fn json_span_field(line: &Value, span: &str, field: &str) -> Option<String> {
+    line.get("spans")?
+        .as_array()?
+        .iter()
+        .find(|s| s.get("name").and_then(Value::as_str) == Some(span))?
+        .get(field)?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// The fields of span `span` in one text log line, as the text format
+/// writes a line's spans before its message (`outer{a=1}:span{k=v x=y}:
+/// target: message`): `k=v x=y`. None where the line is not inside `span`
+/// (a span whose name only ends in `span`, `unprepare` for `prepare`, is
+/// another span).
+pub fn text_span_fields<'a>(line: &'a str, span: &str) -> Option<&'a str> {
+    let open = format!("{span}{{");
+    let mut from = 0;
+    while let Some(found) = line[from..].find(&open) {
+        let start = from + found;
+        let bounded = line[..start]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c == ' ' || c == ':');
+        let fields = start + open.len();
+        if bounded {
+            let end = line[fields..].find('}')?;
+            return Some(&line[fields..fields + end]);
+        }
+        from = fields;
+    }
+    None
+}
+
 /// What is wrong with a log of JSON lines, one problem a line: a line that
 /// is not one JSON object, or an object (at any depth) that holds a key
 /// twice, which a log pipeline reads as one value or refuses. Lines of
@@ -135,6 +187,42 @@ mod tests {
         for (name, want) in cases {
             assert_eq!(metric_value(text, name), want, "{name}");
         }
+    }
+
+    #[test]
+    fn text_span_fields_table() {
+        let line = "2026-12-06T06:00:00Z  INFO unprepare{claim_uid=u2}:prepare{claim_uid=u1 namespace=n}: dra_plugin: claim prepared cpus=1";
+        let cases = [
+            (line, "prepare", Some("claim_uid=u1 namespace=n")),
+            (line, "unprepare", Some("claim_uid=u2")),
+            (line, "repare", None),
+            (line, "create_container", None),
+            ("prepare{claim_uid=u}: m", "prepare", Some("claim_uid=u")),
+            ("INFO prepare{claim_uid=u", "prepare", None),
+            ("INFO prepare: no fields", "prepare", None),
+        ];
+        for (line, span, want) in cases {
+            assert_eq!(text_span_fields(line, span), want, "{span} in {line}");
+        }
+    }
+
+    #[test]
+    fn json_span_lines_and_fields() {
+        let log = concat!(
+            "{\"spans\":[{\"name\":\"rpc\"},{\"name\":\"prepare\",\"claim_uid\":\"u1\"}]}\n",
+            "{\"spans\":[{\"name\":\"unprepare\",\"claim_uid\":\"u2\"}]}\n",
+            "not json\n",
+            "{\"fields\":{\"message\":\"no span\"}}\n",
+        );
+        let lines = json_lines_in_span(log, "prepare");
+        assert_eq!(lines.len(), 1);
+        assert_eq!(
+            json_span_field(&lines[0], "prepare", "claim_uid").as_deref(),
+            Some("u1")
+        );
+        assert_eq!(json_span_field(&lines[0], "rpc", "claim_uid"), None);
+        assert_eq!(json_span_field(&lines[0], "unprepare", "claim_uid"), None);
+        assert_eq!(json_lines_in_span(log, "unprepare").len(), 1);
     }
 
     #[test]

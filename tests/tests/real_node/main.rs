@@ -24,6 +24,7 @@ use shared_state::CpuSet;
 
 mod every_kind;
 mod load_balancing_v1;
+mod logs;
 mod many_cpus;
 
 /// One scenario at a time on the one node.
@@ -68,6 +69,25 @@ fn maps_node_allocatable(node: &RealNode) -> bool {
     devices(&slices(node))
         .iter()
         .any(|d| d["nodeAllocatableResources"].is_object())
+}
+
+/// The chart's values as installed, defaults included (`helm get values
+/// --all`).
+fn chart_values(node: &RealNode) -> Value {
+    let printed = node
+        .script(&[
+            "helm",
+            "get",
+            "values",
+            "dra-cpu",
+            "-n",
+            DRIVER_NAMESPACE,
+            "--all",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    serde_json::from_str(&printed).unwrap_or_else(|e| panic!("helm get values: {e}: {printed}"))
 }
 
 /// The type of attribute `name` of a device ("int", "bool", "string",
@@ -119,6 +139,11 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
         .unwrap();
     let devices = devices(&found);
     assert!(!devices.is_empty(), "slices without devices: {found:?}");
+    let values = chart_values(&node);
+    let group_by = values["draPlugin"]["groupBy"]
+        .as_str()
+        .unwrap_or("numanode");
+    let mapping_off = values["draPlugin"]["disableNodeAllocatableMapping"] == true;
     // Every allocatable CPU is published once: as a device (individual) or
     // as a share of a group's capacity (grouped).
     let published: u64 = devices
@@ -133,7 +158,22 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
     for device in &devices {
         let grouped_device = device["capacity"]["dra.cpu/cpu"].is_object();
         let wanted: &[(&str, &str)] = if grouped_device {
-            &[("dra.cpu/smtEnabled", "bool"), ("dra.cpu/numCPUs", "int")]
+            // A group names what it groups, as upstream's do.
+            match group_by {
+                "numanode" => &[
+                    ("dra.cpu/smtEnabled", "bool"),
+                    ("dra.cpu/numCPUs", "int"),
+                    ("resource.kubernetes.io/numaNode", "int"),
+                    ("dra.cpu/numaNodeID", "int"),
+                    ("dra.cpu/socketID", "int"),
+                ],
+                "socket" => &[
+                    ("dra.cpu/smtEnabled", "bool"),
+                    ("dra.cpu/numCPUs", "int"),
+                    ("dra.cpu/socketID", "int"),
+                ],
+                _ => &[("dra.cpu/smtEnabled", "bool"), ("dra.cpu/numCPUs", "int")],
+            }
         } else {
             &[
                 ("resource.kubernetes.io/numaNode", "int"),
@@ -153,7 +193,15 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
                 "{name} of {device}"
             );
         }
-        // The node-allocatable mapping, where published: CPUs one for one.
+        // The node-allocatable mapping on every device where the release
+        // has the field and the chart does not turn it off, on none
+        // elsewhere; CPUs one for one.
+        let mapped = node.kubernetes_minor() >= 37 && !mapping_off;
+        assert_eq!(
+            device["nodeAllocatableResources"]["cpu"].is_object(),
+            mapped,
+            "the node-allocatable mapping on {device}"
+        );
         if let Some(mapping) = device["nodeAllocatableResources"]["cpu"].as_object() {
             assert!(
                 mapping.get("overhead").is_none_or(Value::is_null),
@@ -182,7 +230,7 @@ fn slices_are_published_and_accepted_by_the_real_api_server() {
     // publishes it where the API server declares it.
     assert_eq!(
         maps_node_allocatable(&node),
-        node.kubernetes_minor() >= 37,
+        node.kubernetes_minor() >= 37 && !mapping_off,
         "the node-allocatable mapping is published exactly where the release has it"
     );
     // Owned by the Node, so they go with it.
@@ -523,6 +571,126 @@ fn inspect_as_the_notes_say(node: &RealNode) -> Value {
     let printed = node.kubectl(&args).unwrap();
     serde_json::from_str(&printed)
         .unwrap_or_else(|e| panic!("`{line}` printed no JSON ({e}): {printed}"))
+}
+
+/// The NUMA nodes of this node that hold CPUs, as the kernel lists them.
+fn numa_nodes_with_cpus() -> usize {
+    std::fs::read_dir("/sys/devices/system/node")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("node"))
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("cpulist"))
+                        .is_ok_and(|l| !l.trim().is_empty())
+                })
+                .count()
+        })
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Upstream's gatherinfo check (a tool in every driver pod reports the
+/// topology the driver sees and its device mode): the troubleshooting
+/// page's commands, run in the driver's pod as it says, see this node's
+/// CPUs and NUMA nodes through the chart's mount of the host's `/sys`, and
+/// `slices` prints the devices the running driver published.
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn the_troubleshooting_commands_work_in_the_drivers_pod() {
+    let (_guard, node) = node();
+    wait_driver_ready(&node);
+    let pod = driver_pod(&node);
+    let exec = |args: &[&str]| {
+        let mut all = vec![
+            "exec",
+            "-n",
+            DRIVER_NAMESPACE,
+            pod.as_str(),
+            "-c",
+            "dra-plugin",
+            "--",
+            "/usr/bin/dra-plugin",
+        ];
+        all.extend_from_slice(args);
+        let printed = node.kubectl(&all).unwrap();
+        serde_json::from_str::<Value>(&printed).unwrap_or_else(|e| {
+            panic!(
+                "dra-plugin {} printed no JSON ({e}): {printed}",
+                args.join(" ")
+            )
+        })
+    };
+
+    let online = online_cpus().unwrap();
+    let topology = exec(&["topology", "--sysfs-root", "/host"]);
+    assert_eq!(
+        topology["online"],
+        online.to_cpulist().as_str(),
+        "{topology}"
+    );
+    let mut ids: Vec<u64> = topology["cpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_u64().unwrap())
+        .collect();
+    let listed = ids.len();
+    ids.dedup();
+    assert_eq!(listed, ids.len(), "a CPU listed twice: {topology}");
+    let want: Vec<u64> = online.iter().map(|c| c as u64).collect();
+    assert_eq!(ids, want, "{topology}");
+    assert_eq!(
+        topology["numaNodes"].as_u64(),
+        Some(numa_nodes_with_cpus() as u64),
+        "{topology}"
+    );
+
+    // What the node would publish, with the chart's settings: the devices
+    // the driver published.
+    let values = chart_values(&node);
+    let mode = if grouped(&node) {
+        "grouped"
+    } else {
+        "individual"
+    };
+    let group_by = values["draPlugin"]["groupBy"]
+        .as_str()
+        .unwrap_or("numanode");
+    let reserved = values["reservedCpus"].as_str().unwrap_or("");
+    let mut args = vec![
+        "slices",
+        "--sysfs-root",
+        "/host",
+        "--cpu-device-mode",
+        mode,
+        "--group-by",
+        group_by,
+        "--reserved-cpus",
+        reserved,
+    ];
+    if !maps_node_allocatable(&node) {
+        args.push("--disable-node-allocatable-mapping");
+    }
+    let would = exec(&args);
+    let names = |devices: Vec<Value>| {
+        let mut names: Vec<(String, Value)> = devices
+            .iter()
+            .map(|d| {
+                (
+                    d["name"].as_str().unwrap_or_default().to_string(),
+                    d["capacity"].clone(),
+                )
+            })
+            .collect();
+        names.sort_by(|a, b| a.0.cmp(&b.0));
+        names
+    };
+    assert_eq!(
+        names(devices(would.as_array().unwrap())),
+        names(devices(&slices(&node))),
+        "`dra-plugin slices` in the pod and the published devices differ"
+    );
 }
 
 /// SIGKILLs one container of the driver's pod and waits until kubelet has
