@@ -68,6 +68,15 @@ impl NodeView {
                 "dra-plugin and nri-plugin disagree on --mixed-allocation-mode; nri-plugin's setting decides container kinds"
             );
         }
+        for claim in &snapshot.claims {
+            let outside = claim.cpus.difference(&snapshot.allocatable);
+            if !outside.is_empty() {
+                tracing::warn!(
+                    claim_uid = %claim.claim_uid, cpus = %claim.cpus, %outside,
+                    "a prepared claim holds CPUs that are no longer allocatable (offline or reserved since it was prepared): kept for its containers, never shared"
+                );
+            }
+        }
         let updates = self.pool.resync(
             snapshot.allocatable,
             snapshot.reserved,

@@ -267,8 +267,16 @@ impl PoolState {
     /// Refused, with nothing changed, if it has no CPUs, holds CPUs outside
     /// the allocatable ones, or shares a CPU with another claim.
     pub fn add_claim(&mut self, assignment: ClaimAssignment) -> Result<Vec<Update>, PoolError> {
+        self.insert_claim(assignment, OutsideAllocatable::Refused)
+    }
+
+    fn insert_claim(
+        &mut self,
+        assignment: ClaimAssignment,
+        outside: OutsideAllocatable,
+    ) -> Result<Vec<Update>, PoolError> {
         let uid = assignment.claim_uid.as_str();
-        check_claim_cpus(&assignment, &self.allocatable)?;
+        check_claim_cpus(&assignment, &self.allocatable, outside)?;
         let others = match self.claims.get(uid) {
             Some(old) => self.exclusive.difference(&old.cpus),
             None => self.exclusive.clone(),
@@ -295,7 +303,14 @@ impl PoolState {
 
     /// Replace the node's CPUs, mode and claims at once (a fresh snapshot),
     /// keeping the containers, and return the updates due. Refused, with
-    /// nothing changed, if any claim is invalid or two claims overlap.
+    /// nothing changed, if a claim has no CPUs or two claims overlap.
+    ///
+    /// Unlike [`PoolState::add_claim`], a claim holding CPUs that are no
+    /// longer allocatable is kept: the snapshot is dra-plugin's store, and a
+    /// claim prepared before a CPU went offline or became reserved still
+    /// holds what its container runs on. Those CPUs are outside the shared
+    /// pool either way; refusing the whole snapshot for it would leave every
+    /// later change unapplied.
     pub fn resync(
         &mut self,
         allocatable: CpuSet,
@@ -305,7 +320,7 @@ impl PoolState {
     ) -> Result<Vec<Update>, PoolError> {
         let mut next = PoolState::new(allocatable, reserved, mixed_mode);
         for assignment in claims {
-            next.add_claim(assignment)?;
+            next.insert_claim(assignment, OutsideAllocatable::Kept)?;
         }
         next.containers = std::mem::take(&mut self.containers);
         next.owners = std::mem::take(&mut self.owners);
@@ -419,14 +434,27 @@ fn isolates(claim: &ClaimAssignment) -> bool {
     claim.tuning.load_balancing_off
 }
 
-fn check_claim_cpus(assignment: &ClaimAssignment, allocatable: &CpuSet) -> Result<(), PoolError> {
+/// What a claim holding CPUs outside the allocatable ones gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutsideAllocatable {
+    /// A claim being prepared or learned now: refused.
+    Refused,
+    /// A claim of dra-plugin's store (a snapshot): kept.
+    Kept,
+}
+
+fn check_claim_cpus(
+    assignment: &ClaimAssignment,
+    allocatable: &CpuSet,
+    outside_allocatable: OutsideAllocatable,
+) -> Result<(), PoolError> {
     if assignment.cpus.is_empty() {
         return Err(PoolError::EmptyClaim {
             claim_uid: assignment.claim_uid.clone(),
         });
     }
     let outside = assignment.cpus.difference(allocatable);
-    if !outside.is_empty() {
+    if !outside.is_empty() && outside_allocatable == OutsideAllocatable::Refused {
         return Err(PoolError::ClaimOutsideAllocatable {
             claim_uid: assignment.claim_uid.clone(),
             outside,
@@ -674,6 +702,39 @@ mod tests {
         s.admit("c", "pod", "app", &[cref("aa", "4-5")], None)
             .expect("admit");
         assert_eq!(s.remove_claim("aa"), updates(&[("c", "1-7")]));
+    }
+
+    #[test]
+    fn a_snapshot_keeps_a_claim_whose_cpus_are_no_longer_allocatable() {
+        // CPU 7 went offline (or became reserved) while the claim held it;
+        // dra-plugin restarted and its snapshot says so.
+        let mut s = node(false);
+        s.add_claim(claim("aa", "6-7", "pod")).expect("claim");
+        s.admit("c", "pod", "app", &[cref("aa", "6-7")], None)
+            .expect("excl");
+        s.admit("sh", "p2", "app", &[], None).expect("shared");
+        s.mark_applied(&s.plan_updates());
+
+        let up = s
+            .resync(
+                set("0-6"),
+                set("0"),
+                false,
+                [claim("aa", "6-7", "pod"), claim("bb", "2", "p3")],
+            )
+            .expect("a snapshot with a claim on a CPU no longer allocatable");
+        assert_eq!(s.exclusive(), &set("2,6-7"));
+        assert_eq!(s.shared(), set("1,3-5"));
+        assert_eq!(up, updates(&[("sh", "1,3-5")]));
+        // Learned now, the same claim is still refused.
+        assert!(matches!(
+            s.add_claim(claim("cc", "7", "p4")),
+            Err(PoolError::ClaimOutsideAllocatable { .. })
+        ));
+        // Unprepared, its CPU outside the allocatable ones stays out of the pool.
+        s.mark_applied(&up);
+        s.remove_claim("aa");
+        assert_eq!(s.shared(), set("1,3-6"));
     }
 
     #[test]
