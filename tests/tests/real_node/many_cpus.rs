@@ -246,6 +246,66 @@ fn several_claims_of_two_cpus_get_distinct_cpus_and_shared_pods_the_rest() {
 /// the same grouped claim", in both device modes: one claim of two requests
 /// of 1 CPU (two shares of one grouped device, or two individual devices)
 /// gives its container 2 distinct CPUs, named by its one `DRA_CPUSET_*`.
+/// Upstream's claim pod: CPU requests and limits equal to the claim's CPUs
+/// (a Guaranteed pod). Upstream expects exactly the claim's CPUs, its
+/// mixed mode being off by default; here a claim container whose CPU shares
+/// are above 2 is mixed where the chart turns mixed mode on (as the real
+/// node's values do), so it gets its CPU and the shared pool, and exactly
+/// its CPU where mixed mode is off. Either way the shared pod leaves the
+/// claim's CPU. Where the devices map to node-allocatable CPUs (1.37) the
+/// scheduler counts the claim's CPU besides the pod's request, so the pod
+/// takes 2 CPUs of a node's allocatable; its status maps the claim to 1 CPU,
+/// and carries no mapping elsewhere.
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh --vm"]
+fn a_guaranteed_claim_pod_gets_its_cpu_and_the_pool_only_in_mixed_mode() {
+    let (_guard, node) = node();
+    if !holds(
+        &node,
+        2,
+        "a Guaranteed claim pod (a CPU request besides its claim)",
+    ) {
+        return;
+    }
+    let mixed_mode = chart_values(&node)["mixedAllocationMode"] == true;
+    let ns = TestNamespace::new(&node, "guaranteed").unwrap();
+    let online = online_cpus().unwrap();
+    let grouped = node.publishes_grouped_devices().unwrap();
+    node.apply(&claim_template_yaml(&ns.name, "one-cpu", 1, grouped))
+        .unwrap();
+    node.apply(&pod_yaml(&ns.name, "shared", Some("100m"), &[]))
+        .unwrap();
+    let pod = PodSpec {
+        cpu_request: Some("1"),
+        cpu_limit: Some("1"),
+        templates: vec![("cpus", "one-cpu")],
+        ..PodSpec::new(&ns.name, "guaranteed")
+    };
+    node.apply(&pod.yaml()).unwrap();
+    let object = node
+        .wait_running(&ns.name, "guaranteed", POD_START)
+        .unwrap();
+    assert_eq!(
+        object["status"]["qosClass"], "Guaranteed",
+        "{}",
+        object["status"]
+    );
+    node.wait_running(&ns.name, "shared", POD_START).unwrap();
+
+    let claim = claim_env_cpus(&node, &ns.name, "guaranteed");
+    assert_eq!(claim.len(), 1, "got {}", claim.to_cpulist());
+    let pool = online.difference(&claim);
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    let want = if mixed_mode {
+        claim.union(&pool)
+    } else {
+        claim
+    };
+    node.wait_cpus(&ns.name, "guaranteed", "app", &want, CPUSET_CHANGE)
+        .unwrap();
+}
+
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh --vm"]
 fn a_claim_of_two_requests_gets_two_distinct_cpus() {
