@@ -95,6 +95,14 @@ pub enum PrepareError {
         pool: String,
         node: String,
     },
+    #[error(
+        "claim {claim}: request {request} asks admin access to device {device}; dra.cpu gives CPUs to one claim at a time and the scheduler counts none for admin access, so it is not supported"
+    )]
+    AdminAccess {
+        claim: String,
+        request: String,
+        device: String,
+    },
     #[error("claim {claim} is not reserved for any pod{}", not_pods_note(.reserved_for))]
     NoConsumerPod {
         claim: String,
@@ -190,6 +198,7 @@ impl PrepareError {
             PrepareError::NotAllocated { .. } => "not_allocated",
             PrepareError::NotAllocatedToDriver { .. } => "not_allocated_to_driver",
             PrepareError::NotThisNode { .. } => "not_this_node",
+            PrepareError::AdminAccess { .. } => "admin_access",
             PrepareError::NoConsumerPod { .. } => "no_consumer_pod",
             PrepareError::DeviceUnknown { .. } => "device_unknown",
             PrepareError::MissingCapacity { .. } => "missing_capacity",

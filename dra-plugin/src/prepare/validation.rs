@@ -67,6 +67,15 @@ pub fn parse_claim(
                 node: node.to_string(),
             });
         }
+        // The scheduler counts no device or capacity for an admin-access
+        // result, so CPUs given to it would be handed out again.
+        if result.admin_access == Some(true) {
+            return Err(PrepareError::AdminAccess {
+                claim: name,
+                request: result.request.clone(),
+                device: result.device.clone(),
+            });
+        }
         let consumed_cpus = match result
             .consumed_capacity
             .as_ref()
@@ -320,6 +329,24 @@ mod tests {
                     &[POD],
                 ),
                 want: "\"0\" is not a whole positive number",
+            },
+            Case {
+                name: "admin access",
+                requested: UID_A,
+                claim: {
+                    let mut c = claim(UID_A, Some(ok), &[POD]);
+                    if let Some(results) = c
+                        .status
+                        .as_mut()
+                        .and_then(|s| s.allocation.as_mut())
+                        .and_then(|a| a.devices.as_mut())
+                        .and_then(|d| d.results.as_mut())
+                    {
+                        results[0].admin_access = Some(true);
+                    }
+                    c
+                },
+                want: "request req0 asks admin access to device cpudevnuma000",
             },
             Case {
                 name: "no pod",
