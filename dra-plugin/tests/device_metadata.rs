@@ -202,6 +202,40 @@ fn prepare_writes_the_metadata_its_spec_mounts_and_unprepare_removes_both() {
         .exists());
 }
 
+/// Metadata files that cannot be removed (here the claim's directory is
+/// replaced by a file, which fails the listing even for root) do not keep
+/// the claim: once its CDI spec is gone nothing mounts them, so the
+/// unprepare succeeds and its CPUs are free for the next claim. Control:
+/// the same claim's unprepare failed before.
+#[test]
+fn metadata_that_cannot_be_removed_does_not_keep_the_claims_cpus() {
+    let dirs = dirs();
+    let store = Arc::new(MemoryStore::default());
+    let driver = driver(store.clone(), &dirs, true);
+    let (reference, object) = claim(3, "stuck-cpu", 2, None);
+    let prepared = driver
+        .prepare(&reference, &object)
+        .unwrap_or_else(|e| panic!("prepare: {e}"));
+    let claim_dir = dirs.plugin_data.join("dra-device-metadata/team_stuck-cpu");
+    std::fs::remove_dir_all(&claim_dir).unwrap();
+    std::fs::write(&claim_dir, b"not a directory").unwrap();
+
+    driver
+        .unprepare(&reference)
+        .unwrap_or_else(|e| panic!("unprepare: {e}"));
+    assert_eq!(CdiDir::new(&dirs.cdi).read_cpus(&reference.uid), None);
+    assert!(
+        store.list().unwrap().is_empty(),
+        "the claim is still stored"
+    );
+    // Its CPUs go to the next claim of the same device.
+    let (next, next_object) = claim(4, "next-cpu", 2, None);
+    let again = driver
+        .prepare(&next, &next_object)
+        .unwrap_or_else(|e| panic!("prepare after: {e}"));
+    assert_eq!(again.assignment.cpus, prepared.assignment.cpus);
+}
+
 #[test]
 fn a_template_claim_is_mounted_under_its_pod_claim_name() {
     let dirs = dirs();

@@ -50,7 +50,10 @@ impl Driver {
     }
 
     /// The CDI spec first (no container can be given the claim any more),
-    /// then the metadata files it mounted.
+    /// then the metadata files it mounted. Once the spec is gone nothing
+    /// mounts those files again, so one that cannot be removed is logged and
+    /// left for the next start's sweep, not made a reason to keep the
+    /// claim's CPUs.
     pub(super) fn remove_claim_files(&self, claim: &ClaimRef) -> Result<(), ClaimFilesError> {
         match self.cdi.remove(&claim.uid) {
             Ok(()) => {}
@@ -59,7 +62,12 @@ impl Driver {
             Err(e) => return Err(e.into()),
         }
         if let Some(metadata) = &self.metadata {
-            metadata.remove(&claim.namespace, &claim.name, &claim.uid)?;
+            if let Err(error) = metadata.remove(&claim.namespace, &claim.name, &claim.uid) {
+                tracing::warn!(
+                    claim_uid = %claim.uid, %error,
+                    "the claim's device metadata files could not be removed; the next start removes what no prepared claim explains"
+                );
+            }
         }
         Ok(())
     }
