@@ -270,6 +270,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         )
         .context("loading prepared claims")?
         .with_device_metadata(device_metadata)
+        .with_online_cpus(config.sysfs_root.clone())
         .with_tuner(tuner.clone()),
     );
     // Not fatal: the claims' CPUs are right without it, the record keeps

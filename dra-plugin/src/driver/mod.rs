@@ -28,11 +28,13 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use shared_state::alloc::{Allocator, Policy};
 use shared_state::cdi_spec::device_id;
 use shared_state::store::{AssignmentStore, StoreError};
+use shared_state::topology::discover::read_online_cpus;
 use shared_state::topology::Topology;
 use shared_state::tuning::plan::TunedClaim;
 use shared_state::tuning::support::NodeSupport;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -158,6 +160,8 @@ pub struct Driver {
     /// Sets the node's side of claims' tuning; `None` in tools and tests
     /// that leave the kernel alone, where no tuning is honoured.
     tuner: Option<Arc<NodeTuner>>,
+    /// Where the online CPUs are read at every prepare (`with_online_cpus`).
+    online_cpus_root: Option<PathBuf>,
     tuning_support: NodeSupport,
 }
 
@@ -228,6 +232,7 @@ impl Driver {
             metrics,
             store_fault: Arc::default(),
             tuner: None,
+            online_cpus_root: None,
             tuning_support: NodeSupport::none(
                 "low-latency tuning is off on this node (dra-plugin --low-latency-tuning)",
             ),
@@ -241,6 +246,28 @@ impl Driver {
     pub fn with_device_metadata(mut self, metadata: Option<DeviceMetadata>) -> Driver {
         self.metadata = metadata;
         self
+    }
+
+    /// Read the online CPUs under `sysfs_root` at every prepare, so a CPU
+    /// taken offline since start-up is given to no claim.
+    pub fn with_online_cpus(mut self, sysfs_root: PathBuf) -> Driver {
+        self.online_cpus_root = Some(sysfs_root);
+        self
+    }
+
+    /// The node's CPUs offline now: none when not watched or when the list
+    /// cannot be read (an unreadable sysfs says nothing about the CPUs).
+    fn offline_now(&self) -> CpuSet {
+        let Some(root) = &self.online_cpus_root else {
+            return CpuSet::new();
+        };
+        match read_online_cpus(root) {
+            Ok(online) => self.catalog.node_cpus().online.difference(&online),
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the online CPUs at prepare");
+                CpuSet::new()
+            }
+        }
     }
 
     /// Tune the node for claims that ask for it (see [`crate::tuning`]).
@@ -510,6 +537,7 @@ impl Driver {
             &self.catalog,
             &self.allocator,
             &held,
+            &self.offline_now(),
             self.options.policy,
         )?;
         check_shared_pool_floor(

@@ -12,7 +12,9 @@ use crate::devices::{DeviceCatalog, DeviceMode};
 pub mod shared_pool;
 pub mod validation;
 
-use crate::opaque_config::{claim_tuning, cpusets_by_request, validate, OpaqueConfigError};
+use crate::opaque_config::{
+    claim_tuning, cpusets_by_request, validate, NodeCpus, OpaqueConfigError,
+};
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use shared_state::alloc::{AllocError, Allocator, Policy};
 use shared_state::tuning::request::Tuning;
@@ -131,6 +133,12 @@ pub enum PrepareError {
         cpus: CpuSet,
         holder: String,
     },
+    #[error("claim {claim}: device {device}: CPUs {cpus} are offline (taken offline since the node published its devices)")]
+    CpusOffline {
+        claim: String,
+        device: String,
+        cpus: CpuSet,
+    },
     #[error("claim {claim}: device {device}: {requested} CPUs requested but only {free} CPUs of the group ({group}) are free")]
     TooFewFree {
         claim: String,
@@ -204,6 +212,7 @@ impl PrepareError {
             PrepareError::MissingCapacity { .. } => "missing_capacity",
             PrepareError::CapacityNotWhole { .. } => "capacity_not_whole",
             PrepareError::CpusHeld { .. } => "cpus_held",
+            PrepareError::CpusOffline { .. } => "cpus_offline",
             PrepareError::TooFewFree { .. } => "too_few_free",
             PrepareError::Allocation { .. } => "allocation",
             PrepareError::TooManyDevices { .. } => "too_many_devices",
@@ -285,6 +294,7 @@ pub fn resolve_cpus(
         catalog,
         allocator,
         held,
+        &CpuSet::new(),
         policy,
     )
 }
@@ -346,7 +356,11 @@ fn allocation_configs(object: &ResourceClaim) -> &[DeviceAllocationConfiguration
 }
 
 /// [`resolve_cpus`], with the CPUs of requests that an opaque config sets
-/// (grouped devices only) taken from `cpusets` once they are checked.
+/// (grouped devices only) taken from `cpusets` once they are checked, and
+/// `offline` (CPUs of the node taken offline since it published its
+/// devices) given to nobody: an individual device on one is refused, a
+/// group picks among its online CPUs.
+#[allow(clippy::too_many_arguments)]
 pub fn resolve_cpus_configured(
     claim: &ClaimRef,
     parsed: &ParsedClaim,
@@ -354,10 +368,13 @@ pub fn resolve_cpus_configured(
     catalog: &DeviceCatalog,
     allocator: &Allocator,
     held: &HeldCpus<'_>,
+    offline: &CpuSet,
     policy: Policy,
 ) -> Result<CpuSet, PrepareError> {
     let name = claim.to_string();
     let taken = held.taken();
+    let node = catalog.node_cpus();
+    let online_now = node.online.difference(offline);
     let mut chosen = CpuSet::new();
     for device in &parsed.devices {
         let (mode, group) = catalog
@@ -370,6 +387,14 @@ pub fn resolve_cpus_configured(
             })?;
         match mode {
             DeviceMode::Individual => {
+                let down = group.intersection(offline);
+                if !down.is_empty() {
+                    return Err(PrepareError::CpusOffline {
+                        claim: name,
+                        device: device.device.clone(),
+                        cpus: down,
+                    });
+                }
                 let clash = group.intersection(taken);
                 if !clash.is_empty() {
                     let holder = held.holder_of(&clash);
@@ -409,7 +434,10 @@ pub fn resolve_cpus_configured(
                         &device.request,
                         cpus,
                         count,
-                        catalog.node_cpus(),
+                        NodeCpus {
+                            online: &online_now,
+                            reserved: node.reserved,
+                        },
                         (&device.device, group),
                         &taken.union(&chosen),
                         |clash| {
@@ -424,7 +452,10 @@ pub fn resolve_cpus_configured(
                     chosen = chosen.union(cpus);
                     continue;
                 }
-                let free = group.difference(taken).difference(&chosen);
+                let free = group
+                    .difference(taken)
+                    .difference(&chosen)
+                    .difference(offline);
                 if count > free.len() {
                     return Err(PrepareError::TooFewFree {
                         claim: name,
@@ -537,6 +568,98 @@ pub(crate) mod tests {
             &HeldCpus::of_map(UID_A, held),
             policy,
         )
+    }
+
+    /// CPUs taken offline since the devices were published go to nobody:
+    /// an individual device on one is refused by name, a group picks among
+    /// its online CPUs and is refused when too few are left, and an opaque
+    /// cpuset naming one is refused. Control: with nothing offline the same
+    /// claims get those CPUs.
+    #[test]
+    fn offline_cpus_are_given_to_no_claim() {
+        let topo = topology();
+        let allocator = Allocator::new(&topo);
+        let grouped = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Grouped,
+            GroupBy::Numanode,
+        );
+        let individual = catalog(
+            &topo,
+            &CpuSet::new(),
+            DeviceMode::Individual,
+            GroupBy::Numanode,
+        );
+        let numa0 = topo.cpus_in_numa(0);
+        let resolve = |devices: &[DeviceUse],
+                       catalog: &DeviceCatalog,
+                       cpusets: &BTreeMap<String, CpuSet>,
+                       offline: &CpuSet| {
+            resolve_cpus_configured(
+                &claim_ref(UID_A),
+                &parsed(devices),
+                cpusets,
+                catalog,
+                &allocator,
+                &HeldCpus::default(),
+                offline,
+                Policy::Packed,
+            )
+        };
+        let none = BTreeMap::new();
+        let dev0 = individual
+            .cpus_of(&individual_device_name(0))
+            .cloned()
+            .unwrap_or_default();
+
+        // Individual: the device's CPU offline.
+        let error = resolve(&[("cpudev000", None)], &individual, &none, &dev0)
+            .expect_err("an offline CPU's device");
+        assert_eq!(error.reason(), "cpus_offline", "{error}");
+        assert!(error.to_string().contains("are offline"), "{error}");
+        assert_eq!(
+            resolve(&[("cpudev000", None)], &individual, &none, &CpuSet::new()).ok(),
+            Some(dev0.clone())
+        );
+
+        // Grouped: the whole group but one CPU asks for one too many; with
+        // one fewer, every online CPU of the group and not the offline one.
+        let first = numa0.first().unwrap_or(0);
+        let off = set(&first.to_string());
+        let all = numa0.len() as u32;
+        let error = resolve(&[("cpudevnuma000", Some(all))], &grouped, &none, &off)
+            .expect_err("more CPUs than are online");
+        assert_eq!(error.reason(), "too_few_free", "{error}");
+        let got = resolve(&[("cpudevnuma000", Some(all - 1))], &grouped, &none, &off)
+            .expect("the online rest of the group");
+        assert_eq!(got, numa0.difference(&off));
+        assert_eq!(
+            resolve(
+                &[("cpudevnuma000", Some(all))],
+                &grouped,
+                &none,
+                &CpuSet::new()
+            )
+            .ok(),
+            Some(numa0.clone())
+        );
+
+        // An opaque cpuset naming the offline CPU.
+        let named: BTreeMap<String, CpuSet> = [("cpus".to_string(), off.clone())].into();
+        let error = resolve(&[("cpudevnuma000", Some(1))], &grouped, &named, &off)
+            .expect_err("an opaque cpuset of an offline CPU");
+        assert!(error.to_string().contains("not online"), "{error}");
+        assert_eq!(
+            resolve(
+                &[("cpudevnuma000", Some(1))],
+                &grouped,
+                &named,
+                &CpuSet::new()
+            )
+            .ok(),
+            Some(off)
+        );
     }
 
     #[test]
