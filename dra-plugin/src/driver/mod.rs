@@ -498,6 +498,8 @@ impl Driver {
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Prepared, PrepareError> {
+        // Read before the lock: concurrent prepares wait for nothing slower.
+        let offline = self.offline_now();
         let mut state = self.lock_idle(&claim.uid);
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
             return self.ensure_cdi(claim, assignment);
@@ -537,7 +539,7 @@ impl Driver {
             &self.catalog,
             &self.allocator,
             &held,
-            &self.offline_now(),
+            &offline,
             self.options.policy,
         )?;
         check_shared_pool_floor(
