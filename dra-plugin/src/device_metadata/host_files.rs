@@ -69,7 +69,11 @@ impl DeviceMetadata {
             write_file(&file.host_path, &file.body)?;
         }
         for path in &plan.remove {
-            remove_path(path)?;
+            // Mounted by no spec (no stored claim explains it): one that
+            // cannot be removed is logged, not a reason to refuse the start.
+            if let Err(error) = remove_path(path) {
+                tracing::warn!(path = %path.display(), %error, "a device metadata file no prepared claim explains could not be removed");
+            }
         }
         Ok(plan)
     }

@@ -65,7 +65,7 @@ impl Driver {
             if let Err(error) = metadata.remove(&claim.namespace, &claim.name, &claim.uid) {
                 tracing::warn!(
                     claim_uid = %claim.uid, %error,
-                    "the claim's device metadata files could not be removed; the next start removes what no prepared claim explains"
+                    "the claim's device metadata files could not be removed; nothing mounts them any more, and each start tries again to remove what no prepared claim explains"
                 );
             }
         }

@@ -542,10 +542,11 @@ impl Driver {
             &offline,
             self.options.policy,
         )?;
+        // An offline CPU left over shares nothing.
         check_shared_pool_floor(
             claim,
             &cpus,
-            self.catalog.allocatable(),
+            &self.catalog.allocatable().difference(&offline),
             &held,
             self.options.min_shared_cpus,
         )?;

@@ -139,13 +139,15 @@ pub enum PrepareError {
         device: String,
         cpus: CpuSet,
     },
-    #[error("claim {claim}: device {device}: {requested} CPUs requested but only {free} CPUs of the group ({group}) are free")]
+    #[error("claim {claim}: device {device}: {requested} CPUs requested but only {free} CPUs of the group ({group}) are free{}", offline_note(.offline))]
     TooFewFree {
         claim: String,
         device: String,
         requested: usize,
         free: usize,
         group: CpuSet,
+        /// CPUs of the group taken offline since the devices were published.
+        offline: CpuSet,
     },
     #[error("claim {claim}: device {device}: {source}")]
     Allocation {
@@ -193,6 +195,15 @@ pub enum PrepareError {
     Cdi { claim: String, reason: String },
     #[error("claim {claim}: {reason}")]
     Internal { claim: String, reason: String },
+}
+
+/// The part of a refusal that names CPUs taken offline, if any.
+fn offline_note(offline: &CpuSet) -> String {
+    if offline.is_empty() {
+        String::new()
+    } else {
+        format!(" (CPUs {offline} of it are offline)")
+    }
 }
 
 impl PrepareError {
@@ -463,6 +474,7 @@ pub fn resolve_cpus_configured(
                         requested: count,
                         free: free.len(),
                         group: group.clone(),
+                        offline: group.intersection(offline),
                     });
                 }
                 let picked = allocator.allocate(&free, count, policy).map_err(|source| {
@@ -631,6 +643,12 @@ pub(crate) mod tests {
         let error = resolve(&[("cpudevnuma000", Some(all))], &grouped, &none, &off)
             .expect_err("more CPUs than are online");
         assert_eq!(error.reason(), "too_few_free", "{error}");
+        assert!(
+            error
+                .to_string()
+                .ends_with(&format!("(CPUs {first} of it are offline)")),
+            "{error}"
+        );
         let got = resolve(&[("cpudevnuma000", Some(all - 1))], &grouped, &none, &off)
             .expect("the online rest of the group");
         assert_eq!(got, numa0.difference(&off));
