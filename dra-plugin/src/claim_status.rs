@@ -211,11 +211,55 @@ pub struct StatusWriteStats {
     warned: AtomicBool,
 }
 
-/// Status writes waiting for the writer's one background task: the newest
-/// body per claim (an older one is never worth sending once a newer exists).
+/// How often a write that failed for a reason that may pass (the API server
+/// unreachable, overloaded or failing) is tried in all, and the pause before
+/// the second try; each later pause doubles (1 + 2 + 4 + 8 s).
+const ATTEMPTS: u32 = 5;
+const FIRST_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ClaimStatusError {
+    /// Whether the same write may succeed later: the server could not be
+    /// reached, or answered 429 or 5xx. A refusal of the write itself (4xx:
+    /// a field the release does not have, no permission) will not pass.
+    fn may_pass(&self) -> bool {
+        match self {
+            ClaimStatusError::Api(kube::Error::Api(status)) => {
+                status.code == 429 || status.code >= 500
+            }
+            ClaimStatusError::Api(_) => true,
+        }
+    }
+}
+
+/// A body waiting to be sent, and how many times it was tried.
+struct Queued {
+    claim: ClaimRef,
+    body: Value,
+    what: &'static str,
+    attempt: u32,
+}
+
+/// What the writer knows of one claim's status writes.
+#[derive(Default)]
+struct ClaimWrites {
+    /// Bumped by every body queued for the claim: a retry or repair begun
+    /// under an older generation is stale (a newer body, an unprepare's
+    /// among them, decides) and is dropped.
+    generation: u64,
+    /// The newest body not yet sent (an older one is never worth sending
+    /// once a newer exists).
+    queued: Option<Queued>,
+    /// The claim's prepared status is on the server: written by this
+    /// process, or found there by a repair.
+    prepared_on_server: bool,
+    /// A retry waits for its pause, or a repair reads the claim.
+    repairing: bool,
+}
+
+/// Status writes waiting for the writer's one background task, by claim UID.
 #[derive(Default)]
 struct PendingWrites {
-    bodies: std::sync::Mutex<BTreeMap<String, (ClaimRef, Value, &'static str)>>,
+    claims: std::sync::Mutex<BTreeMap<String, ClaimWrites>>,
     wake: tokio::sync::Notify,
     worker_started: AtomicBool,
 }
@@ -225,13 +269,23 @@ struct PendingWrites {
 /// once, competing for the node's CPUs with the prepares themselves; a
 /// queue that keeps only the newest body per claim sends each claim's final
 /// state once the burst has passed, and never more requests at once than
-/// one.
+/// one. A write that failed for a reason that may pass is tried again after
+/// a pause (up to [`ATTEMPTS`] in all), unless a newer body replaced it.
 #[derive(Clone)]
 pub struct ClaimStatusWriter {
     sink: Arc<dyn ClaimStatusSink>,
     field_manager: String,
     pub stats: Arc<StatusWriteStats>,
     pending: Arc<PendingWrites>,
+}
+
+/// A repair of a claim's prepared status under way: see
+/// [`ClaimStatusWriter::begin_repair`].
+#[derive(Debug)]
+#[must_use = "a repair must be finished or abandoned"]
+pub struct Repair {
+    uid: String,
+    generation: u64,
 }
 
 impl ClaimStatusWriter {
@@ -249,12 +303,28 @@ impl ClaimStatusWriter {
     }
 
     /// Queue `body` for the claim's status without making anyone wait; it
-    /// replaces a body of the same claim not yet sent.
+    /// replaces a body of the same claim not yet sent, and any retry or
+    /// repair of an older one.
     pub fn spawn_apply(&self, claim: &ClaimRef, body: Value, what: &'static str) {
         {
-            let mut bodies = shared_state::sync::lock(&self.pending.bodies);
-            bodies.insert(claim.uid.clone(), (claim.clone(), body, what));
+            let mut claims = shared_state::sync::lock(&self.pending.claims);
+            let entry = claims.entry(claim.uid.clone()).or_default();
+            // Retries and repairs of older bodies see the new generation
+            // and drop theirs.
+            entry.generation += 1;
+            entry.repairing = false;
+            entry.prepared_on_server = false;
+            entry.queued = Some(Queued {
+                claim: claim.clone(),
+                body,
+                what,
+                attempt: 1,
+            });
         }
+        self.wake_worker();
+    }
+
+    fn wake_worker(&self) {
         if !self.pending.worker_started.swap(true, Ordering::AcqRel) {
             let writer = self.clone();
             tokio::spawn(async move { writer.drain_forever().await });
@@ -262,28 +332,162 @@ impl ClaimStatusWriter {
         self.pending.wake.notify_one();
     }
 
-    /// The background task: sends what is queued, oldest claim key first,
+    /// A prepare was answered from the store, so no status body was made
+    /// for it. If this process has not seen the claim's prepared status
+    /// reach the server (it crashed before the write, or was restarted) and
+    /// nothing for the claim is queued or being repaired, the caller is to
+    /// read the claim and [`finish_repair`](Self::finish_repair); `None`
+    /// otherwise.
+    pub fn begin_repair(&self, uid: &str) -> Option<Repair> {
+        let mut claims = shared_state::sync::lock(&self.pending.claims);
+        let entry = claims.entry(uid.to_string()).or_default();
+        if entry.prepared_on_server || entry.repairing || entry.queued.is_some() {
+            return None;
+        }
+        entry.repairing = true;
+        Some(Repair {
+            uid: uid.to_string(),
+            generation: entry.generation,
+        })
+    }
+
+    /// End a repair with what it found: a body to write is queued unless a
+    /// newer body for the claim came meanwhile (an unprepare's clear decides
+    /// then); a claim that could not be read is repaired at the next
+    /// prepare answered from the store.
+    pub fn finish_repair(&self, repair: Repair, claim: &ClaimRef, outcome: RepairOutcome) {
+        {
+            let mut claims = shared_state::sync::lock(&self.pending.claims);
+            let Some(entry) = claims.get_mut(&repair.uid) else {
+                return;
+            };
+            if entry.generation != repair.generation {
+                return;
+            }
+            entry.repairing = false;
+            match outcome {
+                RepairOutcome::AlreadyOnServer => {
+                    entry.prepared_on_server = true;
+                    return;
+                }
+                RepairOutcome::Unread => return,
+                RepairOutcome::Write(body) => {
+                    entry.generation += 1;
+                    entry.queued = Some(Queued {
+                        claim: claim.clone(),
+                        body,
+                        what: "prepare (repair)",
+                        attempt: 1,
+                    });
+                }
+            }
+        }
+        self.wake_worker();
+    }
+
+    /// The background task: sends what is queued, lowest claim UID first,
     /// then sleeps until more is queued.
     async fn drain_forever(self) {
         loop {
-            let batch = std::mem::take(&mut *shared_state::sync::lock(&self.pending.bodies));
+            let batch: Vec<(String, u64, Queued)> = {
+                let mut claims = shared_state::sync::lock(&self.pending.claims);
+                claims
+                    .iter_mut()
+                    .filter_map(|(uid, entry)| {
+                        let queued = entry.queued.take()?;
+                        Some((uid.clone(), entry.generation, queued))
+                    })
+                    .collect()
+            };
             if batch.is_empty() {
                 self.pending.wake.notified().await;
                 continue;
             }
-            for (_, (claim, body, what)) in batch {
-                self.apply(&claim, body, what).await;
+            for (uid, generation, queued) in batch {
+                let outcome = self
+                    .apply(&queued.claim, queued.body.clone(), queued.what)
+                    .await;
+                self.settle(uid, generation, queued, outcome);
             }
         }
     }
 
-    /// Bodies queued and not yet sent.
-    pub fn queued(&self) -> usize {
-        shared_state::sync::lock(&self.pending.bodies).len()
+    /// Record what a sent body achieved: a prepared status on the server, a
+    /// claim whose clear went through (forgotten), or a retry after a pause.
+    fn settle(
+        &self,
+        uid: String,
+        generation: u64,
+        queued: Queued,
+        outcome: Result<(), ClaimStatusError>,
+    ) {
+        let mut claims = shared_state::sync::lock(&self.pending.claims);
+        let Some(entry) = claims.get_mut(&uid) else {
+            return;
+        };
+        if entry.generation != generation {
+            return;
+        }
+        let unprepare = queued.what == "unprepare";
+        match outcome {
+            Ok(()) if unprepare => {
+                if entry.queued.is_none() && !entry.repairing {
+                    claims.remove(&uid);
+                }
+            }
+            Ok(()) => entry.prepared_on_server = true,
+            Err(e) if e.may_pass() && queued.attempt < ATTEMPTS => {
+                entry.repairing = true;
+                let pause = FIRST_RETRY_PAUSE * 2u32.pow(queued.attempt - 1);
+                let writer = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    writer.retry(uid, generation, queued);
+                });
+            }
+            Err(_) if unprepare => {
+                claims.remove(&uid);
+            }
+            Err(_) => {}
+        }
     }
 
-    /// Apply `body` now; the outcome is counted and logged, never returned.
-    pub async fn apply(&self, claim: &ClaimRef, body: Value, what: &'static str) {
+    /// Queue a failed body again after its pause, unless a newer body of
+    /// the claim came meanwhile.
+    fn retry(&self, uid: String, generation: u64, queued: Queued) {
+        {
+            let mut claims = shared_state::sync::lock(&self.pending.claims);
+            let Some(entry) = claims.get_mut(&uid) else {
+                return;
+            };
+            if entry.generation != generation {
+                return;
+            }
+            entry.repairing = false;
+            entry.queued = Some(Queued {
+                attempt: queued.attempt + 1,
+                ..queued
+            });
+        }
+        self.wake_worker();
+    }
+
+    /// Bodies queued and not yet sent.
+    pub fn queued(&self) -> usize {
+        shared_state::sync::lock(&self.pending.claims)
+            .values()
+            .filter(|entry| entry.queued.is_some())
+            .count()
+    }
+
+    /// Apply `body` now; the outcome is counted and logged, and returned
+    /// only to decide a retry.
+    pub async fn apply(
+        &self,
+        claim: &ClaimRef,
+        body: Value,
+        what: &'static str,
+    ) -> Result<(), ClaimStatusError> {
         match self
             .sink
             .apply_status(&claim.namespace, &claim.name, &self.field_manager, body)
@@ -292,19 +496,51 @@ impl ClaimStatusWriter {
             Ok(found) => {
                 self.stats.written.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(claim = %claim, what, found, "claim status written");
+                Ok(())
             }
             Err(error) => {
-                let error = crate::api_client::error_chain(&error);
+                let chain = crate::api_client::error_chain(&error);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 if !self.stats.warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(claim = %claim, what, %error,
-                        "writing the claim's device status failed (the prepare is not affected; later failures are logged at debug and counted in dra_cpu_claim_status_write_failures_total)");
+                    tracing::warn!(claim = %claim, what, error = %chain,
+                        "writing the claim's device status failed (the prepare is not affected; a failure that may pass is tried again; later failures are logged at debug and counted in dra_cpu_claim_status_write_failures_total)");
                 } else {
-                    tracing::debug!(claim = %claim, what, %error, "writing the claim's device status failed");
+                    tracing::debug!(claim = %claim, what, error = %chain, "writing the claim's device status failed");
                 }
+                Err(error)
             }
         }
     }
+}
+
+/// What a repair found: see [`ClaimStatusWriter::finish_repair`].
+#[derive(Debug)]
+pub enum RepairOutcome {
+    /// The claim's status already has this driver's entries.
+    AlreadyOnServer,
+    /// The claim could not be read; nothing to do until the next prepare.
+    Unread,
+    /// The body to write.
+    Write(Value),
+}
+
+/// Whether the claim's status already holds an entry of `driver` for every
+/// one of `results`.
+pub fn status_has_entries(object: &ResourceClaim, driver: &str, results: &[ResultKey]) -> bool {
+    let entries = object
+        .status
+        .as_ref()
+        .and_then(|s| s.devices.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    results.iter().all(|result| {
+        entries.iter().any(|entry| {
+            entry.driver == driver
+                && entry.pool == result.pool
+                && entry.device == result.device
+                && entry.share_id == result.share_id
+        })
+    })
 }
 
 #[cfg(test)]
@@ -421,16 +657,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_write_is_counted_and_returns_nothing() {
+    async fn a_failed_write_is_counted() {
         let sink = Arc::new(Failing(AtomicU64::new(0)));
         let stats = Arc::new(StatusWriteStats::default());
         let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", stats.clone());
-        writer
-            .apply(&claim(), cleared_status(&claim()), "unprepare")
-            .await;
-        writer
-            .apply(&claim(), cleared_status(&claim()), "unprepare")
-            .await;
+        for _ in 0..2 {
+            let outcome = writer
+                .apply(&claim(), cleared_status(&claim()), "unprepare")
+                .await;
+            assert!(outcome.is_err_and(|e| !e.may_pass()), "a 422 will not pass");
+        }
         assert_eq!(sink.0.load(Ordering::Relaxed), 2);
         assert_eq!(stats.failed.load(Ordering::Relaxed), 2);
         assert_eq!(stats.written.load(Ordering::Relaxed), 0);
@@ -506,5 +742,156 @@ mod tests {
             "no more than one stale body: {}",
             seen.len()
         );
+    }
+
+    /// Answers the first `fail` writes with `code`, then succeeds; keeps
+    /// the `what` of every body it saw (its `v` field) in order.
+    struct Flaky {
+        code: u16,
+        fail: AtomicU64,
+        seen: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Flaky {
+        fn new(code: u16, fail: u64) -> Arc<Flaky> {
+            Arc::new(Flaky {
+                code,
+                fail: AtomicU64::new(fail),
+                seen: std::sync::Mutex::new(Vec::new()),
+            })
+        }
+
+        fn seen(&self) -> Vec<String> {
+            shared_state::sync::lock(&self.seen).clone()
+        }
+    }
+
+    #[tonic::async_trait]
+    impl ClaimStatusSink for Flaky {
+        async fn apply_status(
+            &self,
+            _: &str,
+            _: &str,
+            _: &str,
+            body: Value,
+        ) -> Result<bool, ClaimStatusError> {
+            let v = body["v"].as_str().unwrap_or("clear").to_string();
+            let failing = self
+                .fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            shared_state::sync::lock(&self.seen)
+                .push(format!("{v}{}", if failing { " failed" } else { "" }));
+            if failing {
+                let mut status = kube::core::Status::failure("injected", "Injected");
+                status.code = self.code;
+                return Err(kube::Error::Api(status.boxed()).into());
+            }
+            Ok(true)
+        }
+    }
+
+    /// Until the writer has nothing queued or waiting (paused time moves on
+    /// by itself while every task sleeps).
+    async fn settled(writer: &ClaimStatusWriter) {
+        for _ in 0..1000 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let busy = shared_state::sync::lock(&writer.pending.claims)
+                .values()
+                .any(|e| e.queued.is_some() || e.repairing);
+            if !busy {
+                return;
+            }
+        }
+        panic!("the writer never settled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_may_pass_is_tried_again_and_a_refused_one_is_not() {
+        // Control first: a 422 is a refusal of the body itself.
+        for (code, fail, want) in [
+            (500, 2, vec!["prepare failed", "prepare failed", "prepare"]),
+            (503, 9, vec!["prepare failed"; ATTEMPTS as usize]),
+            (429, 1, vec!["prepare failed", "prepare"]),
+            (422, 1, vec!["prepare failed"]),
+            (403, 1, vec!["prepare failed"]),
+        ] {
+            let sink = Flaky::new(code, fail);
+            let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", Arc::default());
+            writer.spawn_apply(&claim(), json!({"v": "prepare"}), "prepare");
+            settled(&writer).await;
+            assert_eq!(sink.seen(), want, "{code} failing {fail} times");
+            let on_server = shared_state::sync::lock(&writer.pending.claims)
+                .get(&claim().uid)
+                .is_some_and(|e| e.prepared_on_server);
+            assert_eq!(on_server, want.last() == Some(&"prepare"), "{code}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_waiting_for_its_pause_is_dropped_for_a_newer_body() {
+        let sink = Flaky::new(500, 1);
+        let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", Arc::default());
+        writer.spawn_apply(&claim(), json!({"v": "prepare"}), "prepare");
+        // The prepare's body fails; the unprepare comes during the pause.
+        for _ in 0..100 {
+            if !sink.seen().is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        writer.spawn_apply(&claim(), cleared_status(&claim()), "unprepare");
+        settled(&writer).await;
+        tokio::time::sleep(FIRST_RETRY_PAUSE * 4).await;
+        assert_eq!(sink.seen(), vec!["prepare failed", "clear"]);
+        assert!(
+            shared_state::sync::lock(&writer.pending.claims).is_empty(),
+            "a cleared claim is forgotten"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repair_writes_only_what_this_process_has_not_seen_written() {
+        let sink = Flaky::new(500, 0);
+        let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", Arc::default());
+        // Nothing known of the claim (a restarted process): repaired.
+        let repair = writer.begin_repair(&claim().uid).expect("a repair begins");
+        assert!(
+            writer.begin_repair(&claim().uid).is_none(),
+            "one repair at a time"
+        );
+        writer.finish_repair(
+            repair,
+            &claim(),
+            RepairOutcome::Write(json!({"v": "repair"})),
+        );
+        settled(&writer).await;
+        assert_eq!(sink.seen(), vec!["repair"]);
+        // Written: no second repair.
+        assert!(writer.begin_repair(&claim().uid).is_none());
+
+        // Found on the server: nothing written, and no repair again.
+        let other = ClaimRef {
+            uid: "aaaaaaaa-0000-0000-0000-000000000002".into(),
+            ..claim()
+        };
+        let repair = writer.begin_repair(&other.uid).expect("a repair begins");
+        writer.finish_repair(repair, &other, RepairOutcome::AlreadyOnServer);
+        assert!(writer.begin_repair(&other.uid).is_none());
+
+        // Unread: the next prepare tries again.
+        let third = ClaimRef {
+            uid: "aaaaaaaa-0000-0000-0000-000000000003".into(),
+            ..claim()
+        };
+        let repair = writer.begin_repair(&third.uid).expect("a repair begins");
+        writer.finish_repair(repair, &third, RepairOutcome::Unread);
+        let repair = writer.begin_repair(&third.uid).expect("tried again");
+        // The claim is unprepared while the repair reads it: its body is
+        // dropped, the clear decides.
+        writer.spawn_apply(&third, cleared_status(&third), "unprepare");
+        writer.finish_repair(repair, &third, RepairOutcome::Write(json!({"v": "stale"})));
+        settled(&writer).await;
+        assert_eq!(sink.seen(), vec!["repair", "clear"]);
     }
 }

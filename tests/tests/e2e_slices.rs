@@ -360,6 +360,83 @@ async fn a_prepared_claims_status_names_its_cpus_and_is_cleared_at_unprepare() {
     assert!(left.is_empty(), "cleared at unprepare: {left:?}");
 }
 
+/// Waits until dra-plugin's metrics contain `line`.
+async fn wait_metric(node: &Node, line: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = node.dra_metrics().await.unwrap_or_default();
+        if text.contains(line) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "no {line}: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_status_write_the_server_failed_is_tried_again() {
+    let node = node(NodeOptions::default()).await;
+    // 500 (kube's client itself tries 429, 503 and 504 again).
+    node.api().fail_next("PATCH", "resourceclaims", 500, 2);
+    let pod = PodIdentity::new("pod-t");
+    let claim = node
+        .create_claim("pod-t-cpu", 1, &pod)
+        .await
+        .must("prepare");
+    // Two failures, then the third try (after 1 s and 2 s) lands.
+    wait_metric(&node, "dra_cpu_claim_status_write_failures_total 2").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let entries = loop {
+        let got = device_statuses(&node, "pod-t-cpu");
+        if !got.is_empty() || std::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(entries.len(), 1, "written by a retry: {entries:?}");
+    assert_eq!(entries[0]["data"]["cpus"], claim.cpus.to_cpulist());
+}
+
+#[tokio::test]
+async fn a_status_lost_to_a_refused_write_is_repaired_at_the_claims_next_prepare() {
+    let node = node(NodeOptions::default()).await;
+    // A refusal (403) is not tried again: the status stays empty...
+    node.api().fail_next("PATCH", "resourceclaims", 403, 1);
+    let pod = PodIdentity::new("pod-r");
+    let first = node
+        .create_claim("pod-r-cpu", 1, &pod)
+        .await
+        .must("prepare");
+    wait_metric(&node, "dra_cpu_claim_status_write_failures_total 1").await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        device_statuses(&node, "pod-r-cpu").is_empty(),
+        "the control: a refused write leaves no status and is not retried"
+    );
+    // ...until kubelet prepares the claim again (another container of the
+    // pod, a kubelet restart): answered from the store, the status repaired.
+    let again = node.prepare(&first.claim).await.must("prepare again");
+    assert_eq!(again.cpus, first.cpus);
+    let entries = wait_device_statuses(&node, "pod-r-cpu", true).await;
+    assert_eq!(entries.len(), 1, "repaired: {entries:?}");
+    assert_eq!(entries[0]["data"]["cpus"], first.cpus.to_cpulist());
+    // Once there, a further prepare reads nothing and writes nothing.
+    wait_metric(&node, "dra_cpu_claim_status_writes_total 1").await;
+    node.prepare(&first.claim)
+        .await
+        .must("prepare a third time");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(node
+        .dra_metrics()
+        .await
+        .unwrap_or_default()
+        .contains("dra_cpu_claim_status_writes_total 1"));
+
+    node.unprepare(&first.claim).await.must("unprepare");
+    let left = wait_device_statuses(&node, "pod-r-cpu", false).await;
+    assert!(left.is_empty(), "cleared at unprepare: {left:?}");
+}
+
 #[tokio::test]
 async fn a_failing_status_write_never_fails_the_prepare() {
     let node = node(NodeOptions::default()).await;

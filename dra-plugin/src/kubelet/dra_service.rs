@@ -9,7 +9,8 @@
 //! where it failed.
 
 use crate::claim_status::{
-    cleared_status, now_rfc3339, prepared_status, results_of, ClaimStatusWriter, CpuPlaces,
+    cleared_status, now_rfc3339, prepared_status, results_of, status_has_entries,
+    ClaimStatusWriter, CpuPlaces, RepairOutcome, ResultKey,
 };
 use crate::driver::{Driver, Prepared};
 use crate::prepare::{ClaimRef, PrepareError};
@@ -65,6 +66,26 @@ impl ClaimSource for KubeClaims {
     }
 }
 
+/// The status body of a prepared claim with these results.
+fn status_body(
+    driver: &Driver,
+    claim: &ClaimRef,
+    results: &[ResultKey],
+    prepared: &Prepared,
+    places: &CpuPlaces,
+) -> serde_json::Value {
+    let catalog = driver.catalog();
+    prepared_status(
+        claim,
+        &driver.options().driver_name,
+        results,
+        &prepared.assignment,
+        |device| catalog.cpus_of(device).cloned(),
+        places,
+        &now_rfc3339(),
+    )
+}
+
 /// The DRA service shared by both API versions.
 #[derive(Clone)]
 pub struct DraService {
@@ -117,6 +138,9 @@ impl DraService {
                     }))
                 });
                 if let Some(answer) = known {
+                    if let Ok(prepared) = &answer {
+                        self.repair_status(&claim, prepared);
+                    }
                     return answer;
                 }
             }
@@ -154,16 +178,7 @@ impl DraService {
                 })
             });
             if let (Ok(prepared), Some((writer, places))) = (&prepared, &self.status) {
-                let catalog = self.driver.catalog();
-                let body = prepared_status(
-                    &claim,
-                    &self.driver.options().driver_name,
-                    &results,
-                    &prepared.assignment,
-                    |device| catalog.cpus_of(device).cloned(),
-                    places,
-                    &now_rfc3339(),
-                );
+                let body = status_body(&self.driver, &claim, &results, prepared, places);
                 writer.spawn_apply(&claim, body, "prepare");
             }
             prepared
@@ -185,6 +200,49 @@ impl DraService {
             .upstream
             .record_prepare(OpResult::of(&result), started.elapsed());
         result
+    }
+
+    /// A prepare answered from the store makes no status body. If this
+    /// process has not seen the claim's prepared status reach the server (it
+    /// was restarted, or stopped between the commit and the write), the claim
+    /// is read in the background and its status written unless it is there.
+    fn repair_status(&self, claim: &ClaimRef, prepared: &Prepared) {
+        let Some((writer, places)) = &self.status else {
+            return;
+        };
+        let Some(repair) = writer.begin_repair(&claim.uid) else {
+            return;
+        };
+        let (writer, places) = (writer.clone(), places.clone());
+        let (claims, driver) = (self.claims.clone(), self.driver.clone());
+        let (claim, prepared) = (claim.clone(), prepared.clone());
+        let span = tracing::debug_span!("repair_status", claim_uid = %claim.uid);
+        tokio::spawn(
+            async move {
+                let driver_name = &driver.options().driver_name;
+                let outcome = match claims.get(&claim.namespace, &claim.name).await {
+                    Ok(Some(object)) if object.metadata.uid.as_deref() == Some(&claim.uid) => {
+                        let results = results_of(&object, driver_name);
+                        if status_has_entries(&object, driver_name, &results) {
+                            RepairOutcome::AlreadyOnServer
+                        } else {
+                            RepairOutcome::Write(status_body(
+                                &driver, &claim, &results, &prepared, &places,
+                            ))
+                        }
+                    }
+                    // Gone or replaced: its unprepare follows.
+                    Ok(_) => RepairOutcome::Unread,
+                    Err(error) => {
+                        tracing::debug!(error = %crate::api_client::error_chain(&error),
+                            "reading the claim to repair its status failed; tried again at its next prepare");
+                        RepairOutcome::Unread
+                    }
+                };
+                writer.finish_repair(repair, &claim, outcome);
+            }
+            .instrument(span),
+        );
     }
 
     pub async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
