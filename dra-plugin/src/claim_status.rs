@@ -8,7 +8,10 @@
 //! driver's field manager, so an apply of an empty list removes exactly the
 //! entries this driver wrote. The write runs after the prepare has answered
 //! kubelet and never fails it: an API server without the field (or any
-//! failed write) is logged (at warn the first time) and counted.
+//! failed write) is logged (at warn the first time) and counted. A write
+//! that may pass is tried again after a pause, and a prepared status still
+//! missing when kubelet prepares the claim again is repaired then (see
+//! [`ClaimStatusWriter`]).
 
 use crate::prepare::ClaimRef;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -25,6 +28,9 @@ pub enum ClaimStatusError {
     /// The API server could not be asked, or refused.
     #[error(transparent)]
     Api(#[from] kube::Error),
+    /// No answer within the writer's time limit.
+    #[error("no answer within {}s", WRITE_TIMEOUT.as_secs())]
+    TimedOut,
 }
 
 /// Where status applies go.
@@ -212,21 +218,31 @@ pub struct StatusWriteStats {
 }
 
 /// How often a write that failed for a reason that may pass (the API server
-/// unreachable, overloaded or failing) is tried in all, and the pause before
-/// the second try; each later pause doubles (1 + 2 + 4 + 8 s).
+/// unreachable or failing) is tried in all, and the pause before the second
+/// try; each later pause doubles (1 + 2 + 4 + 8 s).
 const ATTEMPTS: u32 = 5;
 const FIRST_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The longest one write may take, kube's own retries included, before it
+/// counts as failed: the writer sends one at a time, so a hung write would
+/// hold back every other claim's.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl ClaimStatusError {
     /// Whether the same write may succeed later: the server could not be
-    /// reached, or answered 429 or 5xx. A refusal of the write itself (4xx:
-    /// a field the release does not have, no permission) will not pass.
+    /// reached or did not answer in time, or failed with a 5xx. 429, 503
+    /// and 504 are not among them: kube's client has already tried those
+    /// again, for minutes, before it returns them. A refusal of the write
+    /// itself (4xx: a field the release does not have, no permission), or a
+    /// request or answer that cannot be built or read, will not pass.
     fn may_pass(&self) -> bool {
         match self {
             ClaimStatusError::Api(kube::Error::Api(status)) => {
-                status.code == 429 || status.code >= 500
+                status.code >= 500 && !matches!(status.code, 503 | 504)
             }
-            ClaimStatusError::Api(_) => true,
+            ClaimStatusError::Api(kube::Error::HyperError(_) | kube::Error::Service(_)) => true,
+            ClaimStatusError::Api(_) => false,
+            ClaimStatusError::TimedOut => true,
         }
     }
 }
@@ -254,6 +270,8 @@ struct ClaimWrites {
     prepared_on_server: bool,
     /// A retry waits for its pause, or a repair reads the claim.
     repairing: bool,
+    /// The worker has taken a body of the claim and not yet settled it.
+    sending: bool,
 }
 
 /// Status writes waiting for the writer's one background task, by claim UID.
@@ -334,14 +352,15 @@ impl ClaimStatusWriter {
 
     /// A prepare was answered from the store, so no status body was made
     /// for it. If this process has not seen the claim's prepared status
-    /// reach the server (it crashed before the write, or was restarted) and
-    /// nothing for the claim is queued or being repaired, the caller is to
-    /// read the claim and [`finish_repair`](Self::finish_repair); `None`
-    /// otherwise.
+    /// reach the server (its write was refused or gave up, or the process
+    /// was restarted, or stopped between the commit and the write) and
+    /// nothing for the claim is queued, being sent or being repaired, the
+    /// caller is to read the claim and [`finish_repair`](Self::finish_repair);
+    /// `None` otherwise.
     pub fn begin_repair(&self, uid: &str) -> Option<Repair> {
         let mut claims = shared_state::sync::lock(&self.pending.claims);
         let entry = claims.entry(uid.to_string()).or_default();
-        if entry.prepared_on_server || entry.repairing || entry.queued.is_some() {
+        if entry.prepared_on_server || entry.repairing || entry.sending || entry.queued.is_some() {
             return None;
         }
         entry.repairing = true;
@@ -395,6 +414,7 @@ impl ClaimStatusWriter {
                     .iter_mut()
                     .filter_map(|(uid, entry)| {
                         let queued = entry.queued.take()?;
+                        entry.sending = true;
                         Some((uid.clone(), entry.generation, queued))
                     })
                     .collect()
@@ -425,15 +445,16 @@ impl ClaimStatusWriter {
         let Some(entry) = claims.get_mut(&uid) else {
             return;
         };
+        entry.sending = false;
         if entry.generation != generation {
             return;
         }
         let unprepare = queued.what == "unprepare";
         match outcome {
+            // The claim is done with; a repair still reading it finds no
+            // entry and drops what it read.
             Ok(()) if unprepare => {
-                if entry.queued.is_none() && !entry.repairing {
-                    claims.remove(&uid);
-                }
+                claims.remove(&uid);
             }
             Ok(()) => entry.prepared_on_server = true,
             Err(e) if e.may_pass() && queued.attempt < ATTEMPTS => {
@@ -488,11 +509,13 @@ impl ClaimStatusWriter {
         body: Value,
         what: &'static str,
     ) -> Result<(), ClaimStatusError> {
-        match self
-            .sink
-            .apply_status(&claim.namespace, &claim.name, &self.field_manager, body)
+        let write =
+            self.sink
+                .apply_status(&claim.namespace, &claim.name, &self.field_manager, body);
+        let outcome = tokio::time::timeout(WRITE_TIMEOUT, write)
             .await
-        {
+            .unwrap_or(Err(ClaimStatusError::TimedOut));
+        match outcome {
             Ok(found) => {
                 self.stats.written.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(claim = %claim, what, found, "claim status written");
@@ -808,19 +831,39 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_write_that_may_pass_is_tried_again_and_a_refused_one_is_not() {
-        // Control first: a 422 is a refusal of the body itself.
-        for (code, fail, want) in [
-            (500, 2, vec!["prepare failed", "prepare failed", "prepare"]),
-            (503, 9, vec!["prepare failed"; ATTEMPTS as usize]),
-            (429, 1, vec!["prepare failed", "prepare"]),
-            (422, 1, vec!["prepare failed"]),
-            (403, 1, vec!["prepare failed"]),
+        // 5xx may pass; 4xx are refusals of the body itself, and 429, 503
+        // and 504 come back only once kube's client has tried them again.
+        for (code, fail, want, pauses) in [
+            (
+                500,
+                2,
+                vec!["prepare failed", "prepare failed", "prepare"],
+                1 + 2,
+            ),
+            (
+                502,
+                9,
+                vec!["prepare failed"; ATTEMPTS as usize],
+                1 + 2 + 4 + 8,
+            ),
+            (503, 1, vec!["prepare failed"], 0),
+            (429, 1, vec!["prepare failed"], 0),
+            (422, 1, vec!["prepare failed"], 0),
+            (403, 1, vec!["prepare failed"], 0),
         ] {
             let sink = Flaky::new(code, fail);
             let writer = ClaimStatusWriter::new(sink.clone(), "dra.cpu", Arc::default());
+            let started = tokio::time::Instant::now();
             writer.spawn_apply(&claim(), json!({"v": "prepare"}), "prepare");
             settled(&writer).await;
             assert_eq!(sink.seen(), want, "{code} failing {fail} times");
+            // settled() looks every 100 ms of paused time.
+            let waited = started.elapsed();
+            let least = FIRST_RETRY_PAUSE * pauses;
+            assert!(
+                waited >= least && waited < least + std::time::Duration::from_millis(500),
+                "{code}: {waited:?} for pauses of {least:?}"
+            );
             let on_server = shared_state::sync::lock(&writer.pending.claims)
                 .get(&claim().uid)
                 .is_some_and(|e| e.prepared_on_server);
@@ -893,5 +936,28 @@ mod tests {
         writer.finish_repair(repair, &third, RepairOutcome::Write(json!({"v": "stale"})));
         settled(&writer).await;
         assert_eq!(sink.seen(), vec!["repair", "clear"]);
+
+        // The clear is sent and done with while a repair reads the claim:
+        // the claim is forgotten and the repair's body dropped.
+        let repair = writer.begin_repair(&claim().uid);
+        assert!(repair.is_none(), "written, so no repair");
+        let fourth = ClaimRef {
+            uid: "aaaaaaaa-0000-0000-0000-000000000004".into(),
+            ..claim()
+        };
+        let repair = writer.begin_repair(&fourth.uid).expect("a repair begins");
+        writer.spawn_apply(&fourth, cleared_status(&fourth), "unprepare");
+        settled(&writer).await;
+        writer.finish_repair(repair, &fourth, RepairOutcome::Write(json!({"v": "stale"})));
+        settled(&writer).await;
+        assert_eq!(sink.seen(), vec!["repair", "clear", "clear"]);
+        let left: Vec<String> = shared_state::sync::lock(&writer.pending.claims)
+            .keys()
+            .cloned()
+            .collect();
+        assert!(
+            !left.contains(&fourth.uid),
+            "the cleared claim is forgotten: {left:?}"
+        );
     }
 }

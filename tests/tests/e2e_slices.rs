@@ -408,29 +408,57 @@ async fn a_status_lost_to_a_refused_write_is_repaired_at_the_claims_next_prepare
         .await
         .must("prepare");
     wait_metric(&node, "dra_cpu_claim_status_write_failures_total 1").await;
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // Requests for this claim: (GETs, PATCHes of its status).
+    let calls = || {
+        let lines = node.api().requests();
+        let of = |method: &str, tail: &str| {
+            lines
+                .iter()
+                .filter(|l| {
+                    l.method == method
+                        && l.path.split('?').next().is_some_and(|p| p.ends_with(tail))
+                })
+                .count()
+        };
+        (
+            of("GET", "/resourceclaims/pod-r-cpu"),
+            of("PATCH", "/resourceclaims/pod-r-cpu/status"),
+        )
+    };
+    let (reads_before, patches) = calls();
+    assert_eq!(patches, 1, "the refused write");
+    // Longer than the first retry's pause: a refusal is not tried again.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(calls().1, 1, "a refused write is not tried again");
     assert!(
         device_statuses(&node, "pod-r-cpu").is_empty(),
-        "the control: a refused write leaves no status and is not retried"
+        "the control: no status"
     );
     // ...until kubelet prepares the claim again (another container of the
-    // pod, a kubelet restart): answered from the store, the status repaired.
+    // pod, a kubelet restart): answered from the store, the claim read in
+    // the background and its status repaired.
     let again = node.prepare(&first.claim).await.must("prepare again");
     assert_eq!(again.cpus, first.cpus);
     let entries = wait_device_statuses(&node, "pod-r-cpu", true).await;
     assert_eq!(entries.len(), 1, "repaired: {entries:?}");
     assert_eq!(entries[0]["data"]["cpus"], first.cpus.to_cpulist());
-    // Once there, a further prepare reads nothing and writes nothing.
     wait_metric(&node, "dra_cpu_claim_status_writes_total 1").await;
+    let (reads, patches) = calls();
+    assert_eq!(
+        (reads, patches),
+        (reads_before + 1, 2),
+        "one read, one write"
+    );
+    // Once there, a further prepare reads nothing and writes nothing.
     node.prepare(&first.claim)
         .await
         .must("prepare a third time");
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(node
-        .dra_metrics()
-        .await
-        .unwrap_or_default()
-        .contains("dra_cpu_claim_status_writes_total 1"));
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        calls(),
+        (reads, patches),
+        "nothing more for a written status"
+    );
 
     node.unprepare(&first.claim).await.must("unprepare");
     let left = wait_device_statuses(&node, "pod-r-cpu", false).await;

@@ -239,6 +239,13 @@ impl DraService {
                         RepairOutcome::Unread
                     }
                 };
+                // Unprepared while it was read (the clear may be sent
+                // already, leaving nothing newer to drop this body).
+                let outcome = if driver.needs_claim_object(&claim.uid) {
+                    RepairOutcome::Unread
+                } else {
+                    outcome
+                };
                 writer.finish_repair(repair, &claim, outcome);
             }
             .instrument(span),
