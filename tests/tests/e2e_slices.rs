@@ -6,8 +6,9 @@
 //! (1.34 with and without consumable capacity, 1.36, 1.37), the node
 //! publishes only what that release accepts and a claim prepares end to
 //! end. A prepared claim's status (KEP-4817 `status.devices`) tells which
-//! CPUs it got, and is cleared at unprepare. Needs root and
-//! `scripts/install-deps.sh`.
+//! CPUs it got, and is cleared at unprepare; a write the server failed is
+//! tried again, one it refused is repaired at the claim's next prepare.
+//! Needs root and `scripts/install-deps.sh`.
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
