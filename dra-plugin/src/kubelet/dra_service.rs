@@ -203,9 +203,10 @@ impl DraService {
     }
 
     /// A prepare answered from the store makes no status body. If this
-    /// process has not seen the claim's prepared status reach the server (it
-    /// was restarted, or stopped between the commit and the write), the claim
-    /// is read in the background and its status written unless it is there.
+    /// process has not seen the claim's prepared status reach the server (the
+    /// write was refused or gave up, or the process was restarted or stopped
+    /// between the commit and the write), the claim is read in the
+    /// background and its status written unless it is there.
     fn repair_status(&self, claim: &ClaimRef, prepared: &Prepared) {
         let Some((writer, places)) = &self.status else {
             return;
