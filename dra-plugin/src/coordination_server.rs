@@ -34,6 +34,7 @@ fn event_message(e: &StateEvent) -> coord::WatchEvent {
             revision,
             claim_uid,
         } => unprepared_event(*revision, claim_uid),
+        StateEvent::Node(snapshot) => snapshot_event(snapshot),
     }
 }
 

@@ -161,7 +161,7 @@ impl Metrics {
         register(
             r,
             "dra_cpu_shared_pool_cpus",
-            "Allocatable CPUs not held by any claim.",
+            "Allocatable CPUs online and not held by any claim.",
             self.shared_cpus.clone(),
         );
         register(

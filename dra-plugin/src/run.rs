@@ -16,6 +16,7 @@ use crate::device_metadata::{DeviceMetadata, PublishedAttributes};
 use crate::devices::{DeviceCatalog, DeviceMode, DeviceOptions};
 use crate::driver::{Driver, DriverOptions};
 use crate::health::Health;
+use crate::kubelet::device_health::HealthTiming;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::kubelet::registration::Registrar;
 use crate::metrics::Metrics;
@@ -356,7 +357,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .map(|(name, cpus)| (name.to_string(), cpus.clone()))
             .collect(),
         config.sysfs_root.clone(),
-        crate::kubelet::device_health::HealthTiming::default(),
+        HealthTiming::default(),
         stop.clone(),
     );
     let dra = tokio::spawn(
@@ -413,6 +414,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
 
     let repair = tokio::spawn(repair_tuning(tuner.clone(), stop.clone()));
+    let online_cpus = tokio::spawn(follow_online_cpus(driver.clone(), stop.clone()));
     // Whether `helm uninstall` removes this plugin (see tuning::owner).
     let uninstalled = Arc::new(AtomicBool::new(false));
     let owner_watch = match (&config.daemonset, config.low_latency_tuning) {
@@ -445,6 +447,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let coordination_result = join_server("coordination", coordination).await;
     let _ = publisher.await;
     let _ = repair.await;
+    let _ = online_cpus.await;
     if let Some(watch) = owner_watch {
         let _ = watch.await;
     }
@@ -466,6 +469,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     }
     dra_result.and(coordination_result)
+}
+
+/// Reads the node's online CPUs as often as device health does, and lets
+/// the driver tell nri-plugin when they changed (see
+/// [`Driver::follow_online_cpus`]): a CPU going offline leaves the shared
+/// pool of running containers within about a second, before the kernel
+/// refuses (on cgroup v1) a cpuset that names it.
+async fn follow_online_cpus(driver: Arc<Driver>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(HealthTiming::default().poll_every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        // One small sysfs read and a short lock: no blocking thread needed.
+        driver.follow_online_cpus();
+    }
 }
 
 /// How often the node's tuning is checked against what the claims want.

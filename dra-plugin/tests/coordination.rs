@@ -13,9 +13,12 @@ use dra_cpu_transport::connect_unix;
 use dra_plugin::devices::DeviceMode;
 use std::os::unix::fs::PermissionsExt;
 
+/// The next event but heartbeats, within [`WAIT`] (heartbeats do not
+/// extend it).
 async fn next(stream: &mut tonic::Streaming<coord::WatchEvent>) -> coord::watch_event::Event {
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let event = tokio::time::timeout(WAIT, stream.message())
+        let event = tokio::time::timeout_at(deadline, stream.message())
             .await
             .expect("an event within the wait bound")
             .expect("stream ok")
@@ -206,4 +209,51 @@ async fn a_non_root_process_is_refused_even_when_the_socket_mode_lets_it_connect
     // dropped by the server after connecting.
     assert!(!stderr.contains("Permission denied"), "{stderr}");
     running.stop().await.expect("clean stop");
+}
+
+/// A CPU going offline while the daemon runs reaches subscribers as a fresh
+/// snapshot whose allocatable CPUs leave it out (the daemon reads the online
+/// list every second), and its return as another; the claims stay as they
+/// are. The fixture's `online` file is rewritten as the kernel rewrites it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let first = node.claim("first", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
+    prepare_ok(&running.kubelet, &first).await;
+
+    let channel = connect_unix(&node.config.coordination_socket)
+        .await
+        .expect("connect");
+    let mut client = coord::coordination_client::CoordinationClient::new(channel);
+    let mut stream = client
+        .watch(coord::WatchRequest {
+            from_revision: 0,
+            subscriber: "nri-plugin/online".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let coord::watch_event::Event::Snapshot(before) = next(&mut stream).await else {
+        panic!("first event is not a snapshot");
+    };
+    let online = node.topology.online().clone();
+    assert_eq!(before.allocatable, online.to_cpulist());
+
+    let online_file = node.config.sysfs_root.join("sys/devices/system/cpu/online");
+    let gone = online.iter().last().expect("a CPU");
+    let fewer: shared_state::CpuSet = online.iter().filter(|&cpu| cpu != gone).collect();
+    std::fs::write(&online_file, format!("{}\n", fewer.to_cpulist())).expect("online");
+    let coord::watch_event::Event::Snapshot(offline) = next(&mut stream).await else {
+        panic!("a CPU going offline is not sent as a snapshot");
+    };
+    assert_eq!(offline.allocatable, fewer.to_cpulist());
+    assert_eq!(offline.revision, before.revision, "no claim changed");
+    assert_eq!(offline.claims, before.claims);
+
+    std::fs::write(&online_file, format!("{}\n", online.to_cpulist())).expect("online");
+    let coord::watch_event::Event::Snapshot(back) = next(&mut stream).await else {
+        panic!("a CPU coming back is not sent as a snapshot");
+    };
+    assert_eq!(back.allocatable, online.to_cpulist());
 }

@@ -162,6 +162,7 @@ fn revision_of(event: &StateEvent) -> u64 {
         StateEvent::Prepared { revision, .. } | StateEvent::Unprepared { revision, .. } => {
             *revision
         }
+        StateEvent::Node(snapshot) => snapshot.revision,
     }
 }
 

@@ -1,6 +1,7 @@
-//! A CPU taken offline after dra-plugin started goes to no claim: the
-//! driver reads the node's online list at every prepare (the sysfs tree of
-//! a fixture machine, its `online` file rewritten as the kernel rewrites it).
+//! A CPU taken offline after dra-plugin started goes to no claim and
+//! leaves the shared pool: the driver reads the node's online list at every
+//! prepare and when it is asked to follow it (the sysfs tree of a fixture
+//! machine, its `online` file rewritten as the kernel rewrites it).
 
 // A panic in test code is a failed test, not a crash on user input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -10,7 +11,7 @@ mod common;
 use common::{numbered_claim, written_tree, FIXTURE_NUMA_DEVICES, NODE};
 use dra_plugin::cdi::CdiDir;
 use dra_plugin::devices::{DeviceCatalog, DeviceMode, GroupBy};
-use dra_plugin::driver::{Driver, DriverOptions};
+use dra_plugin::driver::{Driver, DriverOptions, StateEvent};
 use dra_plugin::metrics::Metrics;
 use shared_state::alloc::Policy;
 use shared_state::store::memory::MemoryStore;
@@ -97,5 +98,84 @@ fn a_cpu_taken_offline_after_start_goes_to_no_claim() {
             let got = answer.expect("the whole group, offline CPU included");
             assert!(got.assignment.cpus.contains(gone));
         }
+    }
+}
+
+fn write_online(root: &Path, online: &CpuSet) {
+    std::fs::write(
+        root.join("sys/devices/system/cpu/online"),
+        format!("{}\n", online.to_cpulist()),
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_shared_pool_follows_cpus_going_offline_and_coming_back() {
+    for watch_online in [true, false] {
+        let tree = written_tree(common::FIXTURE);
+        let cdi = tempfile::tempdir().unwrap();
+        let driver = driver(tree.path(), cdi.path(), watch_online);
+        let online = read_online_cpus(tree.path()).unwrap();
+        let numa1 = driver
+            .catalog()
+            .cpus_of(FIXTURE_NUMA_DEVICES[1])
+            .cloned()
+            .unwrap();
+        // A claim holds NUMA node 1; CPUs going offline are one of its own
+        // and one of the shared pool's.
+        let (claim, object) = numbered_claim(1, NODE, FIXTURE_NUMA_DEVICES[1], 2);
+        let held = driver.prepare(&claim, &object).unwrap().assignment.cpus;
+        let (_, mut events) = driver.subscribe();
+        let revision = driver.revision();
+        let claim_cpu = held.first().unwrap();
+        let shared_cpu = driver
+            .catalog()
+            .allocatable()
+            .difference(&numa1)
+            .iter()
+            .last()
+            .unwrap();
+        let gone = CpuSet::parse_cpulist(&format!("{claim_cpu},{shared_cpu}")).unwrap();
+
+        assert_eq!(driver.follow_online_cpus(), None, "nothing changed yet");
+        write_online(tree.path(), &online.difference(&gone));
+        let followed = driver.follow_online_cpus();
+        // Read again without a change: no second event.
+        let again = driver.follow_online_cpus();
+        write_online(tree.path(), &online);
+        let back = driver.follow_online_cpus();
+        if !watch_online {
+            // Control: without the online list nothing is followed.
+            assert_eq!((followed, again, back), (None, None, None));
+            assert!(events.try_recv().is_err());
+            assert!(driver.snapshot().allocatable.contains(shared_cpu));
+            continue;
+        }
+        assert_eq!(followed, Some(gone.clone()));
+        assert_eq!(again, None);
+        assert_eq!(back, Some(CpuSet::new()));
+        let Ok(StateEvent::Node(offline)) = events.try_recv() else {
+            panic!("a node event when the CPUs went offline");
+        };
+        assert_eq!(offline.revision, revision, "no store change");
+        assert_eq!(
+            offline.allocatable,
+            driver.catalog().allocatable().difference(&gone)
+        );
+        // The claim keeps its CPUs, the offline one too: it is the claim's
+        // own, and nri-plugin keeps a stored claim as it is.
+        assert_eq!(offline.claims.len(), 1);
+        assert_eq!(offline.claims[0].cpus, held);
+        let Ok(StateEvent::Node(online_again)) = events.try_recv() else {
+            panic!("a node event when the CPUs came back");
+        };
+        assert_eq!(&online_again.allocatable, driver.catalog().allocatable());
+        assert!(events.try_recv().is_err(), "one event per change");
+        // An unreadable list says nothing: the last reading stands.
+        write_online(tree.path(), &online.difference(&gone));
+        assert_eq!(driver.follow_online_cpus(), Some(gone.clone()));
+        std::fs::remove_file(tree.path().join("sys/devices/system/cpu/online")).unwrap();
+        assert_eq!(driver.follow_online_cpus(), None);
+        assert!(!driver.snapshot().allocatable.contains(shared_cpu));
     }
 }

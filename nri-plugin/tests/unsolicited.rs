@@ -507,3 +507,75 @@ async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
         .expect("join")
         .expect("run_with_reconnect");
 }
+
+/// dra-plugin's snapshot after a CPU went offline (the same revision, the
+/// CPU left out of the allocatable ones) moves running shared and mixed
+/// containers off it at once on a safe runtime, and the next snapshot,
+/// after it came back, moves them onto it again; the claim keeps its CPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_going_offline_leaves_running_containers_and_returns_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
+    view.apply_prepared(1, claim(CLAIM_A, "6-7", POD_M))
+        .expect("claim A");
+    let Connected {
+        enforcer,
+        updater,
+        runtime,
+        stop,
+        nri,
+        ..
+    } = connect(
+        view,
+        UnsolicitedUpdates::Auto,
+        &dir.path().join("offline.sock"),
+        SAFE,
+    )
+    .await;
+    let env_a = [format!("DRA_CPUSET_{CLAIM_A}=6-7")];
+    let synced = runtime
+        .synchronize(
+            vec![pod(POD_S), pod(POD_M)],
+            vec![
+                container("s", POD_S, &[], 2, ""),
+                container("m", POD_M, &env_a, 512, ""),
+            ],
+        )
+        .await
+        .expect("Synchronize");
+    assert_eq!(synced, updates(&[("m", "0-7"), ("s", "0-5")]));
+    wait_connected(&updater).await;
+
+    let snapshot = |allocatable: &str| shared_state::NodeSnapshot {
+        revision: 1,
+        allocatable: set(allocatable),
+        reserved: CpuSet::new(),
+        mixed_allocation_mode: true,
+        claims: vec![claim(CLAIM_A, "6-7", POD_M)],
+    };
+    // CPU 3 went offline.
+    enforcer
+        .apply_snapshot(snapshot("0-2,4-7"))
+        .await
+        .expect("snapshot without CPU 3");
+    assert_eq!(
+        unsolicited(&runtime),
+        vec![updates(&[("m", "0-2,4-7"), ("s", "0-2,4-5")])]
+    );
+    // And came back.
+    enforcer
+        .apply_snapshot(snapshot("0-7"))
+        .await
+        .expect("snapshot with CPU 3");
+    assert_eq!(
+        unsolicited(&runtime)[1..],
+        [updates(&[("m", "0-7"), ("s", "0-5")])]
+    );
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), nri)
+        .await
+        .expect("the NRI task stops")
+        .expect("join")
+        .expect("run_with_reconnect");
+}

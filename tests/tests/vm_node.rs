@@ -1450,10 +1450,32 @@ async fn wait_health(
     }
 }
 
+/// Waits until nri-plugin's shared pool has `want` CPUs (its gauge): the
+/// node's change has reached its view, so a container created next is
+/// planned from it.
+async fn wait_nri_pool_size(node: &Node, want: usize, step: &str) {
+    let started = Instant::now();
+    loop {
+        let size = node.nri_metrics().await.and_then(|m| {
+            dra_cpu_tests::node::read_back::metric_value(&m, "nri_plugin_shared_pool_cpus")
+        });
+        if size == Some(want as f64) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "{step}: nri-plugin's shared pool has {size:?} CPUs, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A CPU of the real kernel taken offline turns the devices holding it
 /// Unhealthy on kubelet's health stream, naming it, while the others stay
 /// Healthy and a claim's container on the other NUMA node keeps its CPUs;
-/// back online, every device is Healthy again.
+/// the shared pool leaves it: running shared containers are moved off it
+/// and a shared container started meanwhile never gets it. Back online,
+/// every device is Healthy again and the shared pool has it again.
 #[tokio::test]
 #[ignore = "runs inside the VM node: scripts/vm-node-tests.sh"]
 async fn k_an_offline_cpu_turns_its_devices_unhealthy_until_it_is_back() {
@@ -1511,14 +1533,37 @@ async fn k_an_offline_cpu_turns_its_devices_unhealthy_until_it_is_back() {
     node.wait_cpus(&id, &prepared.cpus)
         .await
         .must("the claim container keeps its CPUs");
+    // The shared pool without the offline CPU: a shared pod started now gets
+    // it (on cgroup v1 the kernel would refuse a cpuset naming the CPU), and
+    // the running one is moved (at once where the runtime takes unsolicited
+    // updates, at the new pod's creation otherwise).
+    let pool = kernel.online.difference(&prepared.cpus);
+    let without: CpuSet = pool.iter().filter(|&c| c != cpu).collect();
+    wait_nri_pool_size(&node, without.len(), "CPU offline").await;
+    let (_later, later) = shared_pod(&mut node, "later", 500).await;
+    node.wait_cpus(&later, &without)
+        .await
+        .must("a shared pod started while the CPU is offline");
+    node.wait_cpus(&shared, &without)
+        .await
+        .must("the running shared pod, moved off the offline CPU");
     drop(offline);
     wait_health(&watch, &format!("CPU {cpu} back"), |_, s| {
         *s == DeviceHealthState::Healthy
     })
     .await;
-    node.wait_cpus(&shared, &kernel.online.difference(&prepared.cpus))
-        .await
-        .must("the shared pod on the shared pool, CPU back");
+    wait_nri_pool_size(&node, pool.len(), "CPU back").await;
+    // An event for runtimes that take pool changes only in their replies.
+    let (_back, back) = shared_pod(&mut node, "back", 500).await;
+    for (container, what) in [
+        (&shared, "the first"),
+        (&later, "the later"),
+        (&back, "the new"),
+    ] {
+        node.wait_cpus(container, &pool)
+            .await
+            .must(&format!("{what} shared pod on the shared pool, CPU back"));
+    }
     timed("k (offline CPU)", started);
 }
 

@@ -63,6 +63,10 @@ pub enum StateEvent {
         revision: u64,
         claim_uid: String,
     },
+    /// The node changed under the claims (a CPU went offline or came back
+    /// online): the whole state, its `allocatable` without the offline
+    /// CPUs, at the current revision. Boxed: it carries every claim.
+    Node(Box<NodeSnapshot>),
 }
 
 /// What the driver needs to know about its node and its options.
@@ -87,6 +91,10 @@ struct State {
     in_flight: BTreeMap<String, CpuSet>,
     /// Changes waiting for or in the group commit, and their answers.
     commits: CommitQueue<Pending, Result<(), PrepareError>>,
+    /// CPUs of the node that were online at start-up and are offline now,
+    /// as last read by [`Driver::follow_online_cpus`]: left out of the
+    /// shared pool the snapshots describe.
+    offline: CpuSet,
 }
 
 /// A change waiting for the group commit.
@@ -227,6 +235,7 @@ impl Driver {
                 revision,
                 in_flight: BTreeMap::new(),
                 commits: CommitQueue::default(),
+                offline: CpuSet::new(),
             }),
             events,
             metrics,
@@ -249,7 +258,9 @@ impl Driver {
     }
 
     /// Read the online CPUs under `sysfs_root` at every prepare, so a CPU
-    /// taken offline since start-up is given to no claim.
+    /// taken offline since start-up is given to no claim, and whenever
+    /// [`Driver::follow_online_cpus`] is called, so the shared pool leaves
+    /// it too.
     pub fn with_online_cpus(mut self, sysfs_root: PathBuf) -> Driver {
         self.online_cpus_root = Some(sysfs_root);
         self
@@ -258,16 +269,48 @@ impl Driver {
     /// The node's CPUs offline now: none when not watched or when the list
     /// cannot be read (an unreadable sysfs says nothing about the CPUs).
     fn offline_now(&self) -> CpuSet {
-        let Some(root) = &self.online_cpus_root else {
-            return CpuSet::new();
-        };
+        self.read_offline().unwrap_or_default()
+    }
+
+    /// The CPUs online at start-up that are offline now; `None` when the
+    /// online list is not watched or cannot be read.
+    fn read_offline(&self) -> Option<CpuSet> {
+        let root = self.online_cpus_root.as_ref()?;
         match read_online_cpus(root) {
-            Ok(online) => self.catalog.node_cpus().online.difference(&online),
+            Ok(online) => Some(self.catalog.node_cpus().online.difference(&online)),
             Err(error) => {
-                tracing::debug!(%error, "cannot read the online CPUs at prepare");
-                CpuSet::new()
+                tracing::debug!(%error, "cannot read the online CPUs");
+                None
             }
         }
+    }
+
+    /// Read the online CPUs (see [`Driver::with_online_cpus`]) and, when
+    /// the offline ones changed since the last read, tell subscribers the
+    /// whole state with the shared pool's CPUs as they are now
+    /// ([`StateEvent::Node`]), so nri-plugin moves running containers off
+    /// a CPU that went offline and back onto one that returned. Returns the
+    /// offline CPUs when they changed. A CPU that was offline at start-up
+    /// is not published and stays out until a restart.
+    pub fn follow_online_cpus(&self) -> Option<CpuSet> {
+        let offline = self.read_offline()?;
+        let mut state = self.lock();
+        if state.offline == offline {
+            return None;
+        }
+        let previous = std::mem::replace(&mut state.offline, offline.clone());
+        tracing::warn!(
+            offline = %offline,
+            went_offline = %offline.difference(&previous),
+            came_online = %previous.difference(&offline),
+            "the node's online CPUs changed: the shared pool follows, claims keep their CPUs"
+        );
+        self.update_gauges(&state);
+        // Under the lock, as every event: subscribers see it in order.
+        let _ = self
+            .events
+            .send(StateEvent::Node(Box::new(self.snapshot_of(&state))));
+        Some(offline)
     }
 
     /// Tune the node for claims that ask for it (see [`crate::tuning`]).
@@ -346,7 +389,11 @@ impl Driver {
             .claims
             .values()
             .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus));
-        let shared = self.catalog.allocatable().difference(&exclusive);
+        let shared = self
+            .catalog
+            .allocatable()
+            .difference(&exclusive)
+            .difference(&state.offline);
         self.metrics
             .exclusive_cpus
             .store(exclusive.len() as u64, Ordering::Relaxed);
@@ -414,7 +461,7 @@ impl Driver {
     fn snapshot_of(&self, state: &State) -> NodeSnapshot {
         NodeSnapshot {
             revision: state.revision,
-            allocatable: self.catalog.allocatable().clone(),
+            allocatable: self.catalog.allocatable().difference(&state.offline),
             reserved: self.options.reserved.clone(),
             mixed_allocation_mode: self.options.mixed_allocation_mode,
             claims: state.claims.values().cloned().collect(),

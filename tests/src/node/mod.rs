@@ -240,6 +240,10 @@ impl Node {
     pub fn nri_log(&self) -> String {
         std::fs::read_to_string(self.layout.nri_log()).unwrap_or_default()
     }
+    /// nri-plugin's `/metrics` text, if it answers.
+    pub async fn nri_metrics(&self) -> Option<String> {
+        http_get(self.layout.nri_metrics, "/metrics").await
+    }
 }
 
 impl Drop for Node {
