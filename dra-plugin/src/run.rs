@@ -484,8 +484,11 @@ async fn follow_online_cpus(driver: Arc<Driver>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        // One small sysfs read and a short lock: no blocking thread needed.
-        driver.follow_online_cpus();
+        // The state lock may be held across a CDI spec write.
+        let driver = driver.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || driver.follow_online_cpus()).await {
+            tracing::error!(error = %e, "reading the online CPUs failed");
+        }
     }
 }
 

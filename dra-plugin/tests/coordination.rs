@@ -241,9 +241,15 @@ async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
     assert_eq!(before.allocatable, online.to_cpulist());
 
     let online_file = node.config.sysfs_root.join("sys/devices/system/cpu/online");
+    // Replaced whole, as the kernel's file never reads half-written.
+    let write_online = |cpus: &shared_state::CpuSet| {
+        let next = online_file.with_extension("next");
+        std::fs::write(&next, format!("{}\n", cpus.to_cpulist())).expect("online");
+        std::fs::rename(&next, &online_file).expect("online");
+    };
     let gone = online.iter().last().expect("a CPU");
     let fewer: shared_state::CpuSet = online.iter().filter(|&cpu| cpu != gone).collect();
-    std::fs::write(&online_file, format!("{}\n", fewer.to_cpulist())).expect("online");
+    write_online(&fewer);
     let coord::watch_event::Event::Snapshot(offline) = next(&mut stream).await else {
         panic!("a CPU going offline is not sent as a snapshot");
     };
@@ -251,7 +257,7 @@ async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
     assert_eq!(offline.revision, before.revision, "no claim changed");
     assert_eq!(offline.claims, before.claims);
 
-    std::fs::write(&online_file, format!("{}\n", online.to_cpulist())).expect("online");
+    write_online(&online);
     let coord::watch_event::Event::Snapshot(back) = next(&mut stream).await else {
         panic!("a CPU coming back is not sent as a snapshot");
     };

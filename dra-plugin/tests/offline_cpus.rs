@@ -171,11 +171,48 @@ fn the_shared_pool_follows_cpus_going_offline_and_coming_back() {
         };
         assert_eq!(&online_again.allocatable, driver.catalog().allocatable());
         assert!(events.try_recv().is_err(), "one event per change");
-        // An unreadable list says nothing: the last reading stands.
+        // An unreadable or empty list says nothing: the last reading stands.
         write_online(tree.path(), &online.difference(&gone));
         assert_eq!(driver.follow_online_cpus(), Some(gone.clone()));
+        write_online(tree.path(), &CpuSet::new());
+        assert_eq!(driver.follow_online_cpus(), None, "an empty list");
         std::fs::remove_file(tree.path().join("sys/devices/system/cpu/online")).unwrap();
-        assert_eq!(driver.follow_online_cpus(), None);
+        assert_eq!(driver.follow_online_cpus(), None, "no list");
         assert!(!driver.snapshot().allocatable.contains(shared_cpu));
     }
+}
+
+/// A prepare reads the online list itself: a change it finds first goes to
+/// subscribers before the claim's own event, so nri-plugin's pool knows a
+/// CPU back online before a claim on it arrives.
+#[test]
+fn a_prepare_tells_subscribers_of_a_change_before_its_claim() {
+    let tree = written_tree(common::FIXTURE);
+    let cdi = tempfile::tempdir().unwrap();
+    let driver = driver(tree.path(), cdi.path(), true);
+    let online = read_online_cpus(tree.path()).unwrap();
+    let numa0 = driver
+        .catalog()
+        .cpus_of(FIXTURE_NUMA_DEVICES[0])
+        .cloned()
+        .unwrap();
+    let gone = numa0.first().unwrap();
+    let without: CpuSet = online.iter().filter(|&c| c != gone).collect();
+    write_online(tree.path(), &without);
+    assert!(driver.follow_online_cpus().is_some());
+    let (_, mut events) = driver.subscribe();
+
+    // Back online; the next tick has not come, the prepare finds it.
+    write_online(tree.path(), &online);
+    let (whole, object) = numbered_claim(1, NODE, FIXTURE_NUMA_DEVICES[0], numa0.len() as u32);
+    let got = driver
+        .prepare(&whole, &object)
+        .expect("the whole group, back online");
+    assert!(got.assignment.cpus.contains(gone));
+    let Ok(StateEvent::Node(node)) = events.try_recv() else {
+        panic!("the change comes first");
+    };
+    assert!(node.allocatable.contains(gone));
+    assert!(matches!(events.try_recv(), Ok(StateEvent::Prepared { .. })));
+    assert_eq!(driver.follow_online_cpus(), None, "already told");
 }

@@ -266,17 +266,17 @@ impl Driver {
         self
     }
 
-    /// The node's CPUs offline now: none when not watched or when the list
-    /// cannot be read (an unreadable sysfs says nothing about the CPUs).
-    fn offline_now(&self) -> CpuSet {
-        self.read_offline().unwrap_or_default()
-    }
-
     /// The CPUs online at start-up that are offline now; `None` when the
-    /// online list is not watched or cannot be read.
+    /// online list is not watched or cannot be read. An empty list is taken
+    /// as unreadable: a kernel always has a CPU online, and a file caught
+    /// while being rewritten must not empty the shared pool.
     fn read_offline(&self) -> Option<CpuSet> {
         let root = self.online_cpus_root.as_ref()?;
         match read_online_cpus(root) {
+            Ok(online) if online.is_empty() => {
+                tracing::debug!("the online CPU list is empty; keeping the last reading");
+                None
+            }
             Ok(online) => Some(self.catalog.node_cpus().online.difference(&online)),
             Err(error) => {
                 tracing::debug!(%error, "cannot read the online CPUs");
@@ -291,26 +291,37 @@ impl Driver {
     /// ([`StateEvent::Node`]), so nri-plugin moves running containers off
     /// a CPU that went offline and back onto one that returned. Returns the
     /// offline CPUs when they changed. A CPU that was offline at start-up
-    /// is not published and stays out until a restart.
+    /// is not published and stays out until a restart. Takes the state lock
+    /// (which a repeated prepare holds across a CDI spec write): call from a
+    /// blocking thread.
     pub fn follow_online_cpus(&self) -> Option<CpuSet> {
-        let offline = self.read_offline()?;
         let mut state = self.lock();
+        // Read under the lock, as prepares do: no older reading can
+        // overwrite a newer one.
+        let offline = self.read_offline()?;
+        self.note_offline(&mut state, offline.clone())
+            .then_some(offline)
+    }
+
+    /// Record a reading of the offline CPUs; when it differs from the last,
+    /// tell subscribers before any later event (the caller holds the state
+    /// lock). Returns whether it changed.
+    fn note_offline(&self, state: &mut State, offline: CpuSet) -> bool {
         if state.offline == offline {
-            return None;
+            return false;
         }
-        let previous = std::mem::replace(&mut state.offline, offline.clone());
+        let previous = std::mem::replace(&mut state.offline, offline);
         tracing::warn!(
-            offline = %offline,
-            went_offline = %offline.difference(&previous),
-            came_online = %previous.difference(&offline),
+            offline = %state.offline,
+            went_offline = %state.offline.difference(&previous),
+            came_online = %previous.difference(&state.offline),
             "the node's online CPUs changed: the shared pool follows, claims keep their CPUs"
         );
-        self.update_gauges(&state);
-        // Under the lock, as every event: subscribers see it in order.
+        self.update_gauges(state);
         let _ = self
             .events
-            .send(StateEvent::Node(Box::new(self.snapshot_of(&state))));
-        Some(offline)
+            .send(StateEvent::Node(Box::new(self.snapshot_of(state))));
+        true
     }
 
     /// Tune the node for claims that ask for it (see [`crate::tuning`]).
@@ -545,12 +556,18 @@ impl Driver {
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Prepared, PrepareError> {
-        // Read before the lock: concurrent prepares wait for nothing slower.
-        let offline = self.offline_now();
         let mut state = self.lock_idle(&claim.uid);
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
             return self.ensure_cdi(claim, assignment);
         }
+        // Read under the lock (one small sysfs file): a change is told to
+        // subscribers before this claim's event, so nri-plugin never learns
+        // a claim on a CPU its pool does not know yet. Unreadable, the last
+        // reading stands.
+        if let Some(reading) = self.read_offline() {
+            self.note_offline(&mut state, reading);
+        }
+        let offline = state.offline.clone();
         let parsed = parse_claim(
             claim,
             object,

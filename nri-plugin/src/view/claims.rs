@@ -51,7 +51,10 @@ impl NodeView {
         origin: ClaimOrigin,
     ) -> Result<Vec<Update>, PoolError> {
         let uid = assignment.claim_uid.clone();
-        let updates = self.pool.add_claim(assignment)?;
+        let updates = match origin {
+            ClaimOrigin::DraPlugin => self.pool.add_stored_claim(assignment)?,
+            ClaimOrigin::CdiSpec => self.pool.add_claim(assignment)?,
+        };
         match origin {
             ClaimOrigin::DraPlugin => self.provisional.remove(&uid),
             ClaimOrigin::CdiSpec => self.provisional.insert(uid),
@@ -149,5 +152,31 @@ mod tests {
         v.apply_prepared(6, claim(CLAIM_1, "2", POD_A))
             .expect("next");
         assert_eq!(v.revision(), 6);
+    }
+
+    #[test]
+    fn a_claim_of_dra_plugins_store_on_a_cpu_no_longer_allocatable_is_kept() {
+        // CPU 7 went offline between the claim's decision and its event.
+        let mut v = view(false);
+        v.apply_snapshot(NodeSnapshot {
+            revision: 5,
+            allocatable: set("1-6"),
+            reserved: set("0"),
+            mixed_allocation_mode: false,
+            claims: vec![],
+        })
+        .expect("snapshot");
+        v.apply_prepared(6, claim(CLAIM_1, "6-7", POD_A))
+            .expect("dra-plugin's claim is kept");
+        assert_eq!(
+            v.pool().claim(CLAIM_1).map(|c| c.cpus.clone()),
+            Some(set("6-7"))
+        );
+        assert_eq!(v.pool().shared(), set("1-5"));
+        // Learned from a CDI spec alone, such a claim is refused.
+        assert!(matches!(
+            v.learn_claim(claim(CLAIM_2, "7", POD_B), ClaimOrigin::CdiSpec),
+            Err(PoolError::ClaimOutsideAllocatable { .. })
+        ));
     }
 }

@@ -270,6 +270,18 @@ impl PoolState {
         self.insert_claim(assignment, OutsideAllocatable::Refused)
     }
 
+    /// Add or replace a claim of dra-plugin's store (a watch event or a
+    /// Lookup answer): as [`PoolState::add_claim`], but a claim holding
+    /// CPUs outside the allocatable ones is kept, as a snapshot keeps it.
+    /// The store is the truth of what was given; a CPU may go offline
+    /// between a claim's decision and its event.
+    pub fn add_stored_claim(
+        &mut self,
+        assignment: ClaimAssignment,
+    ) -> Result<Vec<Update>, PoolError> {
+        self.insert_claim(assignment, OutsideAllocatable::Kept)
+    }
+
     fn insert_claim(
         &mut self,
         assignment: ClaimAssignment,
@@ -437,9 +449,9 @@ fn isolates(claim: &ClaimAssignment) -> bool {
 /// What a claim holding CPUs outside the allocatable ones gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OutsideAllocatable {
-    /// A claim being prepared or learned now: refused.
+    /// A claim learned from a CDI spec alone: refused.
     Refused,
-    /// A claim of dra-plugin's store (a snapshot): kept.
+    /// A claim of dra-plugin's store (a snapshot, an event, a Lookup): kept.
     Kept,
 }
 
@@ -726,7 +738,8 @@ mod tests {
         assert_eq!(s.exclusive(), &set("2,6-7"));
         assert_eq!(s.shared(), set("1,3-5"));
         assert_eq!(up, updates(&[("sh", "1,3-5")]));
-        // Learned now, the same claim is still refused.
+        // Learned from a CDI spec alone, such a claim is refused (from
+        // dra-plugin's store it is kept, below).
         assert!(matches!(
             s.add_claim(claim("cc", "7", "p4")),
             Err(PoolError::ClaimOutsideAllocatable { .. })
@@ -734,6 +747,10 @@ mod tests {
         // Unprepared, its CPU outside the allocatable ones stays out of the pool.
         s.mark_applied(&up);
         s.remove_claim("aa");
+        assert_eq!(s.shared(), set("1,3-6"));
+        s.add_stored_claim(claim("cc", "7", "p4"))
+            .expect("a stored claim on a CPU no longer allocatable");
+        assert_eq!(s.exclusive(), &set("2,7"));
         assert_eq!(s.shared(), set("1,3-6"));
     }
 
