@@ -35,7 +35,7 @@ use shared_state::tuning::support::NodeSupport;
 use shared_state::{ClaimAssignment, CpuSet, NodeSnapshot};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::broadcast;
@@ -69,6 +69,14 @@ pub enum StateEvent {
     Node(Box<NodeSnapshot>),
 }
 
+/// One reading of the node's offline CPUs, numbered in the order the
+/// readings began.
+#[derive(Debug)]
+struct OfflineReading {
+    number: u64,
+    offline: CpuSet,
+}
+
 /// What the driver needs to know about its node and its options.
 #[derive(Debug, Clone)]
 pub struct DriverOptions {
@@ -92,9 +100,12 @@ struct State {
     /// Changes waiting for or in the group commit, and their answers.
     commits: CommitQueue<Pending, Result<(), PrepareError>>,
     /// CPUs of the node that were online at start-up and are offline now,
-    /// as last read by [`Driver::follow_online_cpus`]: left out of the
-    /// shared pool the snapshots describe.
+    /// as last read (by a prepare or [`Driver::follow_online_cpus`]): left
+    /// out of the shared pool the snapshots describe.
     offline: CpuSet,
+    /// The number of the reading `offline` comes from: a reading begun
+    /// before it never replaces it.
+    offline_reading: u64,
 }
 
 /// A change waiting for the group commit.
@@ -170,6 +181,8 @@ pub struct Driver {
     tuner: Option<Arc<NodeTuner>>,
     /// Where the online CPUs are read at every prepare (`with_online_cpus`).
     online_cpus_root: Option<PathBuf>,
+    /// Readings of the online list begun so far, numbering each.
+    online_readings: AtomicU64,
     tuning_support: NodeSupport,
 }
 
@@ -236,12 +249,14 @@ impl Driver {
                 in_flight: BTreeMap::new(),
                 commits: CommitQueue::default(),
                 offline: CpuSet::new(),
+                offline_reading: 0,
             }),
             events,
             metrics,
             store_fault: Arc::default(),
             tuner: None,
             online_cpus_root: None,
+            online_readings: AtomicU64::new(0),
             tuning_support: NodeSupport::none(
                 "low-latency tuning is off on this node (dra-plugin --low-latency-tuning)",
             ),
@@ -270,14 +285,19 @@ impl Driver {
     /// online list is not watched or cannot be read. An empty list is taken
     /// as unreadable: a kernel always has a CPU online, and a file caught
     /// while being rewritten must not empty the shared pool.
-    fn read_offline(&self) -> Option<CpuSet> {
+    /// Numbered in the order the readings began.
+    fn read_offline(&self) -> Option<OfflineReading> {
         let root = self.online_cpus_root.as_ref()?;
+        let number = self.online_readings.fetch_add(1, Ordering::Relaxed) + 1;
         match read_online_cpus(root) {
             Ok(online) if online.is_empty() => {
                 tracing::debug!("the online CPU list is empty; keeping the last reading");
                 None
             }
-            Ok(online) => Some(self.catalog.node_cpus().online.difference(&online)),
+            Ok(online) => Some(OfflineReading {
+                number,
+                offline: self.catalog.node_cpus().online.difference(&online),
+            }),
             Err(error) => {
                 tracing::debug!(%error, "cannot read the online CPUs");
                 None
@@ -295,22 +315,25 @@ impl Driver {
     /// (which a repeated prepare holds across a CDI spec write): call from a
     /// blocking thread.
     pub fn follow_online_cpus(&self) -> Option<CpuSet> {
+        let reading = self.read_offline()?;
+        let offline = reading.offline.clone();
         let mut state = self.lock();
-        // Read under the lock, as prepares do: no older reading can
-        // overwrite a newer one.
-        let offline = self.read_offline()?;
-        self.note_offline(&mut state, offline.clone())
-            .then_some(offline)
+        self.note_offline(&mut state, reading).then_some(offline)
     }
 
-    /// Record a reading of the offline CPUs; when it differs from the last,
-    /// tell subscribers before any later event (the caller holds the state
-    /// lock). Returns whether it changed.
-    fn note_offline(&self, state: &mut State, offline: CpuSet) -> bool {
-        if state.offline == offline {
+    /// Record a reading of the offline CPUs unless one begun later is
+    /// recorded already; when it differs from the last, tell subscribers
+    /// before any later event (the caller holds the state lock). Returns
+    /// whether it changed.
+    fn note_offline(&self, state: &mut State, reading: OfflineReading) -> bool {
+        if reading.number <= state.offline_reading {
             return false;
         }
-        let previous = std::mem::replace(&mut state.offline, offline);
+        state.offline_reading = reading.number;
+        if state.offline == reading.offline {
+            return false;
+        }
+        let previous = std::mem::replace(&mut state.offline, reading.offline);
         tracing::warn!(
             offline = %state.offline,
             went_offline = %state.offline.difference(&previous),
@@ -556,15 +579,16 @@ impl Driver {
         claim: &ClaimRef,
         object: &ResourceClaim,
     ) -> Result<Prepared, PrepareError> {
+        // Read before the lock: concurrent prepares wait for nothing slower.
+        let reading = self.read_offline();
         let mut state = self.lock_idle(&claim.uid);
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
             return self.ensure_cdi(claim, assignment);
         }
-        // Read under the lock (one small sysfs file): a change is told to
-        // subscribers before this claim's event, so nri-plugin never learns
-        // a claim on a CPU its pool does not know yet. Unreadable, the last
-        // reading stands.
-        if let Some(reading) = self.read_offline() {
+        // A change is told to subscribers before this claim's event, so
+        // nri-plugin never learns a claim on a CPU its pool does not know
+        // yet. Unreadable, or older than one recorded, the last stands.
+        if let Some(reading) = reading {
             self.note_offline(&mut state, reading);
         }
         let offline = state.offline.clone();
