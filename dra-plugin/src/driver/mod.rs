@@ -281,11 +281,11 @@ impl Driver {
         self
     }
 
-    /// The CPUs online at start-up that are offline now; `None` when the
-    /// online list is not watched or cannot be read. An empty list is taken
-    /// as unreadable: a kernel always has a CPU online, and a file caught
-    /// while being rewritten must not empty the shared pool.
-    /// Numbered in the order the readings began.
+    /// The CPUs online at start-up that are offline now, numbered in the
+    /// order the readings began; `None` when the online list is not watched
+    /// or cannot be read. An empty list is taken as unreadable: a kernel
+    /// always has a CPU online, and a file caught while being rewritten must
+    /// not empty the shared pool.
     fn read_offline(&self) -> Option<OfflineReading> {
         let root = self.online_cpus_root.as_ref()?;
         let number = self.online_readings.fetch_add(1, Ordering::Relaxed) + 1;
