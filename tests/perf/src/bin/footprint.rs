@@ -1,7 +1,8 @@
 //! Where the daemons' resident memory goes: starts the bench of row 7
 //! (dra-plugin on the 1024-CPU node, nri-plugin subscribed), prints each
 //! process's `smaps_rollup` by kind right after start and again with
-//! `--claims N` claims prepared, and with `--hold` keeps both running until
+//! `--claims N` claims prepared and once more after they are all unprepared
+//! (what the burst left behind), and with `--hold` keeps both running until
 //! stdin closes, for a profiler (`heaptrack -p`, `perf`, `/proc/<pid>/smaps`).
 //!
 //! Unlike row 7, which reads the process after rows 1 and 2 ran in it, the
@@ -14,6 +15,17 @@ use std::time::Duration;
 
 /// The `smaps_rollup` lines worth printing, in KiB.
 const KINDS: [&str; 4] = ["Rss:", "Anonymous:", "Shared_Clean:", "Private_Clean:"];
+
+/// How long after the last unprepare the third reading is taken: past the
+/// status writes the unprepares queued and past the 10 s after which the
+/// burst's idle blocking threads exit.
+const UNPREPARED_SETTLE_MS: u64 = 12_000;
+
+/// With `--hold`, a pause with the claims prepared: one line on stdin goes on.
+async fn hold_until_stdin_line() {
+    println!("holding with the claims prepared; a line on stdin goes on");
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+}
 
 fn rollup(pid: u32) -> String {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
@@ -51,7 +63,7 @@ fn report(bench: &DraBench, when: &str) {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: footprint [--claims N] [--hold]   (binaries from DRA_PLUGIN_BIN, NRI_PLUGIN_BIN)");
+        println!("usage: footprint [--claims N] [--hold]   (binaries from DRA_PLUGIN_BIN, NRI_PLUGIN_BIN; readings: idle, with the claims, after they are unprepared)");
         return Ok(());
     }
     let claims: usize = match args.iter().position(|a| a == "--claims") {
@@ -73,9 +85,17 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     report(&bench, "idle");
     if claims > 0 {
-        bench.prepare_new_claims(claims).await?;
+        let prepared = bench.prepare_new_claims(claims).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
         report(&bench, &format!("{claims} claims"));
+        if hold {
+            hold_until_stdin_line().await;
+        }
+        for chunk in prepared.chunks(32) {
+            bench.unprepare(chunk).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(UNPREPARED_SETTLE_MS)).await;
+        report(&bench, "unprepared");
     }
     if hold {
         println!("holding; close stdin to stop");
