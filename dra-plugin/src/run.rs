@@ -477,18 +477,38 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 /// pool of running containers within about a second, before the kernel
 /// refuses (on cgroup v1) a cpuset that names it.
 async fn follow_online_cpus(driver: Arc<Driver>, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(HealthTiming::default().poll_every);
+    // The state lock may be held across a CDI spec write.
+    every_period_on_a_blocking_thread(
+        HealthTiming::default().poll_every,
+        stop,
+        move || driver.follow_online_cpus(),
+        |done| {
+            if let Err(e) = done {
+                tracing::error!(error = %e, "reading the online CPUs failed");
+            }
+        },
+    )
+    .await
+}
+
+/// Runs `work` every `period` until `stop`, each time on a blocking thread
+/// (it waits on locks or files, which an async worker must not), and hands
+/// what it returned, or how its task failed, to `report`. A pass that
+/// overruns the period delays the next instead of bunching them.
+async fn every_period_on_a_blocking_thread<T: Send + 'static>(
+    period: std::time::Duration,
+    stop: CancellationToken,
+    work: impl Fn() -> T + Clone + Send + 'static,
+    report: impl Fn(Result<T, tokio::task::JoinError>),
+) {
+    let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        // The state lock may be held across a CDI spec write.
-        let driver = driver.clone();
-        if let Err(e) = tokio::task::spawn_blocking(move || driver.follow_online_cpus()).await {
-            tracing::error!(error = %e, "reading the online CPUs failed");
-        }
+        report(tokio::task::spawn_blocking(work.clone()).await);
     }
 }
 
@@ -499,15 +519,11 @@ pub const TUNING_REPAIR_PERIOD: std::time::Duration = std::time::Duration::from_
 /// (an irqbalance moving interrupts back onto tuned CPUs), tunes interrupts
 /// that appeared since, and retries what a failed unprepare left.
 async fn repair_tuning(tuner: Arc<NodeTuner>, stop: CancellationToken) {
-    let mut ticks = tokio::time::interval(TUNING_REPAIR_PERIOD);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        let tuner = tuner.clone();
-        match tokio::task::spawn_blocking(move || tuner.repair()).await {
+    every_period_on_a_blocking_thread(
+        TUNING_REPAIR_PERIOD,
+        stop,
+        move || tuner.repair(),
+        |done| match done {
             Ok(Ok(pass)) if pass.tuned + pass.restored > 0 => tracing::warn!(
                 tuned = pass.tuned,
                 restored = pass.restored,
@@ -516,8 +532,9 @@ async fn repair_tuning(tuner: Arc<NodeTuner>, stop: CancellationToken) {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "repairing the node's tuning failed"),
             Err(e) => tracing::error!(error = %e, "the tuning repair task failed"),
-        }
-    }
+        },
+    )
+    .await
 }
 
 async fn join_server(
