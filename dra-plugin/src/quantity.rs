@@ -5,6 +5,9 @@
 //! (`1000` → `1k`, `0.5` → `500m`), binary ones the largest power of 1024
 //! (`1024Ki` → `1Mi`, below 1024 written as decimals). Exponent notation
 //! and anything unparsable is left as it is.
+//!
+//! [`whole_value`] reads any quantity a user or the server may write (SI or
+//! binary suffix, or exponent) as the exact whole number it stands for.
 
 const DECIMAL_SUFFIXES: [(&str, i32); 10] = [
     ("n", -9),
@@ -92,9 +95,112 @@ pub fn canonical(quantity: &str) -> Option<String> {
     format_decimal(significand, exponent + shift)
 }
 
+/// The whole, non-negative number `quantity` stands for, in any of the
+/// forms the API accepts: `1k` (as the server writes 1000), `4000m`,
+/// `4.0`, `+4`, `2Ki`, `1e3`. `None` for a fraction (`1.5`, `500m`), a
+/// negative value, a value above `u64::MAX` or text that is no quantity.
+pub fn whole_value(quantity: &str) -> Option<u64> {
+    let quantity = quantity.trim();
+    let number_end = quantity
+        .find(|c: char| !matches!(c, '0'..='9' | '.' | '+' | '-'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(number_end);
+    // "4." is 4, as apimachinery reads it; "." alone is no number.
+    if number.trim_start_matches(['+', '-']).starts_with('.') {
+        return None;
+    }
+    let (significand, mut exponent) = split_decimal(number)?;
+    let mut significand = significand;
+    if let Some((_, bits)) = BINARY_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
+        significand = significand.checked_mul(1i128 << bits)?;
+    } else if let Some((_, shift)) = DECIMAL_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
+        exponent = exponent.checked_add(*shift)?;
+    } else {
+        let power = suffix.strip_prefix(['e', 'E'])?;
+        let unsigned = power.strip_prefix(['+', '-']).unwrap_or(power);
+        if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        exponent = exponent.checked_add(power.parse::<i32>().ok()?)?;
+    }
+    if significand < 0 {
+        return None;
+    }
+    let value = if exponent >= 0 {
+        significand.checked_mul(10i128.checked_pow(exponent.unsigned_abs())?)?
+    } else {
+        let divisor = 10i128.checked_pow(exponent.unsigned_abs());
+        match divisor {
+            Some(d) if significand % d == 0 => significand / d,
+            // A divisor past i128 leaves a whole number only for zero.
+            None if significand == 0 => 0,
+            _ => return None,
+        }
+    };
+    u64::try_from(value).ok()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::canonical;
+    use super::{canonical, whole_value};
+
+    #[test]
+    fn whole_value_table() {
+        for (input, want) in [
+            ("4", Some(4)),
+            ("+4", Some(4)),
+            (" 4 ", Some(4)),
+            ("4.0", Some(4)),
+            ("4.", Some(4)),
+            ("4000m", Some(4)),
+            ("1k", Some(1000)),
+            ("2k", Some(2000)),
+            ("1.5k", Some(1500)),
+            ("1M", Some(1_000_000)),
+            ("2Ki", Some(2048)),
+            ("0.5Ki", Some(512)),
+            ("1e3", Some(1000)),
+            ("1E3", Some(1000)),
+            ("1000e-3", Some(1)),
+            ("1500e-3", None),
+            ("0", Some(0)),
+            ("0m", Some(0)),
+            ("0e-99999", Some(0)),
+            ("1.5", None),
+            ("500m", None),
+            ("1500e-4", None),
+            ("-2", None),
+            ("-2k", None),
+            ("", None),
+            (".0", None),
+            ("+.5", None),
+            ("1x", None),
+            ("1e", None),
+            ("1e+", None),
+            ("1e3.5", None),
+            ("k", None),
+            ("99999999999999999999", None),
+            ("100E", None),
+            ("1e99999", None),
+        ] {
+            assert_eq!(whole_value(input), want, "{input:?}");
+        }
+    }
+
+    /// What the server writes back reads as the value the user wrote.
+    #[test]
+    fn canonical_text_keeps_its_whole_value() {
+        for input in [
+            "1000", "2000", "1500", "3000000", "2048Ki", "1536Ki", "4000m", "64",
+        ] {
+            let written = canonical(input).expect("canonical");
+            assert_eq!(
+                whole_value(&written),
+                whole_value(input),
+                "{input} -> {written}"
+            );
+        }
+    }
 
     #[test]
     fn canonical_table() {

@@ -140,39 +140,16 @@ pub fn parse_claim(
     })
 }
 
-/// A Kubernetes quantity that is a whole, positive number of CPUs: `4`,
-/// `4000m`, `4.0`, `+4`. `1.5`, `500m`, `0`, `-2` and `2Ki` are not.
+/// A Kubernetes quantity that is a whole, positive number of CPUs, in any
+/// form the API server accepts or writes back: `4`, `4000m`, `4.0`, `+4`,
+/// `1k` (the server's text for 1000), `2Ki`, `1e3`. `1.5`, `500m`, `0` and
+/// `-2` are not.
 pub fn whole_cpus(quantity: &str) -> Option<u32> {
-    let q = quantity.trim();
-    let q = q.strip_prefix('+').unwrap_or(q);
-    let value: u64 = if let Some(milli) = q.strip_suffix('m') {
-        let m: u64 = digits(milli)?;
-        if !m.is_multiple_of(1000) {
-            return None;
-        }
-        m / 1000
-    } else if let Some((whole, fraction)) = q.split_once('.') {
-        if !fraction.bytes().all(|b| b == b'0') {
-            return None;
-        }
-        if whole.is_empty() {
-            return None;
-        }
-        digits(whole)?
-    } else {
-        digits(q)?
-    };
+    let value = crate::quantity::whole_value(quantity)?;
     if value == 0 {
         return None;
     }
     u32::try_from(value).ok()
-}
-
-fn digits(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
 }
 
 #[cfg(test)]
@@ -250,7 +227,10 @@ mod tests {
             ("0", None),
             ("0m", None),
             ("-2", None),
-            ("2Ki", None),
+            ("1k", Some(1000)),
+            ("2k", Some(2000)),
+            ("2Ki", Some(2048)),
+            ("1e3", Some(1000)),
             ("", None),
             (".0", None),
             ("99999999999", None),
