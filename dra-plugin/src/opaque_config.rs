@@ -26,7 +26,7 @@
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use serde_json::Value;
-use shared_state::tuning::request::{parse_tuning, Tuning, TuningError};
+use shared_state::tuning::request::{parse_tuning, Tuning, TuningError, TuningRequest};
 use shared_state::CpuSet;
 use std::collections::BTreeMap;
 
@@ -114,7 +114,7 @@ pub enum OpaqueConfigError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Parameters {
     cpus: Option<CpuSet>,
-    tuning: Option<Tuning>,
+    tuning: Option<TuningRequest>,
 }
 
 fn parse_parameters(index: usize, parameters: &Value) -> Result<Parameters, OpaqueConfigError> {
@@ -236,14 +236,14 @@ pub fn cpusets_by_request(
 /// What a configured cpuset is checked against.
 /// The tuning a claim asks for: every `tuning` of this driver's configs, in
 /// their order (the DeviceClass's before the claim's), a later knob over an
-/// earlier one. Tuning acts on all the claim's CPUs, so a config that names
+/// earlier one (`default` included). Tuning acts on all the claim's CPUs, so a config that names
 /// requests must name each of `requests`.
 pub fn claim_tuning(
     configs: &[DeviceAllocationConfiguration],
     driver: &str,
     requests: &[&str],
 ) -> Result<Tuning, OpaqueConfigError> {
-    let mut tuning = Tuning::default();
+    let mut tuning = TuningRequest::default();
     for (index, config) in configs.iter().enumerate() {
         let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
             continue;
@@ -269,7 +269,7 @@ pub fn claim_tuning(
             tuning = tuning.overlaid(&asked);
         }
     }
-    Ok(tuning)
+    Ok(tuning.tuning())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -581,6 +581,17 @@ mod tests {
                 Ok(Tuning {
                     isolate_irqs: true,
                     max_idle_latency_us: Some(0),
+                    ..Tuning::default()
+                }),
+            ),
+            (
+                "the claim's default sets back the class's knob",
+                vec![
+                    config("FromClass", "dra.cpu", &[], tuning(json!({"irqs": "isolate", "cfsQuota": "off"}))),
+                    config("FromClaim", "dra.cpu", &[], tuning(json!({"irqs": "default"}))),
+                ],
+                Ok(Tuning {
+                    cfs_quota_off: true,
                     ..Tuning::default()
                 }),
             ),

@@ -7,12 +7,14 @@
 //!     irqs: isolate            # or default
 //!     cfsQuota: off            # or default
 //!     loadBalancing: off       # or default
-//!     idle: {maxLatencyMicroseconds: 0}
-//!     governor: performance
+//!     idle: {maxLatencyMicroseconds: 0}   # or default
+//!     governor: performance    # or default
 //! ```
 //!
 //! Every key is optional; an unknown key or value is refused with its path
-//! (`tuning.idle.maxLatency`), so a typo never passes as "no tuning".
+//! (`tuning.idle.maxLatency`), so a typo never passes as "no tuning". A key
+//! left out leaves the knob to an earlier config (the DeviceClass's);
+//! `default` sets it back (a [`TuningRequest`] keeps the difference).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -60,18 +62,6 @@ impl Tuning {
         self.isolate_irqs || self.max_idle_latency_us.is_some() || self.governor.is_some()
     }
 
-    /// `later` laid over `self`: each knob `later` sets wins, as a claim's
-    /// config wins over its DeviceClass's.
-    pub fn overlaid(&self, later: &Tuning) -> Tuning {
-        Tuning {
-            isolate_irqs: later.isolate_irqs || self.isolate_irqs,
-            cfs_quota_off: later.cfs_quota_off || self.cfs_quota_off,
-            load_balancing_off: later.load_balancing_off || self.load_balancing_off,
-            max_idle_latency_us: later.max_idle_latency_us.or(self.max_idle_latency_us),
-            governor: later.governor.clone().or_else(|| self.governor.clone()),
-        }
-    }
-
     /// The knobs asked for, by their config names, for logs and messages.
     pub fn knobs(&self) -> Vec<&'static str> {
         let mut knobs = Vec::new();
@@ -91,6 +81,44 @@ impl Tuning {
             knobs.push("governor");
         }
         knobs
+    }
+}
+
+/// A `tuning` object as written: each knob asked for (`Some` of its
+/// value, `Some` of the default for `default`) or left out (`None`), so a
+/// later config (the claim's) can set back a knob an earlier one (its
+/// DeviceClass's) asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TuningRequest {
+    pub isolate_irqs: Option<bool>,
+    pub cfs_quota_off: Option<bool>,
+    pub load_balancing_off: Option<bool>,
+    pub max_idle_latency_us: Option<Option<u32>>,
+    pub governor: Option<Option<String>>,
+}
+
+impl TuningRequest {
+    /// `later` laid over `self`: each knob `later` names wins, `default`
+    /// included, as a claim's config wins over its DeviceClass's.
+    pub fn overlaid(&self, later: &TuningRequest) -> TuningRequest {
+        TuningRequest {
+            isolate_irqs: later.isolate_irqs.or(self.isolate_irqs),
+            cfs_quota_off: later.cfs_quota_off.or(self.cfs_quota_off),
+            load_balancing_off: later.load_balancing_off.or(self.load_balancing_off),
+            max_idle_latency_us: later.max_idle_latency_us.or(self.max_idle_latency_us),
+            governor: later.governor.clone().or_else(|| self.governor.clone()),
+        }
+    }
+
+    /// The tuning asked for in the end: a knob left out asks nothing.
+    pub fn tuning(&self) -> Tuning {
+        Tuning {
+            isolate_irqs: self.isolate_irqs.unwrap_or(false),
+            cfs_quota_off: self.cfs_quota_off.unwrap_or(false),
+            load_balancing_off: self.load_balancing_off.unwrap_or(false),
+            max_idle_latency_us: self.max_idle_latency_us.flatten(),
+            governor: self.governor.clone().flatten(),
+        }
     }
 }
 
@@ -153,27 +181,37 @@ fn switch(path: &str, value: &Value, on: &'static str) -> Result<bool, TuningErr
 
 /// Reads the `tuning` object of a config's parameters. `path` names it in
 /// errors (`tuning`).
-pub fn parse_tuning(path: &str, value: &Value) -> Result<Tuning, TuningError> {
+pub fn parse_tuning(path: &str, value: &Value) -> Result<TuningRequest, TuningError> {
     let object = keyed_object(
         path,
         value,
         &["irqs", "cfsQuota", "loadBalancing", "idle", "governor"],
         "irqs, cfsQuota, loadBalancing, idle, governor",
     )?;
-    let mut tuning = Tuning::default();
+    let mut request = TuningRequest::default();
     for (key, value) in object {
         let path = format!("{path}.{key}");
         match key.as_str() {
-            "irqs" => tuning.isolate_irqs = switch(&path, value, "isolate")?,
-            "cfsQuota" => tuning.cfs_quota_off = switch(&path, value, "off")?,
-            "loadBalancing" => tuning.load_balancing_off = switch(&path, value, "off")?,
+            "irqs" => request.isolate_irqs = Some(switch(&path, value, "isolate")?),
+            "cfsQuota" => request.cfs_quota_off = Some(switch(&path, value, "off")?),
+            "loadBalancing" => request.load_balancing_off = Some(switch(&path, value, "off")?),
+            "idle" if value.as_str() == Some("default") => {
+                request.max_idle_latency_us = Some(None);
+            }
             "idle" => {
                 let idle = keyed_object(
                     &path,
                     value,
                     &["maxLatencyMicroseconds"],
                     "maxLatencyMicroseconds",
-                )?;
+                )
+                .map_err(|e| match e {
+                    TuningError::NotAnObject { .. } => {
+                        bad(&path, value, "{maxLatencyMicroseconds: N}, \"default\"")
+                    }
+                    other => other,
+                })?;
+                // `{}` names no bound: as if the key were left out.
                 if let Some(latency) = idle.get("maxLatencyMicroseconds") {
                     let us = latency
                         .as_u64()
@@ -186,9 +224,10 @@ pub fn parse_tuning(path: &str, value: &Value) -> Result<Tuning, TuningError> {
                                 "the whole numbers 0 to 2147483646",
                             )
                         })?;
-                    tuning.max_idle_latency_us = Some(us);
+                    request.max_idle_latency_us = Some(Some(us));
                 }
             }
+            "governor" if value.as_str() == Some("default") => request.governor = Some(None),
             "governor" => {
                 let name = value
                     .as_str()
@@ -203,16 +242,16 @@ pub fn parse_tuning(path: &str, value: &Value) -> Result<Tuning, TuningError> {
                         bad(
                             &path,
                             value,
-                            "a cpufreq governor name (lower-case letters, digits, _; at most 15)",
+                            "a cpufreq governor name (lower-case letters, digits, _; at most 15), \"default\"",
                         )
                     })?;
-                tuning.governor = Some(name.to_string());
+                request.governor = Some(Some(name.to_string()));
             }
             // `object` refused every other key.
             _ => {}
         }
     }
-    Ok(tuning)
+    Ok(request)
 }
 
 #[cfg(test)]
@@ -239,7 +278,13 @@ mod tests {
             ),
             (
                 "default values ask nothing",
-                json!({"irqs": "default", "cfsQuota": "default", "loadBalancing": "default", "idle": {}}),
+                json!({"irqs": "default", "cfsQuota": "default", "loadBalancing": "default",
+                       "idle": "default", "governor": "default"}),
+                Ok(Tuning::default()),
+            ),
+            (
+                "an empty idle asks nothing",
+                json!({"idle": {}}),
                 Ok(Tuning::default()),
             ),
             (
@@ -283,7 +328,7 @@ mod tests {
             (
                 "a path in a governor",
                 json!({"governor": "../x"}),
-                Err("tuning.governor: \"../x\" is not one of a cpufreq governor name (lower-case letters, digits, _; at most 15)".into()),
+                Err("tuning.governor: \"../x\" is not one of a cpufreq governor name (lower-case letters, digits, _; at most 15), \"default\"".into()),
             ),
             (
                 "not an object",
@@ -293,30 +338,30 @@ mod tests {
             (
                 "idle not an object",
                 json!({"idle": 0}),
-                Err("tuning.idle is not an object".into()),
+                Err("tuning.idle: 0 is not one of {maxLatencyMicroseconds: N}, \"default\"".into()),
             ),
         ];
         for (name, input, want) in cases {
-            let got = parse_tuning("tuning", &input).map_err(|e| e.to_string());
+            let got = parse_tuning("tuning", &input)
+                .map(|request| request.tuning())
+                .map_err(|e| e.to_string());
             assert_eq!(got, want, "{name}");
         }
     }
 
+    fn request(value: Value) -> TuningRequest {
+        parse_tuning("tuning", &value).expect("a valid tuning")
+    }
+
     #[test]
     fn a_later_config_wins_knob_by_knob() {
-        let class = Tuning {
-            isolate_irqs: true,
-            max_idle_latency_us: Some(100),
-            governor: Some("powersave".into()),
-            ..Tuning::default()
-        };
-        let claim = Tuning {
-            max_idle_latency_us: Some(0),
-            cfs_quota_off: true,
-            ..Tuning::default()
-        };
+        let class = request(
+            json!({"irqs": "isolate", "idle": {"maxLatencyMicroseconds": 100},
+                                   "governor": "powersave"}),
+        );
+        let claim = request(json!({"idle": {"maxLatencyMicroseconds": 0}, "cfsQuota": "off"}));
         assert_eq!(
-            class.overlaid(&claim),
+            class.overlaid(&claim).tuning(),
             Tuning {
                 isolate_irqs: true,
                 cfs_quota_off: true,
@@ -325,7 +370,46 @@ mod tests {
                 governor: Some("powersave".into()),
             }
         );
-        assert_eq!(Tuning::default().overlaid(&claim), claim);
+        assert_eq!(
+            TuningRequest::default().overlaid(&claim).tuning(),
+            claim.tuning()
+        );
+    }
+
+    /// `default` in the claim sets back what its DeviceClass asked; a key
+    /// the claim leaves out keeps the class's. Control: without the
+    /// claim's config every knob of the class stands.
+    #[test]
+    fn a_later_default_sets_a_knob_back() {
+        let class = request(
+            json!({"irqs": "isolate", "cfsQuota": "off", "loadBalancing": "off",
+                                   "idle": {"maxLatencyMicroseconds": 0}, "governor": "performance"}),
+        );
+        let every_knob = Tuning {
+            isolate_irqs: true,
+            cfs_quota_off: true,
+            load_balancing_off: true,
+            max_idle_latency_us: Some(0),
+            governor: Some("performance".into()),
+        };
+        assert_eq!(class.tuning(), every_knob);
+        assert_eq!(
+            class.overlaid(&TuningRequest::default()).tuning(),
+            every_knob
+        );
+        let all_back = request(json!({"irqs": "default", "cfsQuota": "default",
+                                      "loadBalancing": "default", "idle": "default",
+                                      "governor": "default"}));
+        assert_eq!(class.overlaid(&all_back).tuning(), Tuning::default());
+        let some_back = request(json!({"cfsQuota": "default", "governor": "default"}));
+        assert_eq!(
+            class.overlaid(&some_back).tuning(),
+            Tuning {
+                cfs_quota_off: false,
+                governor: None,
+                ..every_knob
+            }
+        );
     }
 
     #[test]
