@@ -239,6 +239,8 @@ bad_values=(
   "nri.metricsPort=9440|the ports must differ"
   "coordinationSocket=/tmp/coordination.sock|must lie under stateDir"
   "securityContext.runAsUser=1000|is not in draPlugin.coordinationAllowedUids"
+  "updateStrategy.rollingUpdate.maxSurge=1|/updateStrategy/rollingUpdate/maxSurge"
+  "nri.requiredByRuntime.enabled=true|nri.requiredByRuntime.enabled needs hostNetwork: true"
 )
 for case in "${bad_values[@]}"; do
   setting="${case%%|*}"
@@ -250,6 +252,36 @@ for case in "${bad_values[@]}"; do
     fail "--set $setting was refused without naming the problem ('$expected'): $(cat "$out/bad.log")"
 done
 echo "check-chart: ${#bad_values[@]} bad values refused with a message naming them"
+
+# --- values the API server would refuse in combination --------------------------------
+# privileged: true with the default allowPrivilegeEscalation: false is refused
+# by the API server (not by the schemas above): the chart drops the latter.
+helm template dra-cpu "$chart" --namespace dra-cpu --set securityContext.privileged=true >"$out/privileged.yaml" 2>"$out/privileged.log" ||
+  { cat "$out/privileged.log" >&2; fail "helm template (securityContext.privileged=true)"; }
+"$python" - "$out/privileged.yaml" <<'EOF2' || fail "securityContext.privileged=true renders a pair the API server refuses"
+import sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc.get("kind") == "DaemonSet":
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            sc = c.get("securityContext", {})
+            assert sc.get("privileged") is True, (c["name"], sc)
+            assert "allowPrivilegeEscalation" not in sc, (c["name"], sc)
+        break
+else:
+    sys.exit("no DaemonSet rendered")
+EOF2
+# A 63-character full name leaves the metrics Service a valid name.
+long_name=$(printf 'a%.0s' $(seq 63))
+helm template dra-cpu "$chart" --namespace dra-cpu --set fullnameOverride="$long_name",metrics.serviceMonitor.enabled=true >"$out/long-name.yaml" 2>"$out/long-name.log" ||
+  { cat "$out/long-name.log" >&2; fail "helm template (a 63-character fullnameOverride)"; }
+"$python" - "$out/long-name.yaml" <<'EOF2' || fail "a 63-character fullnameOverride renders a name over 63 characters"
+import sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc.get("kind") == "Service":
+        name = doc["metadata"]["name"]
+        assert len(name) <= 63 and name.endswith("-metrics"), name
+EOF2
+echo "check-chart: privileged: true renders without allowPrivilegeEscalation; a 63-character name leaves the metrics Service's within 63"
 
 # --- monitoring: ServiceMonitor, its Service, the Grafana dashboard -----------------
 for nri in true false; do

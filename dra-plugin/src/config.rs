@@ -36,7 +36,9 @@ pub const TUNING_RECORD_NAME: &str = "tuning-baseline.json";
 pub const COORDINATION_SOCKET_NAME: &str = "coordination.sock";
 /// Directory of the sled store inside the state directory.
 pub const STORE_DIR_NAME: &str = "store";
-pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9440";
+/// `[::]`: IPv6 and IPv4 (`dra_cpu_daemon::http`).
+pub const DEFAULT_METRICS_ADDRESS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 9440);
 /// The shared pool keeps at least this many CPUs unless configured.
 pub const DEFAULT_MIN_SHARED_CPUS: u32 = 1;
 /// Environment variable holding the node name (the Downward API sets it).
@@ -190,11 +192,7 @@ impl Settings {
             expose_pcie_roots: self.expose_pcie_roots.unwrap_or(false),
             coordination_socket,
             coordination_allowed_uids,
-            metrics_address: self.metrics_address.unwrap_or_else(|| {
-                DEFAULT_METRICS_ADDRESS
-                    .parse()
-                    .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9440)))
-            }),
+            metrics_address: self.metrics_address.unwrap_or(DEFAULT_METRICS_ADDRESS),
             log_format: self.log_format.unwrap_or_default(),
             allow_kubelet_static_cpu_manager: self
                 .allow_kubelet_static_cpu_manager

@@ -76,7 +76,7 @@ dra_cpu_daemon::layered_settings! {
         /// Honour the `tuning` of claims' opaque configs (device interrupts,
         /// idle states, cpufreq governor, CFS quota) and publish what this
         /// node supports as device attributes. Needs the host's `/proc/irq`
-        /// and `/sys/devices/system/cpu` writable (the chart's `tuning.enabled`).
+        /// and `/sys/devices/system/cpu` writable (the chart's `draPlugin.lowLatencyTuning`).
         #[arg(num_args = 0..=1, default_missing_value = "true", require_equals = true)]
         pub low_latency_tuning: Option<bool>,
         /// Directory holding the host's `irq/` (its `/proc`); `/proc` by default.

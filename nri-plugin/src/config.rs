@@ -20,7 +20,9 @@ pub const DEFAULT_PLUGIN_INDEX: &str = "10";
 pub const DEFAULT_COORDINATION_SOCKET: &str = "/var/lib/dra-cpu/coordination.sock";
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 pub const DEFAULT_SYSFS_ROOT: &str = "/";
-pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9441";
+/// `[::]`: IPv6 and IPv4 (`dra_cpu_daemon::http`).
+pub const DEFAULT_METRICS_ADDRESS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 9441);
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Lost at reboot, as the cgroups it describes are.
 pub const DEFAULT_STATE_DIR: &str = "/run/dra-cpu/nri-plugin";
@@ -168,9 +170,7 @@ impl Settings {
             mixed_allocation_mode: self.mixed_allocation_mode.unwrap_or(false),
             unsolicited_updates: self.unsolicited_updates.unwrap_or_default(),
             align_memory: self.align_memory.unwrap_or(false),
-            metrics_address: self
-                .metrics_address
-                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 9441))),
+            metrics_address: self.metrics_address.unwrap_or(DEFAULT_METRICS_ADDRESS),
             log_format: self.log_format.unwrap_or_default(),
             host_cgroups: self.host_cgroups.unwrap_or_default(),
             cgroup_root: self
@@ -199,7 +199,8 @@ mod tests {
         assert_eq!(c.plugin_index, "10");
         assert_eq!(c.unsolicited_updates, UnsolicitedUpdates::Auto);
         assert!(!c.mixed_allocation_mode && !c.align_memory);
-        assert_eq!(c.metrics_address.to_string(), DEFAULT_METRICS_ADDRESS);
+        assert_eq!(c.metrics_address, DEFAULT_METRICS_ADDRESS);
+        assert_eq!(c.metrics_address.to_string(), "[::]:9441");
         assert!(c.host_cgroups.is_empty(), "off by default");
         assert_eq!(c.cgroup_root, PathBuf::from("/sys/fs/cgroup"));
     }

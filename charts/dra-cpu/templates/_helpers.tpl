@@ -98,7 +98,7 @@ partitions: elsewhere loadBalancing off is refused (no hierarchy there). */}}
 cgroup-root: /host-cgroup
 coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
-metrics-address: "0.0.0.0:{{ $p.metricsPort }}"
+metrics-address: "[::]:{{ $p.metricsPort }}"
 log-format: {{ $p.logFormat }}
 {{- with $p.kubeconfig }}
 kubeconfig: {{ . | quote }}
@@ -120,7 +120,7 @@ reserved-cpus: {{ . | quote }}
 mixed-allocation-mode: {{ .Values.mixedAllocationMode }}
 unsolicited-updates: {{ $n.unsolicitedUpdates }}
 align-memory: {{ $n.alignMemory }}
-metrics-address: "0.0.0.0:{{ $n.metricsPort }}"
+metrics-address: "[::]:{{ $n.metricsPort }}"
 log-format: {{ $n.logFormat }}
 state-dir: {{ $n.stateDir | quote }}
 {{- /* Set even when no host cgroup is listed: where the hierarchy is not
@@ -149,5 +149,19 @@ host-cgroups: {{ toJson . }}
 {{- if and .Values.nri.enabled (not (has $uid $allowed)) -}}
 {{- fail (printf "securityContext.runAsUser %d is not in draPlugin.coordinationAllowedUids %v: nri-plugin would be refused on the coordination socket" $uid .Values.draPlugin.coordinationAllowedUids) -}}
 {{- end -}}
+{{- if and .Values.nri.enabled .Values.nri.requiredByRuntime.enabled (not .Values.hostNetwork) -}}
+{{- fail "nri.requiredByRuntime.enabled needs hostNetwork: true: the runtime holds every pod without the toleration annotation until nri-plugin registers, the CNI plugin's pods too, so on a rebooted node this pod could not get the pod network it waits for" -}}
+{{- end -}}
 {{- $_ := include "dra-cpu.coordinationSocket" . -}}
+{{- end -}}
+
+{{/* The containers' securityContext: a privileged container may not also
+     forbid privilege escalation (the API server refuses the pair), so the
+     default allowPrivilegeEscalation: false gives way to privileged: true. */}}
+{{- define "dra-cpu.securityContext" -}}
+{{- $context := deepCopy .Values.securityContext -}}
+{{- if $context.privileged -}}
+{{- $_ := unset $context "allowPrivilegeEscalation" -}}
+{{- end -}}
+{{- toYaml $context -}}
 {{- end -}}

@@ -130,7 +130,7 @@ impl NodeTuner {
         let support = if enabled {
             paths.support(allocatable)
         } else {
-            NodeSupport::none("low-latency tuning is off on this node (dra-plugin --low-latency-tuning; the chart's tuning.enabled)")
+            NodeSupport::none("low-latency tuning is off on this node (dra-plugin --low-latency-tuning; the chart's draPlugin.lowLatencyTuning)")
         };
         Ok(NodeTuner {
             paths,

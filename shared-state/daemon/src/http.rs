@@ -85,6 +85,44 @@ pub fn router<E: Endpoints>(endpoints: Arc<E>) -> Router {
         .with_state(endpoints)
 }
 
+/// A listening socket on `addr`. The unspecified IPv6 address (`[::]`, the
+/// default) takes IPv4 too whatever the host's `net.ipv6.bindv6only`, so
+/// kubelet's probes reach it on single-stack clusters of either family;
+/// on a kernel without IPv6 it falls back to `0.0.0.0` of the same port.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let bound = bind_socket(addr);
+    match bound {
+        Err(e) if addr.is_ipv6() && addr.ip().is_unspecified() => {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], addr.port()));
+            match bind_socket(v4) {
+                Ok(listener) => {
+                    tracing::warn!(
+                        address = %addr, error = %e, fallback = %v4,
+                        "no IPv6 on this host: the endpoints listen on IPv4 only"
+                    );
+                    Ok(listener)
+                }
+                Err(_) => Err(e),
+            }
+        }
+        other => other,
+    }
+}
+
+fn bind_socket(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    // A restarted daemon binds again while its old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
 /// Bind `addr` and serve `router` until `shutdown` completes. Binding
 /// errors are returned; errors of one connection (a client hanging up
 /// early, garbage) end that connection only.
@@ -93,7 +131,7 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = tokio::net::TcpListener::from_std(listen(addr)?)?;
     tracing::info!(
         address = %listener.local_addr().unwrap_or(addr),
         "metrics and health endpoints listening"
@@ -148,6 +186,33 @@ mod tests {
         let mut answer = String::new();
         stream.read_to_string(&mut answer).await.unwrap();
         answer
+    }
+
+    /// `[::]` answers on IPv4 as well as IPv6 loopback (IPv4 alone on a
+    /// host without IPv6), whatever `net.ipv6.bindv6only` says.
+    #[tokio::test]
+    async fn the_unspecified_ipv6_address_takes_both_families() {
+        let listener = listen("[::]:0".parse().unwrap()).unwrap();
+        let local = listener.local_addr().unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let accepting = tokio::spawn(async move {
+            for _ in 0..2 {
+                if listener.accept().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let v4 = SocketAddr::from(([127, 0, 0, 1], local.port()));
+        tokio::net::TcpStream::connect(v4)
+            .await
+            .unwrap_or_else(|e| panic!("{v4} (listening on {local}): {e}"));
+        if local.is_ipv6() {
+            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, local.port()));
+            tokio::net::TcpStream::connect(v6)
+                .await
+                .unwrap_or_else(|e| panic!("{v6}: {e}"));
+        }
+        accepting.abort();
     }
 
     #[tokio::test]
