@@ -314,10 +314,27 @@ impl Enforcer {
                     .collect();
                 let mut view = self.view();
                 view.mark_applied(&sent);
+                // The view may have moved on while the call was out (a claim
+                // prepared meanwhile planned nothing, the pool then being
+                // recorded as before the call): what is due now goes again,
+                // as after a failed call. Updates the runtime reported as
+                // failed wait for the next event reply, as before.
+                let moved_on = view
+                    .pending_updates()
+                    .iter()
+                    .any(|u| !failed.contains(&u.container_id.as_str()));
                 self.refresh(&view);
+                drop(view);
                 self.metrics.pool_change("unsolicited");
                 self.metrics.updates_sent("unsolicited", sent.len());
                 tracing::info!(why, updates = n, failed = ?failed, "pool change sent as an unsolicited update");
+                if moved_on {
+                    tracing::info!(
+                        why,
+                        "the pool changed while the update was out; sent again shortly"
+                    );
+                    self.update_failed.notify_one();
+                }
                 PoolChange::Sent
             }
             Err(e) => {

@@ -508,6 +508,107 @@ async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
         .expect("run_with_reconnect");
 }
 
+/// An unsolicited update that lands after the view moved on leaves the
+/// runtime on a stale cpuset: claim A's unprepare grows the shared pool,
+/// its call is held by a slow runtime, and claim B, prepared meanwhile on
+/// the same CPU, needs no update since the view still records the shrunk
+/// pool. When the held call lands the shared container is on B's CPU, and
+/// the plugin sends the pool again without waiting for an event. Control
+/// (run by hand): without the resend after a recorded answer the shared
+/// container stays on B's CPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_made_stale_in_flight_is_corrected_without_an_event() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
+    let Connected {
+        enforcer,
+        updater,
+        runtime,
+        stop,
+        nri,
+        ..
+    } = connect(
+        view,
+        UnsolicitedUpdates::Auto,
+        &dir.path().join("stale.sock"),
+        SAFE,
+    )
+    .await;
+    let synced = runtime
+        .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
+        .await
+        .expect("Synchronize");
+    assert_eq!(synced, updates(&[("s", "0-7")]));
+    wait_connected(&updater).await;
+    let resend = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move { enforcer.resend_failed_updates().await })
+    };
+    let shared_cpus = || runtime.state().cpusets.get("s").cloned().flatten();
+
+    enforcer
+        .apply_prepared(2, claim(CLAIM_A, "3", POD_M))
+        .await
+        .expect("prepare A");
+    assert_eq!(shared_cpus().as_deref(), Some("0-2,4-7"));
+
+    // A's unprepare: its growth is held by the runtime.
+    runtime.hold_update_calls(1);
+    let unprepare = {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move { enforcer.apply_unprepared(3, CLAIM_A).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while runtime.state().held == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the growth never reached the runtime"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B on the same CPU: the view records s on 0-2,4-7 still, nothing to send.
+    enforcer
+        .apply_prepared(4, claim(CLAIM_B, "3", POD_B))
+        .await
+        .expect("prepare B");
+    assert_eq!(
+        unsolicited(&runtime).len(),
+        2,
+        "A's shrink, A's held growth"
+    );
+
+    runtime.release_held_update();
+    unprepare.await.expect("join").expect("unprepare A");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while shared_cpus().as_deref() != Some("0-2,4-7") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the shared container stays on claim B's CPU: {:?}, calls {:?}",
+            shared_cpus(),
+            runtime.state().unsolicited
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        unsolicited(&runtime),
+        vec![
+            updates(&[("s", "0-2,4-7")]),
+            updates(&[("s", "0-7")]),
+            updates(&[("s", "0-2,4-7")]),
+        ],
+        "shrink, the held growth, the pool sent again"
+    );
+    assert!(enforcer.view().pending_updates().is_empty());
+
+    resend.abort();
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), nri)
+        .await
+        .expect("the NRI task stops")
+        .expect("join")
+        .expect("run_with_reconnect");
+}
+
 /// dra-plugin's snapshot after a CPU went offline (the same revision, the
 /// CPU left out of the allocatable ones) moves running shared and mixed
 /// containers off it at once on a safe runtime, and the next snapshot,

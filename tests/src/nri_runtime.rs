@@ -80,6 +80,12 @@ pub struct RuntimeState {
     /// applied: what containerd answers when a call's deadline passes
     /// before its `runc update`s are done.
     pub refuse_calls: usize,
+    /// How many UpdateContainers calls to come are held, received but
+    /// neither applied nor answered until [`NriSession::release_held_update`]:
+    /// a call whose `runc update`s take long.
+    pub hold_calls: usize,
+    /// Calls held now.
+    pub held: usize,
 }
 
 impl RuntimeState {
@@ -123,6 +129,7 @@ pub fn listed(updates: &[ContainerUpdate]) -> Vec<Update> {
 struct RuntimeService {
     state: Arc<Mutex<RuntimeState>>,
     registered: Arc<Notify>,
+    release: Arc<Notify>,
 }
 
 #[async_trait]
@@ -142,8 +149,23 @@ impl api_ttrpc::Runtime for RuntimeService {
         _ctx: &TtrpcContext,
         req: api::UpdateContainersRequest,
     ) -> ttrpc::Result<api::UpdateContainersResponse> {
+        let hold = {
+            let mut state = lock(&self.state);
+            state.unsolicited.push(listed(&req.update));
+            let hold = state.hold_calls > 0;
+            if hold {
+                state.hold_calls -= 1;
+                state.held += 1;
+            }
+            hold
+        };
+        if hold {
+            self.release.notified().await;
+        }
         let mut state = lock(&self.state);
-        state.unsolicited.push(listed(&req.update));
+        if hold {
+            state.held -= 1;
+        }
         if state.refuse_calls > 0 {
             state.refuse_calls -= 1;
             return Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
@@ -204,6 +226,7 @@ impl NriRuntime {
         };
         let state = Arc::new(Mutex::new(RuntimeState::default()));
         let registered = Arc::new(Notify::new());
+        let release = Arc::new(Notify::new());
         let accepted = futures::stream::once(async move { Ok::<_, std::io::Error>(runtime_conn) });
         let mut server = ttrpc::r#async::Server::new()
             .add_listener(Listener::new(futures::StreamExt::chain(
@@ -213,6 +236,7 @@ impl NriRuntime {
             .register_service(api_ttrpc::create_runtime(Arc::new(RuntimeService {
                 state: state.clone(),
                 registered: registered.clone(),
+                release: release.clone(),
             })));
         server.start().await.map_err(NriRuntimeError::Serve)?;
         let plugin = PluginClient::new(ttrpc::r#async::Client::new(Socket::new(plugin_conn)));
@@ -222,6 +246,7 @@ impl NriRuntime {
         Ok(NriSession {
             plugin,
             state,
+            release,
             _server: server,
             _mux: mux,
         })
@@ -232,6 +257,7 @@ impl NriRuntime {
 pub struct NriSession {
     plugin: PluginClient,
     state: Arc<Mutex<RuntimeState>>,
+    release: Arc<Notify>,
     _server: ttrpc::r#async::Server,
     _mux: Multiplexer,
 }
@@ -367,6 +393,17 @@ impl NriSession {
     /// Refuse the next `calls` UpdateContainers calls whole.
     pub fn refuse_update_calls(&self, calls: usize) {
         lock(&self.state).refuse_calls = calls;
+    }
+
+    /// Hold the next `calls` UpdateContainers calls: received (listed in
+    /// `unsolicited`), applied and answered only when released.
+    pub fn hold_update_calls(&self, calls: usize) {
+        lock(&self.state).hold_calls = calls;
+    }
+
+    /// Let one held UpdateContainers call go on.
+    pub fn release_held_update(&self) {
+        self.release.notify_one();
     }
 
     /// What the runtime knows now.
