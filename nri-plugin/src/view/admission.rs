@@ -293,6 +293,26 @@ mod tests {
         assert!(!lock(&view).is_provisional(CLAIM_2));
     }
 
+    /// A container refused on a provisional claim (it names other CPUs)
+    /// does not make its pod the claim's consumer: the claim's own pod is
+    /// admitted after it. Control: a container admitted does adopt it.
+    #[test]
+    fn a_refused_container_does_not_adopt_a_provisional_claim() {
+        let view = Mutex::new(view(false));
+        let resolver = TableResolver {
+            answers: HashMap::from([(CLAIM_2.to_string(), Resolution::FromCdi(set("5")))]),
+            ..Default::default()
+        };
+        let wrong_cpus = container("b", POD_B, &[&env(CLAIM_2, "4")], None);
+        let r = run(admit_container(&view, &wrong_cpus, &resolver)).expect_err("other CPUs");
+        assert_eq!(r.reason(), "cpus-mismatch", "{r}");
+        let owner = container("a", POD_A, &[&env(CLAIM_2, "5")], None);
+        run(admit_container(&view, &owner, &resolver)).expect("the claim's pod");
+        let again = container("b2", POD_B, &[&env(CLAIM_2, "5")], None);
+        let r = run(admit_container(&view, &again, &resolver)).expect_err("adopted by POD_A");
+        assert_eq!(r.reason(), "wrong-pod", "{r}");
+    }
+
     /// A container created on a claim known only from its CDI spec (no
     /// tuning) while dra-plugin did not answer keeps its CPU limit's quota;
     /// once the snapshot says the claim asks for none, a quota update is

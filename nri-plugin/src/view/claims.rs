@@ -23,7 +23,15 @@ pub enum ClaimOrigin {
 impl NodeView {
     /// A provisional claim has no known consumer; the first pod naming it
     /// becomes one, after which the usual one-container rule protects it.
-    pub(super) fn adopt_provisional(&mut self, refs: &[EnvClaim], pod_uid: &str) {
+    /// Returns the claims as they were before, for
+    /// [`restore_provisional`](Self::restore_provisional) when the
+    /// container is refused after all.
+    pub(super) fn adopt_provisional(
+        &mut self,
+        refs: &[EnvClaim],
+        pod_uid: &str,
+    ) -> Vec<ClaimAssignment> {
+        let mut before = Vec::new();
         for r in refs {
             if !self.provisional.contains(&r.claim_uid) {
                 continue;
@@ -34,11 +42,27 @@ impl NodeView {
             if !claim.consumer_pods.is_empty() {
                 continue;
             }
+            let original = claim.clone();
             let mut adopted = claim.clone();
             adopted.consumer_pods.push(pod_uid.to_string());
             // Replacing a claim with the same CPUs cannot fail validation.
             if self.pool.add_claim(adopted).is_err() {
                 tracing::warn!(claim = %r.claim_uid, "could not adopt a provisional claim");
+                continue;
+            }
+            before.push(original);
+        }
+        before
+    }
+
+    /// Undo [`adopt_provisional`](Self::adopt_provisional) for a container
+    /// that was refused: a pod whose container was not admitted does not
+    /// keep the claim from its real pod.
+    pub(super) fn restore_provisional(&mut self, before: Vec<ClaimAssignment>) {
+        for original in before {
+            let uid = original.claim_uid.clone();
+            if self.pool.add_claim(original).is_err() {
+                tracing::warn!(claim = %uid, "could not restore a provisional claim");
             }
         }
     }

@@ -73,7 +73,7 @@ impl NodeView {
             Ok(refs) => refs,
             Err(refusal) => return CreateOutcome::Refused(refusal),
         };
-        self.adopt_provisional(&refs, &info.pod_uid);
+        let adopted = self.adopt_provisional(&refs, &info.pod_uid);
         let admission =
             match self
                 .pool
@@ -81,6 +81,7 @@ impl NodeView {
             {
                 Ok(admission) => admission,
                 Err(source) => {
+                    self.restore_provisional(adopted);
                     return match source.unknown_claim() {
                         Some(uid) => CreateOutcome::UnknownClaim(uid.to_string()),
                         None => CreateOutcome::Refused(Refusal::Pool {
@@ -88,7 +89,7 @@ impl NodeView {
                             pod_uid: info.pod_uid.clone(),
                             source,
                         }),
-                    }
+                    };
                 }
             };
         // The memory nodes of every CPU the container runs on: an exclusive
