@@ -241,6 +241,7 @@ bad_values=(
   "securityContext.runAsUser=1000|is not in draPlugin.coordinationAllowedUids"
   "updateStrategy.rollingUpdate.maxSurge=1|/updateStrategy/rollingUpdate/maxSurge"
   "nri.requiredByRuntime.enabled=true|nri.requiredByRuntime.enabled needs hostNetwork: true"
+  "kubeletRootDir=/var/snap/microk8s/common/var/lib/kubelet/with/a/path/long/enough/to/pass/the/limit|past the 107 a Unix socket path may have"
 )
 for case in "${bad_values[@]}"; do
   setting="${case%%|*}"

@@ -152,7 +152,14 @@ host-cgroups: {{ toJson . }}
 {{- if and .Values.nri.enabled .Values.nri.requiredByRuntime.enabled (not .Values.hostNetwork) -}}
 {{- fail "nri.requiredByRuntime.enabled needs hostNetwork: true: the runtime holds every pod without the toleration annotation until nri-plugin registers, the CNI plugin's pods too, so on a rebooted node this pod could not get the pod network it waits for" -}}
 {{- end -}}
-{{- $_ := include "dra-cpu.coordinationSocket" . -}}
+{{- $root := trimSuffix "/" .Values.kubeletRootDir -}}
+{{- $registration := printf "%s/plugins_registry/%s-reg.sock" $root .Values.driverName -}}
+{{- $endpoint := printf "%s/plugins/%s/dra.sock" $root .Values.driverName -}}
+{{- range $socket := list $registration $endpoint (include "dra-cpu.coordinationSocket" $) -}}
+{{- if gt (len $socket) 107 -}}
+{{- fail (printf "the socket path %s is %d bytes, past the 107 a Unix socket path may have: shorten kubeletRootDir, driverName or stateDir" $socket (len $socket)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The containers' securityContext: a privileged container may not also
