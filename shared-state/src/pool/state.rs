@@ -338,6 +338,33 @@ impl PoolState {
         next.owners = std::mem::take(&mut self.owners);
         next.quota_due = std::mem::take(&mut self.quota_due);
         let ids: Vec<String> = next.containers.keys().cloned().collect();
+        // A container admitted on a claim then known only from its CDI spec
+        // (which names no pod) keeps the claim only if the record names its
+        // pod: another pod's copy of the claim's env goes to the shared
+        // pool, and the claim's own pod can have it.
+        for id in &ids {
+            let Some(entry) = next.containers.get_mut(id) else {
+                continue;
+            };
+            let claims = &next.claims;
+            let pod = entry.pod_uid.as_str();
+            let foreign: Vec<String> = entry
+                .claims
+                .iter()
+                .filter(|uid| {
+                    claims.get(uid.as_str()).is_some_and(|c| {
+                        !c.consumer_pods.is_empty() && !c.consumer_pods.iter().any(|p| p == pod)
+                    })
+                })
+                .cloned()
+                .collect();
+            entry.claims.retain(|uid| !foreign.contains(uid));
+            for uid in &foreign {
+                if next.owners.get(uid).is_some_and(|owner| owner == id) {
+                    next.owners.remove(uid);
+                }
+            }
+        }
         for id in ids {
             let claim_cpus = next.claims_cpus(&next.containers[&id].claims);
             let wants_no_cfs_quota = next.asks_no_cfs_quota(&next.containers[&id].claims);
@@ -616,6 +643,40 @@ mod tests {
         assert!(s.remove_claim("aa").is_empty());
         assert!(s.stranded().is_empty());
         assert_eq!(s.planned_cpuset("c1"), Some(set("0-3")));
+    }
+
+    /// A claim first known without its pod (from its CDI spec) was taken by
+    /// a container of another pod; dra-plugin's snapshot naming the claim's
+    /// pod sends that container to the shared pool and lets the claim's pod
+    /// have the claim. Control: the claim's own pod's container keeps it.
+    #[test]
+    fn a_snapshot_takes_a_claim_from_a_pod_it_does_not_name() {
+        for (holder_pod, keeps) in [("pod-b", false), ("pod-a", true)] {
+            let mut s = node(false);
+            let mut spec_only = claim("aa", "2-3", "pod-a");
+            spec_only.consumer_pods.clear();
+            s.add_claim(spec_only).expect("provisional claim");
+            let mut adopted = claim("aa", "2-3", holder_pod);
+            adopted.consumer_pods = vec![holder_pod.to_string()];
+            s.add_claim(adopted).expect("adopted");
+            s.admit("holder", holder_pod, "app", &[cref("aa", "2-3")], None)
+                .expect("admitted while the claim named no other pod");
+
+            let updates = s
+                .resync(set("1-7"), set("0"), false, [claim("aa", "2-3", "pod-a")])
+                .expect("snapshot");
+            let entry = &s.containers()["holder"];
+            if keeps {
+                assert_eq!(entry.kind, ContainerKind::Exclusive);
+                assert!(updates.is_empty(), "{updates:?}");
+                continue;
+            }
+            assert_eq!(entry.kind, ContainerKind::Shared);
+            assert!(entry.claims.is_empty());
+            assert_eq!(s.planned_cpuset("holder"), Some(set("1,4-7")));
+            s.admit("owner", "pod-a", "app", &[cref("aa", "2-3")], None)
+                .expect("the claim's own pod");
+        }
     }
 
     #[test]
