@@ -459,6 +459,38 @@ mod tests {
         );
     }
 
+    /// nri-plugin reconnects while dra-plugin is down: the claim is known
+    /// from its CDI spec only, the container that has it runs on its CPUs,
+    /// and a copy of its env in another pod (refused earlier, on the shared
+    /// pool) sorts first by id. The copy does not take the claim: the
+    /// owner keeps its CPUs and the copy stays shared. Control: with the
+    /// copy absent, the owner is placed the same.
+    #[test]
+    fn synchronize_keeps_a_provisional_claim_with_the_container_running_on_it() {
+        for with_copy in [true, false] {
+            let (view, resolver) =
+                spec_only_view(Resolution::Unverifiable("dra-plugin down".into()));
+            let mut owner = container("zzz-owner", POD_A, &[&env(CLAIM_2, "6-7")], None);
+            owner.cpus = set("6-7");
+            let mut copy = container("aaa-copy", POD_B, &[&env(CLAIM_2, "6-7")], None);
+            copy.cpus = set("1-5");
+            let running = if with_copy {
+                vec![copy, owner]
+            } else {
+                vec![owner]
+            };
+            let out = run(synchronize_containers(&view, &running, &resolver));
+            assert!(
+                !out.updates.iter().any(|u| u.container_id == "zzz-owner"),
+                "the owner is moved: {:?}",
+                out.updates
+            );
+            let demoted: Vec<&str> = out.demoted.iter().map(|(id, _)| id.as_str()).collect();
+            let want: &[&str] = if with_copy { &["aaa-copy"] } else { &[] };
+            assert_eq!(demoted, want, "{:?}", out.demoted);
+        }
+    }
+
     /// Answers only once every claim of the Synchronize has been asked, so
     /// it completes only if the questions are in flight together.
     struct AllAtOnce {

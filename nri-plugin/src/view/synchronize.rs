@@ -35,18 +35,26 @@ impl NodeView {
             }
         }
         let mut demoted = Vec::new();
-        // Claim containers first, so a forged copy of a claim never takes it
-        // from its owner by sorting earlier.
+        // Claim containers first, and among them those running on the CPUs
+        // their claims name: a forged copy of a claim's env (refused, so on
+        // the shared pool) never takes the claim from the container that
+        // has it by sorting earlier, even where the claim is known only
+        // from its CDI spec and the first to name it adopts it.
         let mut ordered = running.clone();
-        ordered.sort_by_key(|c| {
+        ordered.sort_by_cached_key(|c| {
+            let claim_cpus = Self::env_claims(c).ok().map(|refs| {
+                refs.iter()
+                    .fold(shared_state::CpuSet::new(), |all, r| all.union(&r.cpus))
+            });
             (
                 c.env.iter().all(|e| !e.starts_with("DRA_CPUSET_")),
+                !claim_cpus.is_some_and(|cpus| !cpus.is_empty() && cpus.is_subset(&c.cpus)),
                 c.id.clone(),
             )
         });
         for info in ordered {
             let refs = Self::env_claims(info);
-            self.adopt_provisional(refs.as_deref().unwrap_or(&[]), &info.pod_uid);
+            let adopted = self.adopt_provisional(refs.as_deref().unwrap_or(&[]), &info.pod_uid);
             let admitted = match refs {
                 Ok(refs) => self
                     .pool
@@ -55,6 +63,9 @@ impl NodeView {
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
+            if admitted.is_err() {
+                self.restore_provisional(adopted);
+            }
             if let Err(reason) = admitted {
                 demoted.push((info.id.clone(), reason));
                 if let Err(err) =
