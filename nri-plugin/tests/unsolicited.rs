@@ -192,6 +192,35 @@ async fn connect(
     }
 }
 
+/// [`connect`] on a node of CPUs 0-7 with nothing reserved, mixed mode,
+/// auto policy and a runtime safe for unsolicited updates, then one shared
+/// container `s` synchronized onto the whole pool.
+async fn connect_with_one_shared_container(socket: &Path) -> Connected {
+    let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
+    let connected = connect(view, UnsolicitedUpdates::Auto, socket, SAFE).await;
+    let synced = connected
+        .runtime
+        .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
+        .await
+        .expect("Synchronize");
+    assert_eq!(synced, updates(&[("s", "0-7")]));
+    wait_connected(&connected.updater).await;
+    connected
+}
+
+/// Stops the plugin's NRI task and waits for it to end cleanly.
+async fn stop_plugin(
+    stop: tokio_util::sync::CancellationToken,
+    nri: tokio::task::JoinHandle<Result<(), dra_cpu_nri::client::NriError>>,
+) {
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), nri)
+        .await
+        .expect("the NRI task stops")
+        .expect("join")
+        .expect("run_with_reconnect");
+}
+
 async fn run_case(case: &Case, dir: &Path) {
     let name = case.name;
     // CPUs 0-7; claim A (6-7) is the mixed container's, prepared before
@@ -434,27 +463,14 @@ async fn pool_changes_go_out_unsolicited_only_where_allowed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
     let Connected {
         enforcer,
         metrics,
-        updater,
         runtime,
         stop,
         nri,
-    } = connect(
-        view,
-        UnsolicitedUpdates::Auto,
-        &dir.path().join("refused.sock"),
-        SAFE,
-    )
-    .await;
-    let synced = runtime
-        .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
-        .await
-        .expect("Synchronize");
-    assert_eq!(synced, updates(&[("s", "0-7")]));
-    wait_connected(&updater).await;
+        ..
+    } = connect_with_one_shared_container(&dir.path().join("refused.sock")).await;
     let shared_cpus = || runtime.state().cpusets.get("s").cloned().flatten();
 
     // Claim B prepared, its unsolicited update refused: still due.
@@ -500,12 +516,7 @@ async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
     assert_eq!(metrics.applied_revision.load(Ordering::Relaxed), 2);
 
     resend.abort();
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), nri)
-        .await
-        .expect("the NRI task stops")
-        .expect("join")
-        .expect("run_with_reconnect");
+    stop_plugin(stop, nri).await;
 }
 
 /// An unsolicited update that lands after the view moved on leaves the
@@ -519,27 +530,13 @@ async fn a_refused_unsolicited_update_is_sent_again_without_an_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_made_stale_in_flight_is_corrected_without_an_event() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let view = NodeView::new(set("0-7"), CpuSet::new(), true, None);
     let Connected {
         enforcer,
-        updater,
         runtime,
         stop,
         nri,
         ..
-    } = connect(
-        view,
-        UnsolicitedUpdates::Auto,
-        &dir.path().join("stale.sock"),
-        SAFE,
-    )
-    .await;
-    let synced = runtime
-        .synchronize(vec![pod(POD_S)], vec![container("s", POD_S, &[], 2, "")])
-        .await
-        .expect("Synchronize");
-    assert_eq!(synced, updates(&[("s", "0-7")]));
-    wait_connected(&updater).await;
+    } = connect_with_one_shared_container(&dir.path().join("stale.sock")).await;
     let resend = {
         let enforcer = enforcer.clone();
         tokio::spawn(async move { enforcer.resend_failed_updates().await })
@@ -601,12 +598,7 @@ async fn an_update_made_stale_in_flight_is_corrected_without_an_event() {
     assert!(enforcer.view().pending_updates().is_empty());
 
     resend.abort();
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), nri)
-        .await
-        .expect("the NRI task stops")
-        .expect("join")
-        .expect("run_with_reconnect");
+    stop_plugin(stop, nri).await;
 }
 
 /// dra-plugin's snapshot after a CPU went offline (the same revision, the
@@ -673,10 +665,5 @@ async fn a_cpu_going_offline_leaves_running_containers_and_returns_with_it() {
         [updates(&[("m", "0-7"), ("s", "0-5")])]
     );
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), nri)
-        .await
-        .expect("the NRI task stops")
-        .expect("join")
-        .expect("run_with_reconnect");
+    stop_plugin(stop, nri).await;
 }
