@@ -69,6 +69,13 @@ grep -qF 'required_plugins = ["cpu_pinning"]' "$out/install-everything-set.log" 
   fail "NOTES.txt (everything-set) does not print the containerd required_plugins setting"
 grep -qF 'run unpinned until it registers' "$out/install-default.log" ||
   fail "NOTES.txt (default) does not say what happens without the runtime setting"
+helm install dra-cpu "$chart" --dry-run=client --namespace dra-cpu --set nri.requiredByRuntime.enabled=true >"$out/install-required.log" 2>&1 ||
+  { cat "$out/install-required.log" >&2; fail "helm install --dry-run (nri.requiredByRuntime.enabled=true)"; }
+grep -q 'WARNING: hostNetwork is false' "$out/install-required.log" ||
+  fail "NOTES.txt (requiredByRuntime without hostNetwork) does not warn about the pod network"
+if grep -q 'WARNING: hostNetwork is false' "$out/install-everything-set.log"; then
+  fail "NOTES.txt (everything-set, hostNetwork true) warns about the pod network"
+fi
 echo "check-chart: lint, render and schema validation (Kubernetes ${schema_versions[*]}) passed for modes: ${modes[*]}"
 
 # --- what the modes render -------------------------------------------------------
@@ -240,7 +247,6 @@ bad_values=(
   "coordinationSocket=/tmp/coordination.sock|must lie under stateDir"
   "securityContext.runAsUser=1000|is not in draPlugin.coordinationAllowedUids"
   "updateStrategy.rollingUpdate.maxSurge=1|/updateStrategy/rollingUpdate/maxSurge"
-  "nri.requiredByRuntime.enabled=true|nri.requiredByRuntime.enabled needs hostNetwork: true"
   "kubeletRootDir=/var/snap/microk8s/common/var/lib/kubelet/with/a/path/long/enough/to/pass/the/limit|past the 107 a Unix socket path may have"
 )
 for case in "${bad_values[@]}"; do
@@ -277,10 +283,11 @@ helm template dra-cpu "$chart" --namespace dra-cpu --set fullnameOverride="$long
   { cat "$out/long-name.log" >&2; fail "helm template (a 63-character fullnameOverride)"; }
 "$python" - "$out/long-name.yaml" <<'EOF2' || fail "a 63-character fullnameOverride renders a name over 63 characters"
 import sys, yaml
-for doc in yaml.safe_load_all(open(sys.argv[1])):
-    if doc and doc.get("kind") == "Service":
-        name = doc["metadata"]["name"]
-        assert len(name) <= 63 and name.endswith("-metrics"), name
+services = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d.get("kind") == "Service"]
+assert services, "no metrics Service rendered"
+for doc in services:
+    name = doc["metadata"]["name"]
+    assert len(name) <= 63 and name.endswith("-metrics"), name
 EOF2
 echo "check-chart: privileged: true renders without allowPrivilegeEscalation; a 63-character name leaves the metrics Service's within 63"
 

@@ -149,9 +149,6 @@ host-cgroups: {{ toJson . }}
 {{- if and .Values.nri.enabled (not (has $uid $allowed)) -}}
 {{- fail (printf "securityContext.runAsUser %d is not in draPlugin.coordinationAllowedUids %v: nri-plugin would be refused on the coordination socket" $uid .Values.draPlugin.coordinationAllowedUids) -}}
 {{- end -}}
-{{- if and .Values.nri.enabled .Values.nri.requiredByRuntime.enabled (not .Values.hostNetwork) -}}
-{{- fail "nri.requiredByRuntime.enabled needs hostNetwork: true: the runtime holds every pod without the toleration annotation until nri-plugin registers, the CNI plugin's pods too, so on a rebooted node this pod could not get the pod network it waits for" -}}
-{{- end -}}
 {{- $root := trimSuffix "/" .Values.kubeletRootDir -}}
 {{- $registration := printf "%s/plugins_registry/%s-reg.sock" $root .Values.driverName -}}
 {{- $endpoint := printf "%s/plugins/%s/dra.sock" $root .Values.driverName -}}

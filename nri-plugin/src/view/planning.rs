@@ -81,7 +81,12 @@ impl NodeView {
             {
                 Ok(admission) => admission,
                 Err(source) => {
-                    self.restore_provisional(adopted);
+                    // A claim to look up first is no refusal: the adoption
+                    // stands while it is asked for, so no other pod takes
+                    // the claim meanwhile.
+                    if source.unknown_claim().is_none() {
+                        self.restore_provisional(adopted);
+                    }
                     return match source.unknown_claim() {
                         Some(uid) => CreateOutcome::UnknownClaim(uid.to_string()),
                         None => CreateOutcome::Refused(Refusal::Pool {

@@ -54,7 +54,10 @@ impl NodeView {
         });
         for info in ordered {
             let refs = Self::env_claims(info);
-            let adopted = self.adopt_provisional(refs.as_deref().unwrap_or(&[]), &info.pod_uid);
+            // Unlike at creation, a container refused here keeps what it
+            // adopted: sorted first, it is the one running on the claim's
+            // CPUs, and a later copy of its env must not take the claim.
+            self.adopt_provisional(refs.as_deref().unwrap_or(&[]), &info.pod_uid);
             let admitted = match refs {
                 Ok(refs) => self
                     .pool
@@ -63,9 +66,6 @@ impl NodeView {
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
-            if admitted.is_err() {
-                self.restore_provisional(adopted);
-            }
             if let Err(reason) = admitted {
                 demoted.push((info.id.clone(), reason));
                 if let Err(err) =
