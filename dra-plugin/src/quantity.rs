@@ -30,6 +30,14 @@ const BINARY_SUFFIXES: [(&str, u32); 6] = [
     ("Ei", 60),
 ];
 
+/// The number of a quantity and its suffix (`1.5Ki` → `1.5`, `Ki`).
+fn split_suffix(quantity: &str) -> (&str, &str) {
+    let number_end = quantity
+        .find(|c: char| !matches!(c, '0'..='9' | '.' | '+' | '-'))
+        .unwrap_or(quantity.len());
+    quantity.split_at(number_end)
+}
+
 /// `value = significand × 10^exponent`, or `None` when not a plain decimal.
 fn split_decimal(text: &str) -> Option<(i128, i32)> {
     let (negative, body) = match text.as_bytes().first() {
@@ -67,10 +75,7 @@ fn format_decimal(significand: i128, exponent: i32) -> Option<String> {
 /// The canonical text of `quantity`, or `None` if this module does not
 /// know how the server would write it.
 pub fn canonical(quantity: &str) -> Option<String> {
-    let number_end = quantity
-        .find(|c: char| !matches!(c, '0'..='9' | '.' | '+' | '-'))
-        .unwrap_or(quantity.len());
-    let (number, suffix) = quantity.split_at(number_end);
+    let (number, suffix) = split_suffix(quantity);
     let (significand, exponent) = split_decimal(number)?;
     if let Some((_, bits)) = BINARY_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
         let scaled = significand.checked_mul(1i128 << bits)?;
@@ -100,17 +105,8 @@ pub fn canonical(quantity: &str) -> Option<String> {
 /// `4.0`, `+4`, `2Ki`, `1e3`. `None` for a fraction (`1.5`, `500m`), a
 /// negative value, a value above `u64::MAX` or text that is no quantity.
 pub fn whole_value(quantity: &str) -> Option<u64> {
-    let quantity = quantity.trim();
-    let number_end = quantity
-        .find(|c: char| !matches!(c, '0'..='9' | '.' | '+' | '-'))
-        .unwrap_or(quantity.len());
-    let (number, suffix) = quantity.split_at(number_end);
-    // "4." is 4, as apimachinery reads it; "." alone is no number.
-    if number.trim_start_matches(['+', '-']).starts_with('.') {
-        return None;
-    }
-    let (significand, mut exponent) = split_decimal(number)?;
-    let mut significand = significand;
+    let (number, suffix) = split_suffix(quantity.trim());
+    let (mut significand, mut exponent) = split_decimal(number)?;
     if let Some((_, bits)) = BINARY_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
         significand = significand.checked_mul(1i128 << bits)?;
     } else if let Some((_, shift)) = DECIMAL_SUFFIXES.iter().find(|(s, _)| *s == suffix) {
@@ -172,8 +168,10 @@ mod tests {
             ("-2", None),
             ("-2k", None),
             ("", None),
-            (".0", None),
+            (".0", Some(0)),
+            (".5k", Some(500)),
             ("+.5", None),
+            (".", None),
             ("1x", None),
             ("1e", None),
             ("1e+", None),

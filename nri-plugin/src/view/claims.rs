@@ -23,15 +23,11 @@ pub enum ClaimOrigin {
 impl NodeView {
     /// A provisional claim has no known consumer; the first pod naming it
     /// becomes one, after which the usual one-container rule protects it.
-    /// Returns the claims as they were before, for
+    /// Returns the UIDs of the claims adopted, for
     /// [`restore_provisional`](Self::restore_provisional) when the
     /// container is refused after all.
-    pub(super) fn adopt_provisional(
-        &mut self,
-        refs: &[EnvClaim],
-        pod_uid: &str,
-    ) -> Vec<ClaimAssignment> {
-        let mut before = Vec::new();
+    pub(super) fn adopt_provisional(&mut self, refs: &[EnvClaim], pod_uid: &str) -> Vec<String> {
+        let mut adopted_uids = Vec::new();
         for r in refs {
             if !self.provisional.contains(&r.claim_uid) {
                 continue;
@@ -42,7 +38,6 @@ impl NodeView {
             if !claim.consumer_pods.is_empty() {
                 continue;
             }
-            let original = claim.clone();
             let mut adopted = claim.clone();
             adopted.consumer_pods.push(pod_uid.to_string());
             // Replacing a claim with the same CPUs cannot fail validation.
@@ -50,18 +45,22 @@ impl NodeView {
                 tracing::warn!(claim = %r.claim_uid, "could not adopt a provisional claim");
                 continue;
             }
-            before.push(original);
+            adopted_uids.push(r.claim_uid.clone());
         }
-        before
+        adopted_uids
     }
 
     /// Undo [`adopt_provisional`](Self::adopt_provisional) for a container
     /// that was refused: a pod whose container was not admitted does not
     /// keep the claim from its real pod.
-    pub(super) fn restore_provisional(&mut self, before: Vec<ClaimAssignment>) {
-        for original in before {
-            let uid = original.claim_uid.clone();
-            if self.pool.add_claim(original).is_err() {
+    pub(super) fn restore_provisional(&mut self, adopted_uids: Vec<String>) {
+        for uid in adopted_uids {
+            let Some(claim) = self.pool.claim(&uid) else {
+                continue;
+            };
+            let mut unadopted = claim.clone();
+            unadopted.consumer_pods.clear();
+            if self.pool.add_claim(unadopted).is_err() {
                 tracing::warn!(claim = %uid, "could not restore a provisional claim");
             }
         }
