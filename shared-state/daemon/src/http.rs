@@ -158,6 +158,11 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Held by the tests that listen on every address of this network
+    /// namespace: a `[::]` listener could take the ephemeral port another
+    /// test picked and let go of, and answer for it.
+    static ANY_ADDRESS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
@@ -237,6 +242,7 @@ mod tests {
     /// host without IPv6).
     #[tokio::test]
     async fn the_unspecified_ipv6_address_takes_both_families() {
+        let _alone = ANY_ADDRESS.lock().await;
         let listener = listen("[::]:0".parse().unwrap()).unwrap();
         let local = listener.local_addr().unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
@@ -262,6 +268,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_the_routed_reply_and_survives_garbage_until_shutdown() {
+        let _alone = ANY_ADDRESS.lock().await;
         // Bind an ephemeral port, learn it, and serve on it.
         let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
