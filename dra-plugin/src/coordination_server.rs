@@ -7,7 +7,10 @@
 //! instead of the deltas it missed.
 
 use crate::driver::{Driver, StateEvent};
+use crate::kubelet::dra_service::ClaimSource;
+use crate::prepare::validation::reserved_pods;
 use dra_cpu_proto::coordination::v1 as coord;
+use shared_state::ClaimAssignment;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,9 +18,15 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// How often a quiet stream gets a heartbeat.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// Time allowed for reading a claim from the API server when a Lookup names
+/// a pod the claim's record does not: nri-plugin's CreateContainer waits for
+/// the answer, inside NRI's 2 s.
+pub const RESERVED_FOR_READ_TIMEOUT: Duration = Duration::from_millis(700);
 
 use dra_cpu_proto::coordination::claim_message;
 use dra_cpu_proto::coordination::{
@@ -42,6 +51,9 @@ pub struct CoordinationService {
     driver: Arc<Driver>,
     heartbeat: Duration,
     stopping: CancellationToken,
+    /// Where a claim's `reservedFor` is read again for a Lookup naming a
+    /// pod its record does not; without it such a Lookup answers the record.
+    claims: Option<Arc<dyn ClaimSource>>,
 }
 
 impl CoordinationService {
@@ -56,6 +68,70 @@ impl CoordinationService {
             driver,
             heartbeat,
             stopping,
+            claims: None,
+        }
+    }
+
+    /// Read claims from `claims` when a Lookup names a pod a claim's record
+    /// does not.
+    pub fn with_claims(mut self, claims: Arc<dyn ClaimSource>) -> CoordinationService {
+        self.claims = Some(claims);
+        self
+    }
+
+    /// The record of a prepared claim once `pod_uid` has been looked for in
+    /// the claim's `status.reservedFor` on the API server: with the pods it
+    /// names added when it names `pod_uid`, as recorded otherwise. A claim
+    /// that cannot be read, or was replaced by another of the same name,
+    /// changes nothing; the caller refuses the pod as before.
+    async fn reserved_for_pod(&self, recorded: ClaimAssignment, pod_uid: &str) -> ClaimAssignment {
+        let Some(claims) = &self.claims else {
+            return recorded;
+        };
+        let read = tokio::time::timeout(
+            RESERVED_FOR_READ_TIMEOUT,
+            claims.get(&recorded.namespace, &recorded.name),
+        )
+        .await;
+        let object = match read {
+            Ok(Ok(Some(object))) => object,
+            Ok(Ok(None)) => {
+                tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "claim no longer exists; its consumer pods stay as recorded");
+                return recorded;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot read the claim's reservedFor");
+                return recorded;
+            }
+            Err(_) => {
+                tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, timeout = ?RESERVED_FOR_READ_TIMEOUT, "the claim's reservedFor was not read in time");
+                return recorded;
+            }
+        };
+        if object.metadata.uid.as_deref() != Some(recorded.claim_uid.as_str()) {
+            tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "a claim of that name with another UID exists; consumer pods stay as recorded");
+            return recorded;
+        }
+        let reserved = reserved_pods(object.status.as_ref());
+        if !reserved.iter().any(|p| p == pod_uid) {
+            tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, reserved_for = ?reserved, "the claim is not reserved for this pod");
+            return recorded;
+        }
+        let driver = self.driver.clone();
+        let uid = recorded.claim_uid.clone();
+        // The store's fsync blocks.
+        match tokio::task::spawn_blocking(move || driver.add_consumers(&uid, &reserved)).await {
+            Ok(Ok(Some(updated))) => updated,
+            // Unprepared meanwhile: the caller answers from the driver again.
+            Ok(Ok(None)) => recorded,
+            Ok(Err(error)) => {
+                tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot record the claim's new consumer pod");
+                recorded
+            }
+            Err(error) => {
+                tracing::error!(claim_uid = %recorded.claim_uid, pod_uid, %error, "recording the claim's consumer pods failed");
+                recorded
+            }
         }
     }
 }
@@ -125,14 +201,30 @@ impl coord::coordination_server::Coordination for CoordinationService {
         &self,
         request: Request<coord::LookupRequest>,
     ) -> Result<Response<coord::LookupResponse>, Status> {
-        let uid = request.into_inner().claim_uid;
-        let revision = self.driver.revision();
-        let claim = self.driver.prepared(&uid);
-        Ok(Response::new(coord::LookupResponse {
-            found: claim.is_some(),
-            claim: claim.as_ref().map(claim_message),
-            revision,
-        }))
+        let request = request.into_inner();
+        let span = tracing::info_span!(
+            "lookup", claim_uid = %request.claim_uid, pod_uid = %request.pod_uid
+        );
+        async move {
+            // The answer reflects at least this revision.
+            let revision = self.driver.revision();
+            let pod = request.pod_uid.as_str();
+            let claim = match self.driver.prepared(&request.claim_uid) {
+                Some(recorded)
+                    if !pod.is_empty() && !recorded.consumer_pods.iter().any(|p| p == pod) =>
+                {
+                    Some(self.reserved_for_pod(recorded, pod).await)
+                }
+                other => other,
+            };
+            Ok(Response::new(coord::LookupResponse {
+                found: claim.is_some(),
+                claim: claim.as_ref().map(claim_message),
+                revision,
+            }))
+        }
+        .instrument(span)
+        .await
     }
 
     async fn report_applied(

@@ -306,18 +306,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Everything but registration stops on this one, after registration.
     let stop = CancellationToken::new();
 
-    // Coordination: served from the store alone.
+    // Where prepares read their claims, and the coordination service a
+    // claim's reservedFor for a pod that came after the claim's prepare.
+    let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaims::new(client.clone()));
+    // Coordination: served from the store, and from the API server only for
+    // a pod a claim's record does not name.
     let coordination_socket = config.coordination_socket.clone();
     let listener = bind_unix(&coordination_socket, OWNER_ONLY_SOCKET_MODE)
         .context("binding the coordination socket")?;
     let policy = PeerPolicy::allow_uids(config.coordination_allowed_uids.iter().copied());
     let coordination = tokio::spawn(
         Server::builder()
-            .add_service(CoordinationServer::new(CoordinationService::new(
-                driver.clone(),
-                DEFAULT_HEARTBEAT,
-                stop.clone(),
-            )))
+            .add_service(CoordinationServer::new(
+                CoordinationService::new(driver.clone(), DEFAULT_HEARTBEAT, stop.clone())
+                    .with_claims(claims.clone()),
+            ))
             .serve_with_incoming_shutdown(
                 incoming_with_peer_check(listener, policy),
                 stop.clone().cancelled_owned(),
@@ -335,7 +338,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .with_context(|| format!("binding the metrics address {}", config.metrics_address))?;
 
     // Kubelet DRA services.
-    let claims: Arc<dyn ClaimSource> = Arc::new(KubeClaims::new(client.clone()));
     let service = DraService::new(driver.clone(), claims).with_claim_status(
         crate::claim_status::ClaimStatusWriter::new(
             Arc::new(crate::claim_status::KubeClaimStatus::new(client.clone())),

@@ -112,6 +112,7 @@ async fn subscribers_get_a_snapshot_then_deltas_in_order() {
     let found = client
         .lookup(coord::LookupRequest {
             claim_uid: second.uid.clone(),
+            pod_uid: String::new(),
         })
         .await
         .expect("lookup")
@@ -122,6 +123,7 @@ async fn subscribers_get_a_snapshot_then_deltas_in_order() {
     let gone = client
         .lookup(coord::LookupRequest {
             claim_uid: first.uid.clone(),
+            pod_uid: String::new(),
         })
         .await
         .expect("lookup")
@@ -156,6 +158,7 @@ async fn a_peer_outside_the_allowed_uids_is_refused() {
         client
             .lookup(coord::LookupRequest {
                 claim_uid: "x".into(),
+                pod_uid: String::new(),
             })
             .await
             .map_err(anyhow::Error::from)?;
@@ -262,4 +265,121 @@ async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
         panic!("a CPU coming back is not sent as a snapshot");
     };
     assert_eq!(back.allocatable, online.to_cpulist());
+}
+
+/// Kubelet prepares a claim once per node: a pod added to the claim's
+/// `reservedFor` afterwards is learned when nri-plugin's Lookup names it.
+/// The control: while `reservedFor` does not name the pod, the answer does
+/// not either and nothing is written; once it does, the pods it names are
+/// recorded, subscribers get the record, and a restart keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_for_a_pod_added_to_reserved_for_records_it() {
+    let node = Node::new(DeviceMode::Grouped);
+    let running = node.start(DraVersion::V1).await;
+    let shared = node.claim("shared", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
+    prepare_ok(&running.kubelet, &shared).await;
+    let channel = connect_unix(&node.config.coordination_socket)
+        .await
+        .expect("connect");
+    let mut client = coord::coordination_client::CoordinationClient::new(channel);
+    let mut stream = client
+        .watch(coord::WatchRequest {
+            from_revision: 0,
+            subscriber: "nri-plugin/test".into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let coord::watch_event::Event::Snapshot(snapshot) = next(&mut stream).await else {
+        panic!("first event is not a snapshot");
+    };
+    let lookup_for = |pod: String| coord::LookupRequest {
+        claim_uid: shared.uid.clone(),
+        pod_uid: pod,
+    };
+
+    let not_yet = client
+        .lookup(lookup_for(pod_uid(2)))
+        .await
+        .expect("lookup")
+        .into_inner();
+    assert_eq!(
+        not_yet.claim.expect("prepared").consumer_pod_uids,
+        vec![pod_uid(1)],
+        "not reserved for pod 2 yet"
+    );
+
+    let mut status = node
+        .api
+        .claim("default", &shared.name)
+        .expect("claim")
+        .status
+        .expect("status");
+    let reserved = status.reserved_for.get_or_insert_with(Vec::new);
+    let mut second = reserved[0].clone();
+    second.uid = pod_uid(2);
+    second.name = "pod-2".into();
+    reserved.push(second);
+    node.api
+        .set_claim_status("default", &shared.name, status)
+        .expect("reserving for pod 2");
+    let now = client
+        .lookup(lookup_for(pod_uid(2)))
+        .await
+        .expect("lookup")
+        .into_inner();
+    let both = vec![pod_uid(1), pod_uid(2)];
+    assert_eq!(now.claim.expect("prepared").consumer_pod_uids, both);
+    match next(&mut stream).await {
+        coord::watch_event::Event::ClaimPrepared(p) => {
+            assert_eq!(p.revision, snapshot.revision + 1);
+            assert_eq!(p.claim.expect("claim").consumer_pod_uids, both);
+        }
+        other => panic!("expected the claim's new record, got {other:?}"),
+    }
+    // A Lookup without a pod, or for a pod already recorded, reads no claim.
+    let claim_gets = || {
+        node.api
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && r.path
+                        .ends_with(&format!("/resourceclaims/{}", shared.name))
+            })
+            .count()
+    };
+    let gets = claim_gets();
+    assert!(
+        gets >= 2,
+        "the prepare and the lookup for pod 2 read the claim"
+    );
+    for pod in [String::new(), pod_uid(1), pod_uid(2)] {
+        let plain = client
+            .lookup(lookup_for(pod))
+            .await
+            .expect("lookup")
+            .into_inner();
+        assert_eq!(plain.claim.expect("prepared").consumer_pod_uids, both);
+    }
+    assert_eq!(
+        claim_gets(),
+        gets,
+        "no claim read for a pod already recorded"
+    );
+    drop(stream);
+    running.stop().await.expect("clean stop");
+
+    let restarted = node.start(DraVersion::V1).await;
+    let channel = connect_unix(&node.config.coordination_socket)
+        .await
+        .expect("connect again");
+    let mut client = coord::coordination_client::CoordinationClient::new(channel);
+    let after = client
+        .lookup(lookup_for(String::new()))
+        .await
+        .expect("lookup after a restart")
+        .into_inner();
+    assert_eq!(after.claim.expect("still prepared").consumer_pod_uids, both);
+    restarted.stop().await.expect("clean stop");
 }

@@ -32,11 +32,24 @@ pub enum Resolution {
     Unverifiable(String),
 }
 
+/// Time allowed for a Lookup that names a pod: dra-plugin may read the
+/// claim from the API server and record the pod before it answers.
+pub const RESERVED_FOR_LOOKUP_TIMEOUT: Duration = Duration::from_millis(1000);
+
 /// Asks about a claim the view does not know yet. Implementations bound the
 /// time they take: the NRI runtime waits at most 2 s for a reply.
 #[async_trait::async_trait]
 pub trait ClaimResolver: Send + Sync {
     async fn resolve(&self, claim_uid: &str) -> Resolution;
+
+    /// Asks about a prepared claim whose record does not name `pod_uid` as
+    /// a consumer: the answer names it when the claim's `reservedFor` does
+    /// now. A resolver that cannot ask for a pod answers as
+    /// [`ClaimResolver::resolve`].
+    async fn resolve_for_pod(&self, claim_uid: &str, pod_uid: &str) -> Resolution {
+        let _ = pod_uid;
+        self.resolve(claim_uid).await
+    }
 }
 
 /// Why dra-plugin gave no answer to a Lookup.
@@ -44,8 +57,8 @@ pub trait ClaimResolver: Send + Sync {
 enum LookupError {
     #[error("Lookup: {}", .0.message())]
     Refused(#[source] tonic::Status),
-    #[error("no answer within {:?}", LOOKUP_TIMEOUT)]
-    Timeout,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// Asks dra-plugin by Lookup; falls back to the CDI spec when dra-plugin
@@ -71,11 +84,16 @@ impl CoordinationResolver {
         })
     }
 
-    async fn lookup(&self, claim_uid: &str) -> Result<coord::LookupResponse, LookupError> {
+    async fn lookup(
+        &self,
+        claim_uid: &str,
+        pod_uid: &str,
+    ) -> Result<coord::LookupResponse, LookupError> {
         let mut client = coord::coordination_client::CoordinationClient::new(self.channel.clone());
         client
             .lookup(coord::LookupRequest {
                 claim_uid: claim_uid.to_string(),
+                pod_uid: pod_uid.to_string(),
             })
             .await
             .map(tonic::Response::into_inner)
@@ -83,26 +101,29 @@ impl CoordinationResolver {
     }
 }
 
+/// dra-plugin's answer about `claim_uid`.
+fn answered(claim_uid: &str, answer: coord::LookupResponse) -> Resolution {
+    match answer.claim.filter(|_| answer.found) {
+        None => Resolution::NotPrepared,
+        Some(claim) => match claim_from_message(&claim) {
+            Ok(a) if a.claim_uid == claim_uid => Resolution::Prepared(a),
+            Ok(a) => Resolution::Unverifiable(format!(
+                "dra-plugin answered about claim {} instead",
+                a.claim_uid
+            )),
+            Err(e) => Resolution::Unverifiable(format!("dra-plugin sent {e}")),
+        },
+    }
+}
+
 #[async_trait::async_trait]
 impl ClaimResolver for CoordinationResolver {
     async fn resolve(&self, claim_uid: &str) -> Resolution {
-        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup(claim_uid)).await;
+        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup(claim_uid, "")).await;
         let why_not = match asked {
-            Ok(Ok(answer)) => {
-                return match answer.claim.filter(|_| answer.found) {
-                    None => Resolution::NotPrepared,
-                    Some(claim) => match claim_from_message(&claim) {
-                        Ok(a) if a.claim_uid == claim_uid => Resolution::Prepared(a),
-                        Ok(a) => Resolution::Unverifiable(format!(
-                            "dra-plugin answered about claim {} instead",
-                            a.claim_uid
-                        )),
-                        Err(e) => Resolution::Unverifiable(format!("dra-plugin sent {e}")),
-                    },
-                };
-            }
+            Ok(Ok(answer)) => return answered(claim_uid, answer),
             Ok(Err(e)) => e,
-            Err(_) => LookupError::Timeout,
+            Err(_) => LookupError::Timeout(LOOKUP_TIMEOUT),
         };
         tracing::warn!(claim = %claim_uid, reason = %why_not, "dra-plugin unavailable; checking the CDI spec");
         match read_claim_cpus(&self.cdi_dir, claim_uid) {
@@ -111,6 +132,21 @@ impl ClaimResolver for CoordinationResolver {
                 "dra-plugin at {} is unavailable ({why_not}) and {e}",
                 self.socket.display()
             )),
+        }
+    }
+
+    /// No CDI fallback: a spec names no pod, so without dra-plugin's
+    /// answer the record stands.
+    async fn resolve_for_pod(&self, claim_uid: &str, pod_uid: &str) -> Resolution {
+        let asked =
+            tokio::time::timeout(RESERVED_FOR_LOOKUP_TIMEOUT, self.lookup(claim_uid, pod_uid))
+                .await;
+        match asked {
+            Ok(Ok(answer)) => answered(claim_uid, answer),
+            Ok(Err(e)) => Resolution::Unverifiable(e.to_string()),
+            Err(_) => Resolution::Unverifiable(
+                LookupError::Timeout(RESERVED_FOR_LOOKUP_TIMEOUT).to_string(),
+            ),
         }
     }
 }

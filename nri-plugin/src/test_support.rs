@@ -62,6 +62,9 @@ pub fn updates(list: &[(&str, &str)]) -> Vec<Update> {
 #[derive(Default)]
 pub struct TableResolver {
     pub answers: HashMap<String, Resolution>,
+    /// Answers when asked about a claim for a pod (by claim UID); calls
+    /// are counted as `<claim> for <pod>`.
+    pub for_pod: HashMap<String, Resolution>,
     pub calls: Mutex<Vec<String>>,
 }
 
@@ -70,6 +73,14 @@ impl ClaimResolver for TableResolver {
     async fn resolve(&self, claim_uid: &str) -> Resolution {
         lock_calls(&self.calls).push(claim_uid.to_string());
         self.answers
+            .get(claim_uid)
+            .cloned()
+            .unwrap_or_else(|| Resolution::Unverifiable("no answer in table".into()))
+    }
+
+    async fn resolve_for_pod(&self, claim_uid: &str, pod_uid: &str) -> Resolution {
+        lock_calls(&self.calls).push(format!("{claim_uid} for {pod_uid}"));
+        self.for_pod
             .get(claim_uid)
             .cloned()
             .unwrap_or_else(|| Resolution::Unverifiable("no answer in table".into()))

@@ -331,6 +331,7 @@ fn coordination_unary_wire_bytes() {
     );
     let lookup = coord::LookupRequest {
         claim_uid: "u1".into(),
+        pod_uid: String::new(),
     };
     assert_eq!(lookup.encode_to_vec(), len_field(1, b"u1"));
     let found = coord::LookupResponse {

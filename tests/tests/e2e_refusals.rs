@@ -367,3 +367,76 @@ async fn with_no_floor_an_exhausted_shared_pool_refuses_new_shared_containers_an
     node.wait_cpus(&id, &pool).await.must("on the shared pool");
     node.wait_cpus(&a, &pool).await.must("A on the shared pool");
 }
+
+/// A claim shared by name: kubelet prepares it once per node, so a pod the
+/// scheduler adds to its `reservedFor` later is not in dra-plugin's record.
+/// Its container is refused while the claim's `reservedFor` does not name
+/// it (the control), and gets the claim's CPUs once it does and the first
+/// pod's container is gone, without another prepare; the record names the
+/// new pod from then on (it survives restarts).
+#[tokio::test]
+async fn a_pod_added_to_a_prepared_claims_reserved_for_gets_its_cpus() {
+    let mut node = node_with_mixed_mode(false).await;
+    let (pod_a, claim, running_a) = node
+        .start_claim_pod("pod-a", None, 1, None)
+        .await
+        .must("pod A with its claim");
+    node.wait_cpus(running_a.id("app"), &claim.cpus)
+        .await
+        .must("A on the claim's CPU");
+    node.delete_pod(&running_a).await.must("pod A gone");
+    let pod_b = PodIdentity::new("pod-b");
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+
+    // Not in reservedFor: refused, as a pod that forged the env would be.
+    let sandbox = node
+        .cri
+        .run_pod(&pod_b.name, "default", &pod_b.uid)
+        .await
+        .must("B's sandbox");
+    let text = refusal_text(
+        node.cri.create_container(&sandbox, &spec).await,
+        "B before it is in reservedFor",
+    );
+    assert!(text.contains("not for pod"), "CRI error {text:?}");
+    assert_eq!(
+        refusal_reasons(&node).last().map(String::as_str),
+        Some("wrong-pod")
+    );
+
+    // The scheduler reserves the claim for B too.
+    let api = node.api();
+    let mut status = api
+        .claim("default", &claim.claim.name)
+        .must("reading the claim")
+        .status
+        .expect("a status");
+    let mut reserved = status.reserved_for.take().unwrap_or_default();
+    let mut b_ref = reserved[0].clone();
+    b_ref.name = pod_b.name.clone();
+    b_ref.uid = pod_b.uid.clone();
+    reserved.push(b_ref);
+    status.reserved_for = Some(reserved);
+    api.set_claim_status("default", &claim.claim.name, status)
+        .must("reserving the claim for B");
+
+    let id = node
+        .cri
+        .create_container(&sandbox, &spec)
+        .await
+        .must("B's container, now that the claim is reserved for it");
+    node.cri.start_container(&id).await.must("starting B");
+    node.wait_cpus(&id, &claim.cpus)
+        .await
+        .must("B on the claim's CPU");
+    let stored = node.stored_claims().await.must("dra-plugin's store");
+    let record = stored
+        .iter()
+        .find(|c| c.uid == claim.claim.uid)
+        .expect("the claim is still prepared");
+    assert_eq!(
+        record.consumer_pod_uids,
+        vec![pod_a.uid.clone(), pod_b.uid.clone()],
+        "both pods recorded"
+    );
+}

@@ -55,7 +55,9 @@ impl Driver {
         let ops: Vec<StoreOp> = to_commit
             .iter()
             .map(|&i| match &batch[i].change {
-                Change::Prepare(assignment) => StoreOp::Put((**assignment).clone()),
+                Change::Prepare(assignment) | Change::Reserve(assignment) => {
+                    StoreOp::Put((**assignment).clone())
+                }
                 Change::Unprepare => StoreOp::Remove(batch[i].claim.uid.clone()),
             })
             .collect();
@@ -87,6 +89,11 @@ impl Driver {
                 Change::Prepare(assignment) => Some((i, &**assignment, revision)),
                 Change::Unprepare => {
                     settled[i] = Some(Settled::Unprepared(revision));
+                    None
+                }
+                // Its CPUs are tuned and its spec written already.
+                Change::Reserve(_) => {
+                    settled[i] = Some(Settled::Prepared(revision.unwrap_or_default()));
                     None
                 }
             })
@@ -189,7 +196,7 @@ impl Driver {
             state.in_flight.remove(&claim.uid);
             let committed = |state: &mut State, revision: u64, change: Change| {
                 state.revision = state.revision.max(revision);
-                if let Change::Prepare(assignment) = change {
+                if let Change::Prepare(assignment) | Change::Reserve(assignment) = change {
                     let assignment = *assignment;
                     state
                         .claims

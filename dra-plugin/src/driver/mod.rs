@@ -120,6 +120,9 @@ enum Change {
     /// Boxed: an assignment is large beside an unprepare.
     Prepare(Box<ClaimAssignment>),
     Unprepare,
+    /// A prepared claim's record with more consumer pods: only the store
+    /// changes (the CPUs, the tuning and the CDI spec stay).
+    Reserve(Box<ClaimAssignment>),
 }
 
 /// Why the driver could not start.
@@ -672,6 +675,48 @@ impl Driver {
             cdi_device_id: device_id(&claim.uid),
             assignment,
         })
+    }
+
+    /// Record more consumer pods of a prepared claim. Kubelet prepares a
+    /// claim once per node, so a pod added to its `status.reservedFor` later
+    /// (a pod sharing the claim by name, started while another still holds
+    /// it) is not in the record; `reserved_for` is what the claim's
+    /// `reservedFor` names now, read from the API server. Pods join, none
+    /// leave (a pod gone from `reservedFor` runs no container that asks).
+    /// Durable, and told to subscribers as the claim's record changing.
+    /// `Ok(None)`: the claim is not prepared. Blocks on fsync.
+    pub fn add_consumers(
+        &self,
+        claim_uid: &str,
+        reserved_for: &[String],
+    ) -> Result<Option<ClaimAssignment>, PrepareError> {
+        let mut state = self.lock_idle(claim_uid);
+        let Some(recorded) = state.claims.get(claim_uid).cloned() else {
+            return Ok(None);
+        };
+        let mut updated = recorded.clone();
+        for pod in reserved_for {
+            if !pod.is_empty() && !updated.consumer_pods.contains(pod) {
+                updated.consumer_pods.push(pod.clone());
+            }
+        }
+        if updated.consumer_pods == recorded.consumer_pods {
+            return Ok(Some(recorded));
+        }
+        let claim = ClaimRef {
+            namespace: recorded.namespace.clone(),
+            name: recorded.name.clone(),
+            uid: recorded.claim_uid.clone(),
+        };
+        state
+            .in_flight
+            .insert(claim.uid.clone(), updated.cpus.clone());
+        self.submit(state, &claim, Change::Reserve(Box::new(updated.clone())))?;
+        tracing::info!(
+            claim = %claim, pods = ?updated.consumer_pods,
+            "claim's consumer pods recorded again from its reservedFor"
+        );
+        Ok(Some(updated))
     }
 
     /// Unprepare a claim: remove its CDI spec, release its CPUs, notify.

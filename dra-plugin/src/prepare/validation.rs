@@ -3,7 +3,7 @@
 //! asked for (UID, node, pool, devices, consumed capacity, consumers).
 
 use super::{ClaimRef, ParsedClaim, PrepareError, POD_CLAIM_NAME_ANNOTATION};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use shared_state::assignment::CPU_CAPACITY;
 use shared_state::claim_env::is_claim_uid;
 use shared_state::AllocatedDevice;
@@ -99,16 +99,7 @@ pub fn parse_claim(
             consumed_cpus,
         });
     }
-    let consumer_pods: Vec<String> = status
-        .and_then(|s| s.reserved_for.as_ref())
-        .map(|refs| {
-            refs.iter()
-                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
-                .map(|r| r.uid.clone())
-                .filter(|uid| !uid.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    let consumer_pods = reserved_pods(status);
     if consumer_pods.is_empty() {
         let reserved_for = status
             .and_then(|s| s.reserved_for.as_ref())
@@ -138,6 +129,21 @@ pub fn parse_claim(
         consumer_pods,
         pod_claim_name,
     })
+}
+
+/// The UIDs of the pods a claim's `status.reservedFor` names (entries of
+/// other resources, such as a workload controller's, are not pods).
+pub fn reserved_pods(status: Option<&ResourceClaimStatus>) -> Vec<String> {
+    status
+        .and_then(|s| s.reserved_for.as_ref())
+        .map(|refs| {
+            refs.iter()
+                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+                .map(|r| r.uid.clone())
+                .filter(|uid| !uid.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A Kubernetes quantity that is a whole, positive number of CPUs, in any

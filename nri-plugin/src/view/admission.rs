@@ -113,10 +113,40 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
         }
         asked.push(uid);
     }
+    // Claims asked about again for this pod, each at most once.
+    let mut asked_for_pod: Vec<String> = Vec::new();
     loop {
-        let uid = match lock(view).create(info) {
+        let outcome = lock(view).create(info);
+        let uid = match outcome {
             CreateOutcome::Decided(decision) => return Ok(decision),
-            CreateOutcome::Refused(refusal) => return Err(refusal),
+            CreateOutcome::Refused(refusal) => {
+                // Kubelet prepares a claim once per node: a pod that shares
+                // it and came later is not in dra-plugin's first record,
+                // and dra-plugin is asked whether the claim's reservedFor
+                // names it now. A provisional claim's dra-plugin did not
+                // answer a moment ago; its adoption rule stands.
+                let Some(uid) = refusal.wrong_pod_claim().map(str::to_string) else {
+                    return Err(refusal);
+                };
+                if asked_for_pod.contains(&uid) || lock(view).is_provisional(&uid) {
+                    return Err(refusal);
+                }
+                asked_for_pod.push(uid.clone());
+                match resolver.resolve_for_pod(&uid, &info.pod_uid).await {
+                    Resolution::Prepared(assignment)
+                        if assignment.consumer_pods.contains(&info.pod_uid) =>
+                    {
+                        learn_resolution(view, &uid, Resolution::Prepared(assignment))
+                            .map_err(|failure| failure.refusal(info, uid))?;
+                        continue;
+                    }
+                    Resolution::Unverifiable(reason) => {
+                        tracing::warn!(claim = %uid, pod_uid = %info.pod_uid, %reason, "could not ask dra-plugin whether the claim is reserved for this pod now");
+                        return Err(refusal);
+                    }
+                    _ => return Err(refusal),
+                }
+            }
             CreateOutcome::UnknownClaim(uid) => uid,
         };
         if asked.contains(&uid) {
@@ -210,6 +240,78 @@ mod tests {
         (Mutex::new(v), resolver)
     }
 
+    /// A claim shared by name: kubelet prepared it for POD_A only, and POD_B
+    /// was added to its reservedFor later. dra-plugin is asked once, for
+    /// this pod; only an answer naming the pod admits it.
+    #[test]
+    fn a_pod_the_record_does_not_name_is_asked_about_once() {
+        let info = container("x", POD_B, &[&env(CLAIM_1, "2")], None);
+        let mut both = claim(CLAIM_1, "2", POD_A);
+        both.consumer_pods.push(POD_B.to_string());
+        // (answer asked for POD_B, expected cpuset or refusal reason)
+        let cases: Vec<(Option<Resolution>, Result<&str, &str>)> = vec![
+            (Some(Resolution::Prepared(both)), Ok("2")),
+            (
+                Some(Resolution::Prepared(claim(CLAIM_1, "2", POD_A))),
+                Err("wrong-pod"),
+            ),
+            (Some(Resolution::NotPrepared), Err("wrong-pod")),
+            (
+                Some(Resolution::Unverifiable("down".into())),
+                Err("wrong-pod"),
+            ),
+            (None, Err("wrong-pod")),
+        ];
+        for (answer, want) in cases {
+            let mut v = view(false);
+            v.apply_prepared(1, claim(CLAIM_1, "2", POD_A))
+                .expect("claim 1");
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                for_pod: answer
+                    .clone()
+                    .map(|a| HashMap::from([(CLAIM_1.to_string(), a)]))
+                    .unwrap_or_default(),
+                ..Default::default()
+            };
+            let got = run(admit_container(&view, &info, &resolver));
+            match (&got, want) {
+                (Ok(d), Ok(cpus)) => assert_eq!(d.cpuset, set(cpus), "{answer:?}"),
+                (Err(r), Err(reason)) => assert_eq!(r.reason(), reason, "{answer:?}: {r}"),
+                _ => panic!("{answer:?}: got {got:?}, want {want:?}"),
+            }
+            assert_eq!(
+                *lock_calls(&resolver.calls),
+                vec![format!("{CLAIM_1} for {POD_B}")],
+                "{answer:?}"
+            );
+        }
+    }
+
+    /// A claim known from its CDI spec alone was adopted by the first pod
+    /// that named it; dra-plugin did not answer a moment ago, so another
+    /// pod is refused without asking for it.
+    #[test]
+    fn a_provisional_claim_is_not_asked_about_for_another_pod() {
+        let (view, resolver) = spec_only_view(Resolution::FromCdi(set("6-7")));
+        let first = container("a", POD_A, &[&env(CLAIM_2, "6-7")], None);
+        run(admit_container(&view, &first, &resolver)).expect("POD_A adopts the claim");
+        let refused = run(admit_container(
+            &view,
+            &container("b", POD_B, &[&env(CLAIM_2, "6-7")], None),
+            &resolver,
+        ))
+        .expect_err("POD_B refused");
+        assert_eq!(refused.reason(), "wrong-pod", "{refused}");
+        assert!(
+            !lock_calls(&resolver.calls)
+                .iter()
+                .any(|c| c.contains(" for ")),
+            "{:?}",
+            lock_calls(&resolver.calls)
+        );
+    }
+
     #[test]
     fn resolution_paths_table() {
         let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
@@ -258,7 +360,13 @@ mod tests {
                 }
                 _ => panic!("{answer:?}: got {got:?}, want {want:?}"),
             }
-            assert_eq!(lock_calls(&resolver.calls).len(), 1, "asked once");
+            let calls = lock_calls(&resolver.calls).clone();
+            let (for_pod, plain): (Vec<_>, Vec<_>) =
+                calls.iter().partition(|c| c.contains(" for "));
+            assert_eq!(plain.len(), 1, "asked once: {calls:?}");
+            // A record naming another pod is asked about again for this one.
+            let wrong_pod = matches!(want, Err("wrong-pod")) && !provisional;
+            assert_eq!(for_pod.len(), usize::from(wrong_pod), "{calls:?}");
             assert_eq!(
                 lock(&view).is_provisional(CLAIM_2),
                 provisional,

@@ -62,6 +62,28 @@ impl Refusal {
     }
 }
 
+impl Refusal {
+    /// The claim whose record does not name the container's pod, when that
+    /// is why the container is refused.
+    pub fn wrong_pod_claim(&self) -> Option<&str> {
+        match self {
+            Refusal::Pool { source, .. } => wrong_pod_claim(source),
+            _ => None,
+        }
+    }
+}
+
+fn wrong_pod_claim(error: &PoolError) -> Option<&str> {
+    match error {
+        PoolError::Claim {
+            source: ClaimEnvError::WrongPod { claim_uid, .. },
+            ..
+        } => Some(claim_uid),
+        PoolError::Container { source, .. } => wrong_pod_claim(source),
+        _ => None,
+    }
+}
+
 fn pool_reason(error: &PoolError) -> &'static str {
     match error {
         PoolError::Claim { source, .. } => match source {

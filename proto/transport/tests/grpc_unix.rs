@@ -701,6 +701,7 @@ async fn watch_streams_snapshot_then_ordered_deltas() {
     let found = client
         .lookup(coord::LookupRequest {
             claim_uid: "u2".into(),
+            pod_uid: String::new(),
         })
         .await
         .unwrap()
@@ -711,6 +712,7 @@ async fn watch_streams_snapshot_then_ordered_deltas() {
     let gone = client
         .lookup(coord::LookupRequest {
             claim_uid: "u1".into(),
+            pod_uid: String::new(),
         })
         .await
         .unwrap()
