@@ -69,4 +69,10 @@ stamp command-start
 rc=$?
 stamp command-end
 say "command exited $rc"
+# A failure: the kernel's say on it (the OOM killer, a hung task) is below
+# the console's log level, so its last messages are printed here.
+if [ "$rc" -ne 0 ]; then
+  say "the guest kernel's last messages:"
+  dmesg 2>/dev/null | tail -n 40 || true
+fi
 finish "$rc"

@@ -25,8 +25,9 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Time allowed for reading a claim from the API server when a Lookup names
 /// a pod the claim's record does not: nri-plugin's CreateContainer waits for
-/// the answer, inside NRI's 2 s.
-pub const RESERVED_FOR_READ_TIMEOUT: Duration = Duration::from_millis(700);
+/// the answer (`RESERVED_FOR_LOOKUP_TIMEOUT` in nri-plugin's `resolve.rs`),
+/// and the store's commit comes after the read.
+pub const RESERVED_FOR_READ_TIMEOUT: Duration = Duration::from_millis(500);
 
 use dra_cpu_proto::coordination::claim_message;
 use dra_cpu_proto::coordination::{
@@ -81,12 +82,17 @@ impl CoordinationService {
 
     /// The record of a prepared claim once `pod_uid` has been looked for in
     /// the claim's `status.reservedFor` on the API server: with the pods it
-    /// names added when it names `pod_uid`, as recorded otherwise. A claim
-    /// that cannot be read, or was replaced by another of the same name,
-    /// changes nothing; the caller refuses the pod as before.
-    async fn reserved_for_pod(&self, recorded: ClaimAssignment, pod_uid: &str) -> ClaimAssignment {
+    /// names as consumers when it names `pod_uid`, as recorded otherwise. A
+    /// claim that cannot be read, or was replaced by another of the same
+    /// name, changes nothing; the caller refuses the pod as before. `None`:
+    /// the claim was unprepared meanwhile.
+    async fn reserved_for_pod(
+        &self,
+        recorded: ClaimAssignment,
+        pod_uid: &str,
+    ) -> Option<ClaimAssignment> {
         let Some(claims) = &self.claims else {
-            return recorded;
+            return Some(recorded);
         };
         let read = tokio::time::timeout(
             RESERVED_FOR_READ_TIMEOUT,
@@ -97,40 +103,38 @@ impl CoordinationService {
             Ok(Ok(Some(object))) => object,
             Ok(Ok(None)) => {
                 tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "claim no longer exists; its consumer pods stay as recorded");
-                return recorded;
+                return Some(recorded);
             }
             Ok(Err(error)) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot read the claim's reservedFor");
-                return recorded;
+                return Some(recorded);
             }
             Err(_) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, timeout = ?RESERVED_FOR_READ_TIMEOUT, "the claim's reservedFor was not read in time");
-                return recorded;
+                return Some(recorded);
             }
         };
         if object.metadata.uid.as_deref() != Some(recorded.claim_uid.as_str()) {
             tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "a claim of that name with another UID exists; consumer pods stay as recorded");
-            return recorded;
+            return Some(recorded);
         }
         let reserved = reserved_pods(object.status.as_ref());
         if !reserved.iter().any(|p| p == pod_uid) {
             tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, reserved_for = ?reserved, "the claim is not reserved for this pod");
-            return recorded;
+            return Some(recorded);
         }
         let driver = self.driver.clone();
         let uid = recorded.claim_uid.clone();
         // The store's fsync blocks.
         match tokio::task::spawn_blocking(move || driver.add_consumers(&uid, &reserved)).await {
-            Ok(Ok(Some(updated))) => updated,
-            // Unprepared meanwhile: the caller answers from the driver again.
-            Ok(Ok(None)) => recorded,
+            Ok(Ok(updated)) => updated,
             Ok(Err(error)) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot record the claim's new consumer pod");
-                recorded
+                Some(recorded)
             }
             Err(error) => {
                 tracing::error!(claim_uid = %recorded.claim_uid, pod_uid, %error, "recording the claim's consumer pods failed");
-                recorded
+                Some(recorded)
             }
         }
     }
@@ -207,13 +211,15 @@ impl coord::coordination_server::Coordination for CoordinationService {
         );
         async move {
             // The answer reflects at least this revision.
-            let revision = self.driver.revision();
+            let mut revision = self.driver.revision();
             let pod = request.pod_uid.as_str();
             let claim = match self.driver.prepared(&request.claim_uid) {
                 Some(recorded)
                     if !pod.is_empty() && !recorded.consumer_pods.iter().any(|p| p == pod) =>
                 {
-                    Some(self.reserved_for_pod(recorded, pod).await)
+                    let answer = self.reserved_for_pod(recorded, pod).await;
+                    revision = self.driver.revision();
+                    answer
                 }
                 other => other,
             };

@@ -15,7 +15,8 @@ use shared_state::{ClaimAssignment, CpuSet};
 use tonic::transport::Channel;
 
 /// Time allowed for one Lookup, connection included; the CDI fallback runs
-/// after it, and the whole resolution stays far inside NRI's 2 s.
+/// after it, and the whole resolution stays far inside the NRI handler's
+/// 1.5 s.
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// The answer of a [`ClaimResolver`] about one claim UID.
@@ -33,8 +34,15 @@ pub enum Resolution {
 }
 
 /// Time allowed for a Lookup that names a pod: dra-plugin may read the
-/// claim from the API server and record the pod before it answers.
-pub const RESERVED_FOR_LOOKUP_TIMEOUT: Duration = Duration::from_millis(1000);
+/// claim from the API server (500 ms at most) and record the pod before it
+/// answers. Asked only within [`RESERVED_FOR_ASK_BEFORE`] of the
+/// container's admission, so the whole of it stays inside the NRI
+/// handler's 1.5 s.
+pub const RESERVED_FOR_LOOKUP_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// How far into a container's admission a Lookup naming its pod may still
+/// begin.
+pub const RESERVED_FOR_ASK_BEFORE: Duration = Duration::from_millis(600);
 
 /// Asks about a claim the view does not know yet. Implementations bound the
 /// time they take: the NRI runtime waits at most 2 s for a reply.

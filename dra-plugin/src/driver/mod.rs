@@ -677,14 +677,16 @@ impl Driver {
         })
     }
 
-    /// Record more consumer pods of a prepared claim. Kubelet prepares a
-    /// claim once per node, so a pod added to its `status.reservedFor` later
-    /// (a pod sharing the claim by name, started while another still holds
-    /// it) is not in the record; `reserved_for` is what the claim's
-    /// `reservedFor` names now, read from the API server. Pods join, none
-    /// leave (a pod gone from `reservedFor` runs no container that asks).
-    /// Durable, and told to subscribers as the claim's record changing.
-    /// `Ok(None)`: the claim is not prepared. Blocks on fsync.
+    /// Record the consumer pods of a prepared claim again. Kubelet prepares
+    /// a claim once per node, so a pod added to its `status.reservedFor`
+    /// later (a pod sharing the claim by name, started while another still
+    /// holds it) is not in the record; `reserved_for` is what the claim's
+    /// `reservedFor` names now, read from the API server, and becomes the
+    /// record's consumers (recorded ones first): a pod gone from it runs no
+    /// container that could ask, and the list does not grow with every pod
+    /// that ever shared the claim. Durable, and told to subscribers as the
+    /// claim's record changing. `Ok(None)`: the claim is not prepared.
+    /// Blocks on fsync.
     pub fn add_consumers(
         &self,
         claim_uid: &str,
@@ -695,12 +697,15 @@ impl Driver {
             return Ok(None);
         };
         let mut updated = recorded.clone();
+        updated
+            .consumer_pods
+            .retain(|pod| reserved_for.contains(pod));
         for pod in reserved_for {
             if !pod.is_empty() && !updated.consumer_pods.contains(pod) {
                 updated.consumer_pods.push(pod.clone());
             }
         }
-        if updated.consumer_pods == recorded.consumer_pods {
+        if updated.consumer_pods.is_empty() || updated.consumer_pods == recorded.consumer_pods {
             return Ok(Some(recorded));
         }
         let claim = ClaimRef {

@@ -12,7 +12,8 @@ use super::planning::{CreateDecision, CreateOutcome};
 use super::refusal::Refusal;
 use super::synchronize::{unknown_claims, SyncOutcome};
 use super::{ContainerInfo, NodeView};
-use crate::resolve::{ClaimResolver, Resolution};
+use crate::resolve::{ClaimResolver, Resolution, RESERVED_FOR_ASK_BEFORE};
+use std::time::Instant;
 
 fn lock(view: &Mutex<NodeView>) -> std::sync::MutexGuard<'_, NodeView> {
     // The view is plain data; a panic elsewhere cannot leave it half-written
@@ -82,6 +83,7 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
     info: &ContainerInfo,
     resolver: &R,
 ) -> Result<CreateDecision, Refusal> {
+    let started = Instant::now();
     let provisional: Vec<String> = {
         let view = lock(view);
         NodeView::env_claims(info)
@@ -113,7 +115,8 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
         }
         asked.push(uid);
     }
-    // Claims asked about again for this pod, each at most once.
+    // Claims asked about again for this pod, each at most once, and only
+    // while the answer still fits in the runtime's wait.
     let mut asked_for_pod: Vec<String> = Vec::new();
     loop {
         let outcome = lock(view).create(info);
@@ -128,7 +131,10 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
                 let Some(uid) = refusal.wrong_pod_claim().map(str::to_string) else {
                     return Err(refusal);
                 };
-                if asked_for_pod.contains(&uid) || lock(view).is_provisional(&uid) {
+                if asked_for_pod.contains(&uid)
+                    || lock(view).is_provisional(&uid)
+                    || started.elapsed() >= RESERVED_FOR_ASK_BEFORE
+                {
                     return Err(refusal);
                 }
                 asked_for_pod.push(uid.clone());

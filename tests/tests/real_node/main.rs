@@ -823,7 +823,7 @@ fn a_malformed_or_forged_cpuset_env_ends_in_create_container_error() {
 
 #[test]
 #[ignore = "needs the real node: scripts/real-node-tests.sh"]
-fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
+fn a_claim_shared_by_two_pods_or_two_containers_is_refused_until_the_first_is_gone() {
     let (_guard, node) = node();
     let ns = TestNamespace::new(&node, "shared-claim").unwrap();
     let grouped = grouped(&node);
@@ -864,16 +864,20 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused() {
     // The first pod keeps its CPU.
     node.wait_cpus(&ns.name, "first", "app", &cpus, CPUSET_CHANGE)
         .unwrap();
-    node.kubectl(&[
-        "delete",
-        "pod",
-        "-n",
-        &ns.name,
-        "first",
-        "second",
-        "--wait=true",
-    ])
-    .unwrap();
+    // Once the first pod is gone, the second gets the claim: scheduled
+    // then, or, let through before, by kubelet's next attempt at its
+    // container. Kubelet prepared the claim for the first pod alone and
+    // does not prepare it again while a pod on the node still uses it, so
+    // nri-plugin learns the second pod from the claim's reservedFor.
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "first", "--wait=true"])
+        .unwrap();
+    node.wait_running(&ns.name, "second", POD_START).unwrap();
+    let taken = claim_env_cpus(&node, &ns.name, "second");
+    assert_eq!(taken.len(), 1, "got {}", taken.to_cpulist());
+    node.wait_cpus(&ns.name, "second", "app", &taken, CPUSET_CHANGE)
+        .unwrap();
+    node.kubectl(&["delete", "pod", "-n", &ns.name, "second", "--wait=true"])
+        .unwrap();
 
     // Two containers of one pod on one claim: the first gets the CPU, the
     // second is refused.
