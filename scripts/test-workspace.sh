@@ -10,14 +10,22 @@
 #                                                       e.g. -p nri-plugin
 #
 # DRA_CPU_TEST_JOBS (default 4) binaries at once, RUST_TEST_THREADS (default
-# 4) tests at once in each. The duration of each binary is kept in
-# target/test-durations.tsv, and the next run starts the slowest first.
+# 4) tests at once in each. The duration of each binary is kept, and the
+# next run starts the slowest first: in $DRA_CPU_TEST_DURATIONS, by default
+# /var/cache/dra-cpu/test-durations.tsv where that directory can be written
+# (it outlives a clone, as the component cache does), else in target/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="${DRA_CPU_TEST_JOBS:-4}"
 export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 target_dir="$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)"
-durations="$target_dir/test-durations.tsv"
+durations="${DRA_CPU_TEST_DURATIONS:-}"
+if [ -z "$durations" ]; then
+  durations="$target_dir/test-durations.tsv"
+  if mkdir -p /var/cache/dra-cpu 2>/dev/null && [ -w /var/cache/dra-cpu ]; then
+    durations=/var/cache/dra-cpu/test-durations.tsv
+  fi
+fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
