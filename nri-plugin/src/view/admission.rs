@@ -10,7 +10,7 @@ use shared_state::{ClaimAssignment, CpuSet};
 use super::claims::ClaimOrigin;
 use super::planning::{CreateDecision, CreateOutcome};
 use super::refusal::Refusal;
-use super::synchronize::{unknown_claims, SyncOutcome};
+use super::synchronize::{pods_to_ask_for, unknown_claims, SyncOutcome};
 use super::{ContainerInfo, NodeView};
 use crate::resolve::{ClaimResolver, Resolution, RESERVED_FOR_ASK_BEFORE};
 use std::time::Instant;
@@ -220,6 +220,26 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
         let provisional = lock(view).is_provisional(uid);
         if learn_resolution(view, uid, answer).is_err() && !provisional {
             tracing::warn!(claim = %uid, "claim of a running container could not be resolved");
+        }
+    }
+    // A running container of a pod its claim's record does not name was
+    // created while no creation could ask (nri-plugin away): asked now, as
+    // a creation would, before it is placed.
+    let pairs = pods_to_ask_for(&lock(view), containers);
+    let answers = futures::future::join_all(
+        pairs
+            .iter()
+            .map(|(uid, pod)| resolver.resolve_for_pod(uid, pod)),
+    )
+    .await;
+    for ((uid, pod), answer) in pairs.iter().zip(answers) {
+        match answer {
+            Resolution::Prepared(assignment) if assignment.consumer_pods.contains(pod) => {
+                if learn_resolution(view, uid, Resolution::Prepared(assignment)).is_err() {
+                    tracing::warn!(claim = %uid, pod_uid = %pod, "the claim's record naming the pod could not be applied");
+                }
+            }
+            _ => {}
         }
     }
     lock(view).synchronize(containers)
@@ -503,6 +523,58 @@ mod tests {
         ));
         assert_eq!(out.updates, updates(&[("c", "6-7"), ("s", "1-5")]));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
+    }
+
+    /// A container of POD_B runs on CLAIM_1, whose record names POD_A only
+    /// (POD_B was added to its reservedFor while nri-plugin was away). At
+    /// Synchronize dra-plugin is asked for POD_B; the container keeps the
+    /// claim when the answer names the pod, and only then.
+    #[test]
+    fn synchronize_asks_about_a_pod_the_claims_record_does_not_name() {
+        let mut both = claim(CLAIM_1, "2", POD_A);
+        both.consumer_pods.push(POD_B.to_string());
+        // (answer for POD_B, B's update: None when it stays on the claim,
+        // demoted)
+        let cases: Vec<(Resolution, Option<&str>, bool)> = vec![
+            (Resolution::Prepared(both), None, false),
+            (
+                Resolution::Prepared(claim(CLAIM_1, "2", POD_A)),
+                Some("1,3-7"),
+                true,
+            ),
+            (Resolution::Unverifiable("down".into()), Some("1,3-7"), true),
+        ];
+        for (answer, cpus, demoted) in cases {
+            let mut v = view(false);
+            v.apply_prepared(1, claim(CLAIM_1, "2", POD_A))
+                .expect("claim 1");
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                for_pod: HashMap::from([(CLAIM_1.to_string(), answer.clone())]),
+                ..Default::default()
+            };
+            let mut b = container("b", POD_B, &[&env(CLAIM_1, "2")], None);
+            b.cpus = set("2");
+            let mut s = container("s", POD_A, &[], None);
+            s.cpus = set("0-7");
+            let out = run(synchronize_containers(&view, &[b, s], &resolver));
+            let b_update = out.updates.iter().find(|u| u.container_id == "b");
+            assert_eq!(
+                b_update.map(|u| u.cpuset.clone()),
+                cpus.map(set),
+                "{answer:?}: {out:?}"
+            );
+            assert_eq!(
+                out.demoted.len(),
+                usize::from(demoted),
+                "{answer:?}: {out:?}"
+            );
+            assert_eq!(
+                *lock_calls(&resolver.calls),
+                vec![format!("{CLAIM_1} for {POD_B}")],
+                "{answer:?}"
+            );
+        }
     }
 
     #[test]

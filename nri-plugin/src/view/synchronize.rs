@@ -115,6 +115,33 @@ pub fn unknown_claims(view: &NodeView, containers: &[ContainerInfo]) -> Vec<Stri
     out
 }
 
+/// A claim and a pod its record does not name, for a running container of
+/// that pod naming the claim with its CPUs: the pod may have been added to
+/// the claim's `reservedFor` after the claim's prepare, while no container
+/// creation could ask (nri-plugin away). Provisional claims are left to
+/// their adoption rule. Each pair once.
+pub fn pods_to_ask_for(view: &NodeView, containers: &[ContainerInfo]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for info in containers.iter().filter(|c| !c.stopped) {
+        let Ok(refs) = NodeView::env_claims(info) else {
+            continue;
+        };
+        for r in refs {
+            let Some(claim) = view.pool().claim(&r.claim_uid) else {
+                continue;
+            };
+            let ask = !view.is_provisional(&r.claim_uid)
+                && claim.cpus == r.cpus
+                && !claim.consumer_pods.contains(&info.pod_uid);
+            let pair = (r.claim_uid, info.pod_uid.clone());
+            if ask && !out.contains(&pair) {
+                out.push(pair);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use crate::test_support::*;
