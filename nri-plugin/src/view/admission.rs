@@ -233,13 +233,13 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
     )
     .await;
     for ((uid, pod), answer) in pairs.iter().zip(answers) {
-        match answer {
-            Resolution::Prepared(assignment) if assignment.consumer_pods.contains(pod) => {
-                if learn_resolution(view, uid, Resolution::Prepared(assignment)).is_err() {
-                    tracing::warn!(claim = %uid, pod_uid = %pod, "the claim's record naming the pod could not be applied");
-                }
-            }
-            _ => {}
+        let Resolution::Prepared(assignment) = answer else {
+            continue;
+        };
+        if assignment.consumer_pods.contains(pod)
+            && learn_resolution(view, uid, Resolution::Prepared(assignment)).is_err()
+        {
+            tracing::warn!(claim = %uid, pod_uid = %pod, "the claim's record naming the pod could not be applied");
         }
     }
     lock(view).synchronize(containers)
