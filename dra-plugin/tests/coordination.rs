@@ -31,6 +31,34 @@ async fn next(stream: &mut tonic::Streaming<coord::WatchEvent>) -> coord::watch_
     }
 }
 
+/// A subscriber's client and Watch stream on `node`'s coordination socket,
+/// and the stream's first event, the snapshot.
+async fn subscribe(
+    node: &Node,
+    subscriber: &str,
+) -> (
+    coord::coordination_client::CoordinationClient<tonic::transport::Channel>,
+    tonic::Streaming<coord::WatchEvent>,
+    coord::Snapshot,
+) {
+    let channel = connect_unix(&node.config.coordination_socket)
+        .await
+        .expect("connect");
+    let mut client = coord::coordination_client::CoordinationClient::new(channel);
+    let mut stream = client
+        .watch(coord::WatchRequest {
+            from_revision: 0,
+            subscriber: subscriber.into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let coord::watch_event::Event::Snapshot(snapshot) = next(&mut stream).await else {
+        panic!("first event is not a snapshot");
+    };
+    (client, stream, snapshot)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_get_a_snapshot_then_deltas_in_order() {
     let node = Node::new(DeviceMode::Grouped);
@@ -225,21 +253,7 @@ async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
     let first = node.claim("first", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
     prepare_ok(&running.kubelet, &first).await;
 
-    let channel = connect_unix(&node.config.coordination_socket)
-        .await
-        .expect("connect");
-    let mut client = coord::coordination_client::CoordinationClient::new(channel);
-    let mut stream = client
-        .watch(coord::WatchRequest {
-            from_revision: 0,
-            subscriber: "nri-plugin/online".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let coord::watch_event::Event::Snapshot(before) = next(&mut stream).await else {
-        panic!("first event is not a snapshot");
-    };
+    let (_client, mut stream, before) = subscribe(&node, "nri-plugin/online").await;
     let online = node.topology.online().clone();
     assert_eq!(before.allocatable, online.to_cpulist());
 
@@ -267,6 +281,35 @@ async fn a_cpu_going_offline_and_back_reaches_subscribers_as_snapshots() {
     assert_eq!(back.allocatable, online.to_cpulist());
 }
 
+/// As the scheduler does: claim `name`'s `status.reservedFor` becomes the
+/// pods numbered `pods` (see [`pod_uid`]).
+fn reserve_for(node: &Node, name: &str, pods: &[u32]) {
+    let mut status = node
+        .api
+        .claim("default", name)
+        .expect("claim")
+        .status
+        .expect("status");
+    let template = status
+        .reserved_for
+        .as_ref()
+        .and_then(|r| r.first().cloned())
+        .expect("reserved for a pod");
+    status.reserved_for = Some(
+        pods.iter()
+            .map(|&n| {
+                let mut reference = template.clone();
+                reference.uid = pod_uid(n);
+                reference.name = format!("pod-{n}");
+                reference
+            })
+            .collect(),
+    );
+    node.api
+        .set_claim_status("default", name, status)
+        .expect("reserving the claim");
+}
+
 /// Kubelet prepares a claim once per node: a pod added to the claim's
 /// `reservedFor` afterwards is learned when nri-plugin's Lookup names it.
 /// The control: while `reservedFor` does not name the pod, the answer does
@@ -278,21 +321,7 @@ async fn a_lookup_for_a_pod_added_to_reserved_for_records_it() {
     let running = node.start(DraVersion::V1).await;
     let shared = node.claim("shared", &[("cpudevnuma000", Some("2"))], &pod_uid(1));
     prepare_ok(&running.kubelet, &shared).await;
-    let channel = connect_unix(&node.config.coordination_socket)
-        .await
-        .expect("connect");
-    let mut client = coord::coordination_client::CoordinationClient::new(channel);
-    let mut stream = client
-        .watch(coord::WatchRequest {
-            from_revision: 0,
-            subscriber: "nri-plugin/test".into(),
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let coord::watch_event::Event::Snapshot(snapshot) = next(&mut stream).await else {
-        panic!("first event is not a snapshot");
-    };
+    let (mut client, mut stream, snapshot) = subscribe(&node, "nri-plugin/test").await;
     let lookup_for = |pod: String| coord::LookupRequest {
         claim_uid: shared.uid.clone(),
         pod_uid: pod,
@@ -309,20 +338,7 @@ async fn a_lookup_for_a_pod_added_to_reserved_for_records_it() {
         "not reserved for pod 2 yet"
     );
 
-    let mut status = node
-        .api
-        .claim("default", &shared.name)
-        .expect("claim")
-        .status
-        .expect("status");
-    let reserved = status.reserved_for.get_or_insert_with(Vec::new);
-    let mut second = reserved[0].clone();
-    second.uid = pod_uid(2);
-    second.name = "pod-2".into();
-    reserved.push(second);
-    node.api
-        .set_claim_status("default", &shared.name, status)
-        .expect("reserving for pod 2");
+    reserve_for(&node, &shared.name, &[1, 2]);
     let now = client
         .lookup(lookup_for(pod_uid(2)))
         .await
@@ -351,8 +367,8 @@ async fn a_lookup_for_a_pod_added_to_reserved_for_records_it() {
     };
     let gets = claim_gets();
     assert!(
-        gets >= 2,
-        "the prepare and the lookup for pod 2 read the claim"
+        gets >= 3,
+        "the prepare and both lookups for pod 2 read the claim: {gets}"
     );
     for pod in [String::new(), pod_uid(1), pod_uid(2)] {
         let plain = client
@@ -367,6 +383,16 @@ async fn a_lookup_for_a_pod_added_to_reserved_for_records_it() {
         gets,
         "no claim read for a pod already recorded"
     );
+
+    // Pod 1 is gone and pod 3 came: the record follows reservedFor.
+    reserve_for(&node, &shared.name, &[2, 3]);
+    let later = client
+        .lookup(lookup_for(pod_uid(3)))
+        .await
+        .expect("lookup")
+        .into_inner();
+    let both = vec![pod_uid(2), pod_uid(3)];
+    assert_eq!(later.claim.expect("prepared").consumer_pod_uids, both);
     drop(stream);
     running.stop().await.expect("clean stop");
 
