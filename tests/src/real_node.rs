@@ -715,6 +715,9 @@ pub struct PodSpec<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub containers: Vec<&'a str>,
+    /// Init containers, each naming the pod's claims as the containers do;
+    /// they print their CPUs and exit.
+    pub init_containers: Vec<&'a str>,
     pub cpu_request: Option<&'a str>,
     /// `resources.limits.cpu` of each container.
     pub cpu_limit: Option<&'a str>,
@@ -730,6 +733,7 @@ impl<'a> PodSpec<'a> {
             namespace,
             name,
             containers: vec!["app"],
+            init_containers: Vec::new(),
             cpu_request: None,
             cpu_limit: None,
             templates: Vec::new(),
@@ -762,10 +766,22 @@ impl<'a> PodSpec<'a> {
                 ));
             }
         }
-        y.push_str("  containers:\n");
-        for container in &self.containers {
+        let init = self.init_containers.iter().map(|c| (*c, true));
+        let main = self.containers.iter().map(|c| (*c, false));
+        for (index, (container, is_init)) in init.chain(main).enumerate() {
+            if index == 0 && is_init {
+                y.push_str("  initContainers:\n");
+            }
+            if index == self.init_containers.len() {
+                y.push_str("  containers:\n");
+            }
+            let command = if is_init {
+                r#"["/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"]"#
+            } else {
+                r#"["/bin/sleep", "infinity"]"#
+            };
             y.push_str(&format!(
-                "    - name: {container}\n      image: {}\n      imagePullPolicy: Never\n      command: [\"/bin/sleep\", \"infinity\"]\n",
+                "    - name: {container}\n      image: {}\n      imagePullPolicy: Never\n      command: {command}\n",
                 crate::image::WORKLOAD_IMAGE
             ));
             if !self.env.is_empty() {

@@ -474,7 +474,10 @@ async fn an_exited_init_container_passes_its_claim_to_the_app_container() {
         .create_container(&sandbox, &init)
         .await
         .must("the init container, on the claim");
-    node.cri.start_container(&init_id).await.must("starting init");
+    node.cri
+        .start_container(&init_id)
+        .await
+        .must("starting init");
     let exited = k8s_cri::v1::ContainerState::ContainerExited as i32;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {

@@ -904,6 +904,36 @@ fn a_claim_shared_by_two_pods_or_two_containers_is_refused_until_the_first_is_go
     assert_eq!(app.cgroup.len(), 1, "app: {}", app.cgroup.to_cpulist());
 }
 
+/// An init container and the app container of one pod naming one claim:
+/// one claim serves one container at a time, and kubelet runs them in turn,
+/// so each gets the claim's CPU.
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn an_init_container_and_the_app_container_use_one_claim_in_turn() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "init-claim").unwrap();
+    let grouped = grouped(&node);
+    node.apply(&claim_template_yaml(&ns.name, "one-cpu", 1, grouped))
+        .unwrap();
+    let mut pod = PodSpec::new(&ns.name, "staged");
+    pod.init_containers = vec!["setup"];
+    pod.templates = vec![("cpus", "one-cpu")];
+    node.apply(&pod.yaml()).unwrap();
+    node.wait_running(&ns.name, "staged", POD_START).unwrap();
+    let cpus = claim_env_cpus(&node, &ns.name, "staged");
+    assert_eq!(cpus.len(), 1, "got {}", cpus.to_cpulist());
+    node.wait_cpus(&ns.name, "staged", "app", &cpus, CPUSET_CHANGE)
+        .unwrap();
+    let printed = node
+        .kubectl(&["logs", "-n", &ns.name, "staged", "-c", "setup"])
+        .unwrap();
+    let setup_cpus = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|list| CpuSet::parse_cpulist(list.trim()).unwrap());
+    assert_eq!(setup_cpus, Some(cpus), "setup printed {printed:?}");
+}
+
 /// The upstream gauges of dra-plugin's /metrics: (allocated, available,
 /// reserved, active claims).
 fn gauges(node: &RealNode) -> (f64, f64, f64, f64) {
