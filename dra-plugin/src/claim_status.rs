@@ -594,6 +594,7 @@ mod tests {
                 pool: "node-a".into(),
                 device: "cpudevnuma000".into(),
                 consumed_cpus: Some(2),
+                share_id: None,
             }],
             cpus: set(cpus),
             prepared_at_unix_ms: 1,

@@ -272,6 +272,7 @@ fn store_with_one_claim() -> tempfile::TempDir {
                 pool: "node".into(),
                 device: "cpudevnuma001".into(),
                 consumed_cpus: Some(4),
+                share_id: None,
             }],
             cpus: shared_state::CpuSet::parse_cpulist("48-51").expect("cpulist"),
             prepared_at_unix_ms: 1_796_256_005_000,

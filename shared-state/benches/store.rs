@@ -28,6 +28,7 @@ fn record(i: usize) -> ClaimAssignment {
             pool: "node-a".into(),
             device: "cpudevnuma000".into(),
             consumed_cpus: Some(4),
+            share_id: None,
         }],
         cpus: (base..base + 4).collect::<CpuSet>(),
         prepared_at_unix_ms: 1_700_000_000_000,

@@ -20,6 +20,12 @@ pub struct AllocatedDevice {
     pub device: String,
     /// `consumedCapacity[CPU_CAPACITY]` for grouped devices; `None` for individual ones.
     pub consumed_cpus: Option<u32>,
+    /// The allocation's `shareID`: a grouped device is allocated to several
+    /// claims (consumable capacity), each share with its own ID. Kubelet
+    /// reports it through its PodResources API. Absent in records written
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// A prepared ResourceClaim and the exact CPUs it was given on this node.

@@ -35,6 +35,7 @@ fn record(uid: String, seq: u64) -> ClaimAssignment {
             pool: "node-a".to_string(),
             device: "cpudevnuma000".to_string(),
             consumed_cpus: Some(1),
+            share_id: None,
         }],
         cpus: [(seq % 64) as u32].into_iter().collect::<CpuSet>(),
         prepared_at_unix_ms: seq,

@@ -490,6 +490,7 @@ pub(crate) mod test_support {
                     pool: "node-a".into(),
                     device: device.to_string(),
                     consumed_cpus: *consumed,
+                    share_id: None,
                 })
                 .collect(),
             cpus: set(cpus),

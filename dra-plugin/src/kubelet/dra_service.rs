@@ -327,7 +327,7 @@ pub fn request_name(result_request: &str) -> &str {
 /// rather than once per CPU (kubelet hands a container the ids of every
 /// device whose `request_names` match, without removing duplicates:
 /// `cdiDevicesAsList` in `pkg/kubelet/cm/dra/claiminfo.go`).
-fn devices_of(prepared: &Prepared) -> Vec<(Vec<String>, String, String, Vec<String>)> {
+fn devices_of(prepared: &Prepared) -> Vec<KubeletDevice> {
     let mut requests_given_the_id = std::collections::BTreeSet::new();
     prepared
         .assignment
@@ -340,22 +340,58 @@ fn devices_of(prepared: &Prepared) -> Vec<(Vec<String>, String, String, Vec<Stri
             } else {
                 Vec::new()
             };
-            (
-                vec![request.to_string()],
-                d.pool.clone(),
-                d.device.clone(),
+            KubeletDevice {
+                request_names: vec![request.to_string()],
+                pool_name: d.pool.clone(),
+                device_name: d.device.clone(),
                 cdi_device_ids,
-            )
+                share_id: d.share_id.clone(),
+            }
         })
         .collect()
 }
 
+/// One device of a prepared claim as kubelet is told of it, in either API
+/// version's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KubeletDevice {
+    request_names: Vec<String>,
+    pool_name: String,
+    device_name: String,
+    cdi_device_ids: Vec<String>,
+    /// The allocation's `shareID`; only `v1.Device` has the field.
+    share_id: Option<String>,
+}
+
+impl From<KubeletDevice> for dra_v1::Device {
+    fn from(d: KubeletDevice) -> Self {
+        dra_v1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            share_id: d.share_id,
+        }
+    }
+}
+
+impl From<KubeletDevice> for dra_v1beta1::Device {
+    fn from(d: KubeletDevice) -> Self {
+        dra_v1beta1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+        }
+    }
+}
+
 /// Stamps out one kubelet `DRAPlugin` service over the generated types of
 /// `$api`: the API versions carry the same calls and messages and differ
-/// only in their module path (and v1's optional `Device.share_id`, passed in
-/// as extra device fields), so one body serves both.
+/// only in their module path (and v1's optional `Device.share_id`, which
+/// each version's `From<KubeletDevice>` settles), so one body serves both.
 macro_rules! dra_plugin_service {
-    ($(#[$meta:meta])* $service:ident, $api:ident { $($device_field:ident: $device_value:expr),* $(,)? }) => {
+    ($(#[$meta:meta])* $service:ident, $api:ident) => {
         $(#[$meta])*
         pub struct $service(pub DraService);
 
@@ -386,15 +422,7 @@ macro_rules! dra_plugin_service {
                         Ok(prepared) => $api::NodePrepareResourceResponse {
                             devices: devices_of(&prepared)
                                 .into_iter()
-                                .map(|(request_names, pool_name, device_name, cdi_device_ids)| {
-                                    $api::Device {
-                                        request_names,
-                                        pool_name,
-                                        device_name,
-                                        cdi_device_ids,
-                                        $($device_field: $device_value,)*
-                                    }
-                                })
+                                .map($api::Device::from)
                                 .collect(),
                             error: String::new(),
                         },
@@ -435,17 +463,17 @@ macro_rules! dra_plugin_service {
 
 dra_plugin_service!(
     /// `v1.DRAPlugin`.
-    DraV1, dra_v1 { share_id: None }
+    DraV1, dra_v1
 );
 
 dra_plugin_service!(
     /// `v1beta1.DRAPlugin`.
-    DraV1beta1, dra_v1beta1 {}
+    DraV1beta1, dra_v1beta1
 );
 
 #[cfg(test)]
 mod tests {
-    use super::{devices_of, request_name};
+    use super::{devices_of, dra_v1, request_name};
     use crate::driver::Prepared;
     use shared_state::{AllocatedDevice, ClaimAssignment, CpuSet};
 
@@ -462,6 +490,42 @@ mod tests {
         }
     }
 
+    /// A grouped device's share ID reaches kubelet through v1, the version
+    /// that has the field (kubelet's PodResources API reports it).
+    #[test]
+    fn the_share_id_of_a_grouped_device_is_told_to_a_v1_kubelet() {
+        let share = |id: Option<&str>| AllocatedDevice {
+            request: "cpus".into(),
+            pool: "node-a".into(),
+            device: "cpudevnuma000".into(),
+            consumed_cpus: Some(2),
+            share_id: id.map(str::to_string),
+        };
+        for id in [Some("4f1e2d3c-0000-4000-8000-000000000001"), None] {
+            let prepared = Prepared {
+                assignment: ClaimAssignment {
+                    claim_uid: "uid".into(),
+                    namespace: "ns".into(),
+                    name: "claim".into(),
+                    consumer_pods: vec![],
+                    devices: vec![share(id)],
+                    cpus: CpuSet::new(),
+                    prepared_at_unix_ms: 0,
+                    pod_claim_name: None,
+                    tuning: Default::default(),
+                },
+                cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
+            };
+            let devices: Vec<dra_v1::Device> = devices_of(&prepared)
+                .into_iter()
+                .map(dra_v1::Device::from)
+                .collect();
+            assert_eq!(devices.len(), 1);
+            assert_eq!(devices[0].share_id.as_deref(), id);
+            assert_eq!(devices[0].device_name, "cpudevnuma000");
+        }
+    }
+
     #[test]
     fn each_request_gets_the_claims_cdi_device_once() {
         let device = |request: &str, device: &str| AllocatedDevice {
@@ -469,6 +533,7 @@ mod tests {
             pool: "node-a".into(),
             device: device.into(),
             consumed_cpus: None,
+            share_id: None,
         };
         let prepared = Prepared {
             assignment: ClaimAssignment {
@@ -492,7 +557,7 @@ mod tests {
         let id = || vec!["dra.k8s.io/cpu=claim-uid".to_string()];
         let got: Vec<(Vec<String>, String, Vec<String>)> = devices_of(&prepared)
             .into_iter()
-            .map(|(requests, _pool, device, ids)| (requests, device, ids))
+            .map(|d| (d.request_names, d.device_name, d.cdi_device_ids))
             .collect();
         assert_eq!(
             got,

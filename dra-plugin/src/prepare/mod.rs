@@ -556,6 +556,7 @@ pub(crate) mod tests {
                     pool: "node-a".into(),
                     device: d.to_string(),
                     consumed_cpus: *n,
+                    share_id: None,
                 })
                 .collect(),
             consumer_pods: vec![POD.into()],

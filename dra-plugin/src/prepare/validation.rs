@@ -97,6 +97,7 @@ pub fn parse_claim(
             pool: result.pool.clone(),
             device: result.device.clone(),
             consumed_cpus,
+            share_id: result.share_id.clone(),
         });
     }
     let consumer_pods = reserved_pods(status);
@@ -377,6 +378,17 @@ mod tests {
             ]),
             &[POD],
         );
+        // A grouped device's share (consumable capacity) keeps its ID.
+        let mut c = c;
+        if let Some(results) = c
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+        {
+            results[1].share_id = Some("4f1e2d3c-0000-4000-8000-000000000001".into());
+        }
         let parsed = parse_claim(&claim_ref(UID_A), &c, "dra.cpu", "node-a").expect("parses");
         assert_eq!(
             parsed.devices,
@@ -385,6 +397,7 @@ mod tests {
                 pool: "node-a".into(),
                 device: "cpudevnuma001".into(),
                 consumed_cpus: Some(3),
+                share_id: Some("4f1e2d3c-0000-4000-8000-000000000001".into()),
             }]
         );
         assert_eq!(parsed.consumer_pods, vec![POD.to_string()]);

@@ -324,6 +324,7 @@ mod tests {
                 pool: "node-a".to_string(),
                 device: "cpudevnuma000".to_string(),
                 consumed_cpus: Some(2),
+                share_id: None,
             }],
             cpus: CpuSet::parse_cpulist(cpus).unwrap_or_default(),
             prepared_at_unix_ms: 1_700_000_000_000,

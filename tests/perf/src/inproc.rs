@@ -58,6 +58,8 @@ fn grouped_device(device: &str, cpus: u32) -> AllocatedDevice {
         pool: "node-a".into(),
         device: device.into(),
         consumed_cpus: Some(cpus),
+        share_id: None,
+        share_id: None,
     }
 }
 
@@ -214,6 +216,7 @@ pub fn allocation_rows(samples: usize) -> Vec<Row> {
                 pool: "node-a".into(),
                 device: name.clone(),
                 consumed_cpus: None,
+                share_id: None,
             })
             .collect(),
         consumer_pods: vec![uid('p', 1_000_000)],

@@ -932,6 +932,37 @@ fn an_init_container_and_the_app_container_use_one_claim_in_turn() {
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .map(|list| CpuSet::parse_cpulist(list.trim()).unwrap());
     assert_eq!(setup_cpus, Some(cpus), "setup printed {printed:?}");
+
+    // A grouped device's share carries the allocation's shareID; kubelet
+    // records it with the device (its PodResources API reports it) only
+    // when the driver's prepare answer names it.
+    let claims = node.get_json(&["resourceclaims", "-n", &ns.name]).unwrap();
+    let share_ids: Vec<String> = claims["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            c["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|r| r["driver"] == "dra.cpu")
+        .filter_map(|r| r["shareID"].as_str().map(str::to_string))
+        .collect();
+    if grouped {
+        assert!(!share_ids.is_empty(), "no shareID in {claims}");
+    }
+    let checkpoint = std::fs::read_to_string(
+        std::path::Path::new(node.fact("REAL_NODE_KUBELET_DIR")).join("dra_manager_state"),
+    )
+    .unwrap();
+    for id in &share_ids {
+        assert!(
+            checkpoint.contains(id.as_str()),
+            "kubelet's DRA checkpoint lacks share {id}: {checkpoint}"
+        );
+    }
 }
 
 /// The upstream gauges of dra-plugin's /metrics: (allocated, available,
