@@ -59,7 +59,6 @@ fn grouped_device(device: &str, cpus: u32) -> AllocatedDevice {
         device: device.into(),
         consumed_cpus: Some(cpus),
         share_id: None,
-        share_id: None,
     }
 }
 
