@@ -74,8 +74,36 @@ fi
 e2e_command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 --color=never || rc=1; done; exit $rc' e2e "${e2e_bins[@]}")
 target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
 export DRA_PLUGIN_BIN="$target_dir/debug/dra-plugin" NRI_PLUGIN_BIN="$target_dir/debug/nri-plugin"
-# The guest's console is a terminal: no colour codes in the logs.
-scenarios=("$test_bin" --ignored --test-threads=1 --nocapture --color=never "$@")
+# The scenarios one process each, in the order listed, each one that passes
+# noted in a progress file on the shared target directory: when the
+# emulator's live-patching race kills the guest mid-run, scripts/vm-node.sh
+# boots a fresh copy and runs the command again, and the scenarios that
+# passed on an earlier boot are not run again. The guest's console is a
+# terminal: no colour codes in the logs.
+scenario_command() {
+  local progress="$target_dir/vm-scenarios-$1.done"
+  shift
+  rm -f "$progress"
+  scenarios=(bash -c '
+    progress="$1" bin="$2"
+    shift 2
+    names="$("$bin" --list --ignored "$@" | sed -n "s/: test\$//p")" || exit 1
+    [ -n "$names" ] || { echo "no scenario matches: $*" >&2; exit 1; }
+    touch "$progress"
+    rc=0
+    for name in $names; do
+      if grep -qxF "$name" "$progress"; then
+        echo "== $name: passed on an earlier boot of this run"
+        continue
+      fi
+      if "$bin" --ignored --exact --test-threads=1 --nocapture --color=never "$name"; then
+        echo "$name" >>"$progress"
+      else
+        rc=1
+      fi
+    done
+    exit $rc' scenarios "$progress" "$test_bin" "$@")
+}
 
 # The guest has no Python for kubernetes-validate: the e2e tests leave the
 # objects they would validate under this shared directory (see
@@ -126,6 +154,7 @@ if [ "$runtimes" != 2 ]; then
   if [ "$demo" -eq 1 ]; then
     run "node demo, containerd 1.7" -- "$target_dir/debug/node-demo"
   fi
+  scenario_command containerd-1.7 "$@"
   run "scenarios, containerd 1.7" -- "${scenarios[@]}"
   if [ $# -eq 0 ]; then
     tuning_disk="$target_dir/vm-tuning-cut.img"
@@ -149,6 +178,7 @@ if [ "$runtimes" != 1.7 ]; then
   elif [ "$status" -ne 0 ]; then
     failed+=("fetching containerd 2.x")
   else
+    scenario_command containerd-2 "$@"
     run "scenarios, containerd 2.x" --share "$(dirname "$(dirname "$bin")")" -- \
       scripts/containerd2.sh run "$bin" "${scenarios[@]}"
     if [ "$e2e" -eq 1 ]; then
