@@ -490,6 +490,25 @@ mod tests {
         }
     }
 
+    /// Claim `uid` prepared with `devices`, its CDI device
+    /// `dra.k8s.io/cpu=claim-uid`.
+    fn prepared(devices: Vec<AllocatedDevice>) -> Prepared {
+        Prepared {
+            assignment: ClaimAssignment {
+                claim_uid: "uid".into(),
+                namespace: "ns".into(),
+                name: "claim".into(),
+                consumer_pods: vec![],
+                devices,
+                cpus: CpuSet::new(),
+                prepared_at_unix_ms: 0,
+                pod_claim_name: None,
+                tuning: Default::default(),
+            },
+            cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
+        }
+    }
+
     /// A grouped device's share ID reaches kubelet through v1, the version
     /// that has the field (kubelet's PodResources API reports it).
     #[test]
@@ -502,21 +521,7 @@ mod tests {
             share_id: id.map(str::to_string),
         };
         for id in [Some("4f1e2d3c-0000-4000-8000-000000000001"), None] {
-            let prepared = Prepared {
-                assignment: ClaimAssignment {
-                    claim_uid: "uid".into(),
-                    namespace: "ns".into(),
-                    name: "claim".into(),
-                    consumer_pods: vec![],
-                    devices: vec![share(id)],
-                    cpus: CpuSet::new(),
-                    prepared_at_unix_ms: 0,
-                    pod_claim_name: None,
-                    tuning: Default::default(),
-                },
-                cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
-            };
-            let devices: Vec<dra_v1::Device> = devices_of(&prepared)
+            let devices: Vec<dra_v1::Device> = devices_of(&prepared(vec![share(id)]))
                 .into_iter()
                 .map(dra_v1::Device::from)
                 .collect();
@@ -535,25 +540,12 @@ mod tests {
             consumed_cpus: None,
             share_id: None,
         };
-        let prepared = Prepared {
-            assignment: ClaimAssignment {
-                claim_uid: "uid".into(),
-                namespace: "ns".into(),
-                name: "claim".into(),
-                consumer_pods: vec![],
-                devices: vec![
-                    device("cpus/big", "cpudev000"),
-                    device("cpus/big", "cpudev001"),
-                    device("cpus/big", "cpudev002"),
-                    device("helper", "cpudev003"),
-                ],
-                cpus: CpuSet::new(),
-                prepared_at_unix_ms: 0,
-                pod_claim_name: None,
-                tuning: Default::default(),
-            },
-            cdi_device_id: "dra.k8s.io/cpu=claim-uid".into(),
-        };
+        let prepared = prepared(vec![
+            device("cpus/big", "cpudev000"),
+            device("cpus/big", "cpudev001"),
+            device("cpus/big", "cpudev002"),
+            device("helper", "cpudev003"),
+        ]);
         let id = || vec!["dra.k8s.io/cpu=claim-uid".to_string()];
         let got: Vec<(Vec<String>, String, Vec<String>)> = devices_of(&prepared)
             .into_iter()
