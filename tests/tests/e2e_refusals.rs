@@ -471,13 +471,9 @@ async fn an_exited_init_container_passes_its_claim_to_the_app_container() {
     init.command = vec!["/bin/sh".into(), "-c".into(), "exit 0".into()];
     let init_id = node
         .cri
-        .create_container(&sandbox, &init)
+        .run_container(&sandbox, &init)
         .await
         .must("the init container, on the claim");
-    node.cri
-        .start_container(&init_id)
-        .await
-        .must("starting init");
     let exited = k8s_cri::v1::ContainerState::ContainerExited as i32;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -499,10 +495,9 @@ async fn an_exited_init_container_passes_its_claim_to_the_app_container() {
     let app = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
     let app_id = node
         .cri
-        .create_container(&sandbox, &app)
+        .run_container(&sandbox, &app)
         .await
         .must("the app container, once init has exited");
-    node.cri.start_container(&app_id).await.must("starting app");
     node.wait_cpus(&app_id, &claim.cpus)
         .await
         .must("app on the claim's CPU");

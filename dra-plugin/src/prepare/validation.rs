@@ -173,6 +173,16 @@ mod tests {
     /// (driver, pool, device, consumed capacity)
     type ResultSpec<'a> = (&'a str, &'a str, &'a str, Option<&'a str>);
 
+    /// The allocation results of a claim made by [`claim`] with results.
+    fn results_mut(c: &mut ResourceClaim) -> &mut Vec<DeviceRequestAllocationResult> {
+        c.status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .expect("a claim with allocation results")
+    }
+
     fn claim(uid: &str, results: Option<&[ResultSpec]>, pods: &[&str]) -> ResourceClaim {
         let results = results.map(|rs| {
             rs.iter()
@@ -322,15 +332,7 @@ mod tests {
                 requested: UID_A,
                 claim: {
                     let mut c = claim(UID_A, Some(ok), &[POD]);
-                    if let Some(results) = c
-                        .status
-                        .as_mut()
-                        .and_then(|s| s.allocation.as_mut())
-                        .and_then(|a| a.devices.as_mut())
-                        .and_then(|d| d.results.as_mut())
-                    {
-                        results[0].admin_access = Some(true);
-                    }
+                    results_mut(&mut c)[0].admin_access = Some(true);
                     c
                 },
                 want: "request req0 asks admin access to device cpudevnuma000",
@@ -380,15 +382,7 @@ mod tests {
         );
         // A grouped device's share (consumable capacity) keeps its ID.
         let mut c = c;
-        if let Some(results) = c
-            .status
-            .as_mut()
-            .and_then(|s| s.allocation.as_mut())
-            .and_then(|a| a.devices.as_mut())
-            .and_then(|d| d.results.as_mut())
-        {
-            results[1].share_id = Some("4f1e2d3c-0000-4000-8000-000000000001".into());
-        }
+        results_mut(&mut c)[1].share_id = Some("4f1e2d3c-0000-4000-8000-000000000001".into());
         let parsed = parse_claim(&claim_ref(UID_A), &c, "dra.cpu", "node-a").expect("parses");
         assert_eq!(
             parsed.devices,

@@ -64,6 +64,32 @@ fn learn_resolution(
     }
 }
 
+/// dra-plugin's answer about claim `uid`, asked for `pod` (a pod the
+/// view's record does not name): learned when it names the pod as a
+/// consumer. `None`: it does not (or dra-plugin could not be asked), and the
+/// record stands.
+fn learn_for_pod(
+    view: &Mutex<NodeView>,
+    uid: &str,
+    pod: &str,
+    answer: Resolution,
+) -> Option<Result<(), ResolveFailure>> {
+    match answer {
+        Resolution::Prepared(assignment) if assignment.consumer_pods.iter().any(|p| p == pod) => {
+            Some(learn_resolution(
+                view,
+                uid,
+                Resolution::Prepared(assignment),
+            ))
+        }
+        Resolution::Unverifiable(reason) => {
+            tracing::warn!(claim = %uid, pod_uid = %pod, %reason, "could not ask dra-plugin whether the claim is reserved for this pod now");
+            None
+        }
+        _ => None,
+    }
+}
+
 enum ResolveFailure {
     NotPrepared,
     Unverifiable(String),
@@ -138,19 +164,11 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
                     return Err(refusal);
                 }
                 asked_for_pod.push(uid.clone());
-                match resolver.resolve_for_pod(&uid, &info.pod_uid).await {
-                    Resolution::Prepared(assignment)
-                        if assignment.consumer_pods.contains(&info.pod_uid) =>
-                    {
-                        learn_resolution(view, &uid, Resolution::Prepared(assignment))
-                            .map_err(|failure| failure.refusal(info, uid))?;
-                        continue;
-                    }
-                    Resolution::Unverifiable(reason) => {
-                        tracing::warn!(claim = %uid, pod_uid = %info.pod_uid, %reason, "could not ask dra-plugin whether the claim is reserved for this pod now");
-                        return Err(refusal);
-                    }
-                    _ => return Err(refusal),
+                let answer = resolver.resolve_for_pod(&uid, &info.pod_uid).await;
+                match learn_for_pod(view, &uid, &info.pod_uid, answer) {
+                    Some(Ok(())) => continue,
+                    Some(Err(failure)) => return Err(failure.refusal(info, uid)),
+                    None => return Err(refusal),
                 }
             }
             CreateOutcome::UnknownClaim(uid) => uid,
@@ -233,12 +251,7 @@ pub async fn synchronize_containers<R: ClaimResolver + ?Sized>(
     )
     .await;
     for ((uid, pod), answer) in pairs.iter().zip(answers) {
-        let Resolution::Prepared(assignment) = answer else {
-            continue;
-        };
-        if assignment.consumer_pods.contains(pod)
-            && learn_resolution(view, uid, Resolution::Prepared(assignment)).is_err()
-        {
+        if let Some(Err(_)) = learn_for_pod(view, uid, pod, answer) {
             tracing::warn!(claim = %uid, pod_uid = %pod, "the claim's record naming the pod could not be applied");
         }
     }
