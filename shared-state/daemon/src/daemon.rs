@@ -85,6 +85,20 @@ pub fn parse_flags<S: clap::Args>(args: &[&str]) -> Result<S, clap::Error> {
 #[error("starting the async runtime")]
 pub struct RuntimeStartError(#[source] std::io::Error);
 
+/// The most async worker threads a daemon runs, whatever the node's size.
+pub const MAX_WORKER_THREADS: usize = 4;
+
+/// Async worker threads for a process allowed `parallelism` CPUs: one per
+/// CPU up to [`MAX_WORKER_THREADS`]. The daemons wait on sockets, the disk
+/// and the API server, and their handlers take microseconds; a worker per
+/// CPU of a 256-CPU node would be 256 threads, each with its stack and
+/// allocator cache, in the shared pool beside the workloads. Blocking work
+/// (store commits, file writes) has tokio's own pool, which grows with the
+/// concurrent prepares and shrinks when idle.
+pub fn worker_threads(parallelism: usize) -> usize {
+    parallelism.clamp(1, MAX_WORKER_THREADS)
+}
+
 /// Logging, then `daemon` on a new runtime until SIGTERM or SIGINT cancels
 /// the shutdown token it is given.
 pub fn serve<F, E>(
@@ -96,7 +110,12 @@ where
     E: From<RuntimeStartError>,
 {
     init_logging(log_format);
-    let runtime = tokio::runtime::Runtime::new().map_err(RuntimeStartError)?;
+    let parallelism = std::thread::available_parallelism().map_or(1, usize::from);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads(parallelism))
+        .enable_all()
+        .build()
+        .map_err(RuntimeStartError)?;
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
         let on_signal = shutdown.clone();
@@ -112,6 +131,22 @@ where
 mod tests {
     use super::colour_text_logs;
     use std::ffi::OsStr;
+
+    #[test]
+    fn worker_threads_follow_the_cpus_up_to_the_cap() {
+        use super::{worker_threads, MAX_WORKER_THREADS};
+        let cases = [
+            (0, 1),
+            (1, 1),
+            (2, 2),
+            (MAX_WORKER_THREADS, MAX_WORKER_THREADS),
+            (MAX_WORKER_THREADS + 1, MAX_WORKER_THREADS),
+            (256, MAX_WORKER_THREADS),
+        ];
+        for (cpus, want) in cases {
+            assert_eq!(worker_threads(cpus), want, "{cpus} CPUs");
+        }
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

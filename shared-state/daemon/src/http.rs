@@ -325,6 +325,16 @@ mod tests {
 
         stop.send(()).unwrap();
         server.await.unwrap();
-        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+        // A child another test forks holds a copy of every socket until it
+        // execs, so a connection can still be taken for that moment: the
+        // listener must be gone within a while, not at the first try.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(addr).await.is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{addr} still accepts after the shutdown"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 }
