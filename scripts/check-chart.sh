@@ -166,6 +166,15 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
             check(mode, mounts["host-cgroup"]["mountPath"] == dra["cgroup-root"] and mounts["host-cgroup"].get("readOnly") is True, "dra-plugin's cgroup-root is not its read-only host cgroup mount")
             check(mode, nri_mounts["host-cgroup"]["mountPath"] == nri["cgroup-root"] and not nri_mounts["host-cgroup"].get("readOnly"), "nri-plugin's cgroup-root is not its writable host cgroup mount")
             check(mode, volumes["host-cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup", "host-cgroup is not the host's /sys/fs/cgroup")
+    if "kubeconfig" in dra:
+        # The file the config names is the Secret's, mounted read-only.
+        mount = mounts.get("kubeconfig", {})
+        secret = volumes.get("kubeconfig", {}).get("secret", {})
+        items = secret.get("items", [])
+        check(mode, mount.get("readOnly") is True and len(items) == 1 and items[0]["key"] == "kubeconfig" and f"{mount.get('mountPath')}/{items[0]['path']}" == dra["kubeconfig"], f"kubeconfig {dra['kubeconfig']} is not the mounted Secret's file")
+        check(mode, secret.get("secretName") == "dra-cpu-kubeconfig", f"kubeconfig Secret {secret.get('secretName')!r}")
+    else:
+        check(mode, "kubeconfig" not in mounts and "kubeconfig" not in volumes, "a kubeconfig volume without --kubeconfig")
     if mode == "no-nri" or not dra["low-latency-tuning"]:
         check(mode, "host-cgroup" not in mounts, "dra-plugin mounts the host cgroups without lowLatencyTuning and nri-plugin")
     expect = {
@@ -176,7 +185,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         "mixed": {"mixed-allocation-mode": True},
         "no-node-allocatable-mapping": {"disable-node-allocatable-mapping": True},
         "no-device-metadata": {"disable-device-metadata": True},
-        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/kubernetes/kubeconfig", "expose-pcie-roots": True, "low-latency-tuning": True},
+        "everything-set": {"driver-name": "cpu.example.com", "reserved-cpus": "0-1,64-65", "coordination-allowed-uids": [0, 1000], "kubeconfig": "/etc/dra-cpu-kubeconfig/kubeconfig", "expose-pcie-roots": True, "low-latency-tuning": True},
     }.get(mode, {})
     for key, value in expect.items():
         check(mode, dra.get(key) == value, f"dra-plugin.yaml {key} = {dra.get(key)!r}, want {value!r}")
@@ -235,6 +244,8 @@ bad_values=(
   "reservedCpus=0-a|/reservedCpus"
   "draPlugin.metricsPort=70000|/draPlugin/metricsPort"
   "draPlugin.typo=1|additional properties 'typo' not allowed"
+  "draPlugin.kubeconfig=/etc/kubeconfig|additional properties 'kubeconfig' not allowed"
+  "draPlugin.kubeconfigSecret=Not_A_Name|/draPlugin/kubeconfigSecret"
   "nri.enabled=maybe|/nri/enabled"
   "nri.pluginIndex=100|/nri/pluginIndex"
   "nri.pluginName=dra-cpu|/nri/pluginName"

@@ -100,8 +100,8 @@ coordination-socket: {{ include "dra-cpu.coordinationSocket" . | quote }}
 coordination-allowed-uids: [{{ join ", " $p.coordinationAllowedUids }}]
 metrics-address: "[::]:{{ $p.metricsPort }}"
 log-format: {{ $p.logFormat }}
-{{- with $p.kubeconfig }}
-kubeconfig: {{ . | quote }}
+{{- if $p.kubeconfigSecret }}
+kubeconfig: {{ include "dra-cpu.kubeconfigPath" . | quote }}
 {{- end }}
 {{- end -}}
 
@@ -168,4 +168,9 @@ host-cgroups: {{ toJson . }}
 {{- $_ := unset $context "allowPrivilegeEscalation" -}}
 {{- end -}}
 {{- toYaml $context -}}
+{{- end -}}
+
+{{/* Where draPlugin.kubeconfigSecret's file is mounted in dra-plugin. */}}
+{{- define "dra-cpu.kubeconfigPath" -}}
+/etc/dra-cpu-kubeconfig/kubeconfig
 {{- end -}}
