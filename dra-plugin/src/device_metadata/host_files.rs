@@ -228,6 +228,43 @@ mod tests {
         m.remove("..", "x", UID).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// The longest names the API server allows, a 63-byte namespace and a
+    /// 253-byte claim name, make a directory on a real file system; two
+    /// claims that differ only past what the name keeps get two.
+    #[test]
+    fn the_longest_names_write_apart_and_remove() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let m = metadata(dir.path());
+        let namespace = "n".repeat(63);
+        let long = |last: char| {
+            let mut c = claim(&[("cpus", "cpudevnuma000", Some(2))], "2-3");
+            c.namespace = namespace.clone();
+            c.name = format!("{}{last}", "a".repeat(252));
+            c
+        };
+        let (first, second) = (long('x'), long('y'));
+        let mut written = Vec::new();
+        for c in [&first, &second] {
+            let rendered = m.render(c).unwrap_or_else(|e| panic!("{e}"));
+            m.write(&rendered)
+                .unwrap_or_else(|e| panic!("{}: {e}", rendered.claim_dir.display()));
+            assert!(m.is_current(&rendered));
+            // The container sees the claim's whole name.
+            assert!(
+                rendered.files[0].container_path.contains(&c.name),
+                "{}",
+                rendered.files[0].container_path
+            );
+            written.push(rendered);
+        }
+        assert_ne!(written[0].claim_dir, written[1].claim_dir);
+        assert_eq!(written[0].claim_dir, m.claim_dir(&namespace, &first.name));
+        m.remove(&namespace, &first.name, UID)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!written[0].claim_dir.exists());
+        assert!(m.is_current(&written[1]));
+    }
+
     #[test]
     fn plan_metadata_table() {
         let m = metadata(Path::new("/r"));

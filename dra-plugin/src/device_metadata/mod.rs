@@ -289,8 +289,36 @@ impl DeviceMetadata {
 
     /// The directory of a claim's files.
     pub fn claim_dir(&self, namespace: &str, name: &str) -> PathBuf {
-        self.host_root.join(format!("{namespace}_{name}"))
+        self.host_root.join(claim_dir_name(namespace, name))
     }
+}
+
+/// The longest file name Linux file systems take (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
+/// `<namespace>_<name>`, the helper's name, when it fits in one file name.
+/// A namespace (63 bytes) and a claim name (253) can pass [`NAME_MAX`]
+/// together, where the helper's directory could not be made and the claim
+/// could not be prepared; such a name keeps as much of the claim's name as
+/// fits and ends in a hash of the whole, so two claims that share the kept
+/// part still differ. Only the host directory is named so: the path in the
+/// container has the claim name alone, which always fits.
+fn claim_dir_name(namespace: &str, name: &str) -> String {
+    let full = format!("{namespace}_{name}");
+    if full.len() <= NAME_MAX {
+        return full;
+    }
+    // FNV-1a, 64 bits: stable across builds and releases, which the
+    // directories outlive.
+    let hash = full.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let suffix = format!("-{hash:016x}");
+    let mut keep = NAME_MAX - suffix.len();
+    while !full.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{}{suffix}", &full[..keep])
 }
 
 /// Whether every name of a claim that goes into a metadata path can be
@@ -359,6 +387,39 @@ pub fn dir_problem(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_claim_directory_name_fits_one_file_name() {
+        use super::{claim_dir_name, NAME_MAX};
+        let name_253 = "a".repeat(253);
+        let cases: [(&str, &str, Option<&str>); 3] = [
+            ("team", "web-cpu", Some("team_web-cpu")),
+            // 191 + 1 + 63 = 255: still the helper's name.
+            (&"n".repeat(63), &"b".repeat(191), None),
+            (&"n".repeat(63), &name_253, None),
+        ];
+        for (namespace, name, want) in cases {
+            let got = claim_dir_name(namespace, name);
+            assert!(got.len() <= NAME_MAX, "{} bytes", got.len());
+            let full = format!("{namespace}_{name}");
+            if full.len() <= NAME_MAX {
+                assert_eq!(got, full);
+            } else {
+                assert_eq!(got.len(), NAME_MAX);
+                assert!(full.starts_with(&got[..NAME_MAX - 17]), "{got}");
+            }
+            if let Some(want) = want {
+                assert_eq!(got, want);
+            }
+            // Stable: the same claim always has the same directory.
+            assert_eq!(got, claim_dir_name(namespace, name));
+        }
+        let other = format!("{}b", "a".repeat(252));
+        assert_ne!(
+            claim_dir_name(&"n".repeat(63), &name_253),
+            claim_dir_name(&"n".repeat(63), &other)
+        );
+    }
+
     use super::*;
 
     #[test]
