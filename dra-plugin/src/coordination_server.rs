@@ -80,19 +80,14 @@ impl CoordinationService {
         self
     }
 
-    /// The record of a prepared claim once `pod_uid` has been looked for in
-    /// the claim's `status.reservedFor` on the API server: with the pods it
-    /// names as consumers when it names `pod_uid`, as recorded otherwise. A
-    /// claim that cannot be read, or was replaced by another of the same
-    /// name, changes nothing; the caller refuses the pod as before. `None`:
-    /// the claim was unprepared meanwhile.
-    async fn reserved_for_pod(
-        &self,
-        recorded: ClaimAssignment,
-        pod_uid: &str,
-    ) -> Option<ClaimAssignment> {
+    /// Looks for `pod_uid` in the claim's `status.reservedFor` on the API
+    /// server and, when it is there, records the pods it names as the
+    /// claim's consumers. A claim that cannot be read, or was replaced by
+    /// another of the same name, changes nothing; the caller answers the
+    /// record as it stands, which refuses the pod as before.
+    async fn record_reserved_for(&self, recorded: &ClaimAssignment, pod_uid: &str) {
         let Some(claims) = &self.claims else {
-            return Some(recorded);
+            return;
         };
         let read = tokio::time::timeout(
             RESERVED_FOR_READ_TIMEOUT,
@@ -103,38 +98,36 @@ impl CoordinationService {
             Ok(Ok(Some(object))) => object,
             Ok(Ok(None)) => {
                 tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "claim no longer exists; its consumer pods stay as recorded");
-                return Some(recorded);
+                return;
             }
             Ok(Err(error)) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot read the claim's reservedFor");
-                return Some(recorded);
+                return;
             }
             Err(_) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, timeout = ?RESERVED_FOR_READ_TIMEOUT, "the claim's reservedFor was not read in time");
-                return Some(recorded);
+                return;
             }
         };
         if object.metadata.uid.as_deref() != Some(recorded.claim_uid.as_str()) {
             tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, "a claim of that name with another UID exists; consumer pods stay as recorded");
-            return Some(recorded);
+            return;
         }
         let reserved = reserved_pods(object.status.as_ref());
         if !reserved.iter().any(|p| p == pod_uid) {
             tracing::info!(claim_uid = %recorded.claim_uid, pod_uid, reserved_for = ?reserved, "the claim is not reserved for this pod");
-            return Some(recorded);
+            return;
         }
         let driver = self.driver.clone();
         let uid = recorded.claim_uid.clone();
         // The store's fsync blocks.
         match tokio::task::spawn_blocking(move || driver.add_consumers(&uid, &reserved)).await {
-            Ok(Ok(updated)) => updated,
+            Ok(Ok(_)) => {}
             Ok(Err(error)) => {
                 tracing::warn!(claim_uid = %recorded.claim_uid, pod_uid, %error, "cannot record the claim's new consumer pod");
-                Some(recorded)
             }
             Err(error) => {
                 tracing::error!(claim_uid = %recorded.claim_uid, pod_uid, %error, "recording the claim's consumer pods failed");
-                Some(recorded)
             }
         }
     }
@@ -210,19 +203,18 @@ impl coord::coordination_server::Coordination for CoordinationService {
             "lookup", claim_uid = %request.claim_uid, pod_uid = %request.pod_uid
         );
         async move {
-            // The answer reflects at least this revision.
-            let mut revision = self.driver.revision();
+            // The record and the revision it stands at, read together: the
+            // subscriber compares the revision with the events it has
+            // applied, and an answer read before an unprepare it has
+            // already seen must not bring the claim back.
             let pod = request.pod_uid.as_str();
-            let claim = match self.driver.prepared(&request.claim_uid) {
-                Some(recorded)
-                    if !pod.is_empty() && !recorded.consumer_pods.iter().any(|p| p == pod) =>
-                {
-                    let answer = self.reserved_for_pod(recorded, pod).await;
-                    revision = self.driver.revision();
-                    answer
+            let (mut claim, mut revision) = self.driver.prepared_at(&request.claim_uid);
+            if let Some(recorded) = &claim {
+                if !pod.is_empty() && !recorded.consumer_pods.iter().any(|p| p == pod) {
+                    self.record_reserved_for(recorded, pod).await;
+                    (claim, revision) = self.driver.prepared_at(&request.claim_uid);
                 }
-                other => other,
-            };
+            }
             Ok(Response::new(coord::LookupResponse {
                 found: claim.is_some(),
                 claim: claim.as_ref().map(claim_message),

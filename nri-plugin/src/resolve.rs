@@ -22,10 +22,15 @@ pub const LOOKUP_TIMEOUT: Duration = Duration::from_millis(300);
 /// The answer of a [`ClaimResolver`] about one claim UID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
-    /// dra-plugin answered with the prepared claim.
-    Prepared(ClaimAssignment),
-    /// dra-plugin answered that the claim is not prepared on this node.
-    NotPrepared,
+    /// dra-plugin answered with the prepared claim, as it stood at the store
+    /// revision `revision`.
+    Prepared {
+        claim: ClaimAssignment,
+        revision: u64,
+    },
+    /// dra-plugin answered that the claim is not prepared on this node at
+    /// the store revision `revision`.
+    NotPrepared { revision: u64 },
     /// dra-plugin could not be asked; the claim's CDI spec says these CPUs.
     FromCdi(CpuSet),
     /// dra-plugin could not be asked and no usable CDI spec was found; the
@@ -111,10 +116,11 @@ impl CoordinationResolver {
 
 /// dra-plugin's answer about `claim_uid`.
 fn answered(claim_uid: &str, answer: coord::LookupResponse) -> Resolution {
+    let revision = answer.revision;
     match answer.claim.filter(|_| answer.found) {
-        None => Resolution::NotPrepared,
+        None => Resolution::NotPrepared { revision },
         Some(claim) => match claim_from_message(&claim) {
-            Ok(a) if a.claim_uid == claim_uid => Resolution::Prepared(a),
+            Ok(a) if a.claim_uid == claim_uid => Resolution::Prepared { claim: a, revision },
             Ok(a) => Resolution::Unverifiable(format!(
                 "dra-plugin answered about claim {} instead",
                 a.claim_uid
@@ -291,7 +297,10 @@ mod tests {
             "2d6a0c74-5e3f-4b9a-9c4d-8f7e6a5b4c32",
         ] {
             match resolver.resolve(uid).await {
-                Resolution::Prepared(claim) => assert_eq!(claim.claim_uid, uid),
+                Resolution::Prepared { claim, revision } => {
+                    assert_eq!(claim.claim_uid, uid);
+                    assert_eq!(revision, 1, "the answer's revision");
+                }
                 other => panic!("{uid}: {other:?}"),
             }
         }

@@ -15,6 +15,25 @@ pub const POD_B: &str = "bbbbbbbb-0000-4000-8000-000000000002";
 pub const CLAIM_1: &str = "c1c1c1c1-0000-4000-8000-000000000001";
 pub const CLAIM_2: &str = "c2c2c2c2-0000-4000-8000-000000000002";
 
+/// The store revision of the tables' answers: newer than any view of the
+/// tests has applied, so the answer decides.
+pub const ANSWERED_AT: u64 = 1_000_000;
+
+/// dra-plugin's answer: `claim` is prepared (at [`ANSWERED_AT`]).
+pub fn prepared(claim: ClaimAssignment) -> Resolution {
+    Resolution::Prepared {
+        claim,
+        revision: ANSWERED_AT,
+    }
+}
+
+/// dra-plugin's answer: not prepared (at [`ANSWERED_AT`]).
+pub fn not_prepared() -> Resolution {
+    Resolution::NotPrepared {
+        revision: ANSWERED_AT,
+    }
+}
+
 pub fn set(s: &str) -> CpuSet {
     CpuSet::parse_cpulist(s).expect("cpulist")
 }

@@ -58,7 +58,7 @@ struct NoLookups;
 #[async_trait]
 impl ClaimResolver for NoLookups {
     async fn resolve(&self, _claim_uid: &str) -> Resolution {
-        Resolution::NotPrepared
+        Resolution::NotPrepared { revision: u64::MAX }
     }
 }
 

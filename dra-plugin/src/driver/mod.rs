@@ -478,6 +478,14 @@ impl Driver {
         self.lock().revision
     }
 
+    /// A prepared claim's record and the store revision the state stands
+    /// at, read under one lock: the record is exactly what that revision
+    /// holds.
+    pub fn prepared_at(&self, claim_uid: &str) -> (Option<ClaimAssignment>, u64) {
+        let state = self.lock();
+        (state.claims.get(claim_uid).cloned(), state.revision)
+    }
+
     /// Changes waiting for the next group commit (not counting the one
     /// running): how much a commit is lagging behind its callers.
     pub fn queued(&self) -> usize {

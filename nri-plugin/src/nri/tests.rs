@@ -2,7 +2,7 @@ use super::*;
 use crate::config::UnsolicitedUpdates;
 use crate::host_cgroups::HostCgroups;
 use crate::metrics::Metrics;
-use crate::test_support::{claim, run, set};
+use crate::test_support::{claim, not_prepared, prepared, run, set};
 use crate::view::NodeView;
 use dra_cpu_nri::client::NriUpdater;
 use dra_cpu_proto::nri::api;
@@ -24,7 +24,7 @@ impl ClaimResolver for Unreachable {
 #[async_trait]
 impl ClaimResolver for NoClaims {
     async fn resolve(&self, _claim_uid: &str) -> crate::resolve::Resolution {
-        crate::resolve::Resolution::NotPrepared
+        not_prepared()
     }
 }
 
@@ -54,9 +54,9 @@ struct OneClaim(ClaimAssignment);
 impl ClaimResolver for OneClaim {
     async fn resolve(&self, claim_uid: &str) -> crate::resolve::Resolution {
         if claim_uid == self.0.claim_uid {
-            crate::resolve::Resolution::Prepared(self.0.clone())
+            prepared(self.0.clone())
         } else {
-            crate::resolve::Resolution::NotPrepared
+            not_prepared()
         }
     }
 }

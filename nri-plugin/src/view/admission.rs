@@ -51,16 +51,45 @@ fn learn_resolution(
     resolution: Resolution,
 ) -> Result<(), ResolveFailure> {
     match resolution {
-        Resolution::Prepared(assignment) => lock(view)
-            .learn_claim(assignment, ClaimOrigin::DraPlugin)
-            .map(|_| ())
-            .map_err(ResolveFailure::Pool),
+        Resolution::Prepared { claim, revision } => {
+            let mut view = lock(view);
+            if is_behind(&view, revision) {
+                return known_to(&view, claim_uid);
+            }
+            view.learn_claim(claim, ClaimOrigin::DraPlugin)
+                .map(|_| ())
+                .map_err(ResolveFailure::Pool)
+        }
         Resolution::FromCdi(cpus) => lock(view)
             .learn_claim(cdi_claim(claim_uid, cpus), ClaimOrigin::CdiSpec)
             .map(|_| ())
             .map_err(ResolveFailure::Cdi),
-        Resolution::NotPrepared => Err(ResolveFailure::NotPrepared),
+        Resolution::NotPrepared { revision } => {
+            let view = lock(view);
+            if is_behind(&view, revision) {
+                return known_to(&view, claim_uid);
+            }
+            Err(ResolveFailure::NotPrepared)
+        }
         Resolution::Unverifiable(reason) => Err(ResolveFailure::Unverifiable(reason)),
+    }
+}
+
+/// Whether an answer of dra-plugin at store revision `revision` is no newer
+/// than what the view has applied from its events: the answer was read
+/// before an event the view has had since (an unprepare, or the prepare the
+/// asking container waited for), so the view, not the answer, is right.
+fn is_behind(view: &NodeView, revision: u64) -> bool {
+    view.has_snapshot() && revision <= view.revision()
+}
+
+/// The view's own word on a claim: prepared when dra-plugin's events put
+/// it there (a claim known from its CDI spec alone is not).
+fn known_to(view: &NodeView, claim_uid: &str) -> Result<(), ResolveFailure> {
+    if view.pool().claim(claim_uid).is_some() && !view.is_provisional(claim_uid) {
+        Ok(())
+    } else {
+        Err(ResolveFailure::NotPrepared)
     }
 }
 
@@ -75,11 +104,13 @@ fn learn_for_pod(
     answer: Resolution,
 ) -> Option<Result<(), ResolveFailure>> {
     match answer {
-        Resolution::Prepared(assignment) if assignment.consumer_pods.iter().any(|p| p == pod) => {
+        Resolution::Prepared { claim, revision }
+            if claim.consumer_pods.iter().any(|p| p == pod) =>
+        {
             Some(learn_resolution(
                 view,
                 uid,
-                Resolution::Prepared(assignment),
+                Resolution::Prepared { claim, revision },
             ))
         }
         Resolution::Unverifiable(reason) => {
@@ -129,7 +160,7 @@ pub async fn admit_container<R: ClaimResolver + ?Sized>(
         futures::future::join_all(provisional.iter().map(|uid| resolver.resolve(uid))).await;
     for (uid, answer) in provisional.into_iter().zip(answers) {
         let learned = match answer {
-            answer @ (Resolution::Prepared(_) | Resolution::NotPrepared) => {
+            answer @ (Resolution::Prepared { .. } | Resolution::NotPrepared { .. }) => {
                 learn_resolution(view, &uid, answer)
             }
             // Nothing new: the claim stays as its spec (and the pod that
@@ -266,6 +297,114 @@ mod tests {
     use shared_state::NodeSnapshot;
     use std::collections::HashMap;
 
+    /// An event of dra-plugin's stream reaches the view while a Lookup is
+    /// on its way; the answer read before it is then `answer`.
+    struct EventDuringLookup<'a> {
+        view: &'a Mutex<NodeView>,
+        event: (u64, Option<ClaimAssignment>),
+        answer: Resolution,
+    }
+
+    #[async_trait::async_trait]
+    impl ClaimResolver for EventDuringLookup<'_> {
+        async fn resolve(&self, claim_uid: &str) -> Resolution {
+            let (revision, prepared) = self.event.clone();
+            let mut view = lock(self.view);
+            match prepared {
+                Some(claim) => view.apply_prepared(revision, claim).map(|_| ()),
+                None => view.apply_unprepared(revision, claim_uid).map(|_| ()),
+            }
+            .expect("the event applies");
+            self.answer.clone()
+        }
+    }
+
+    /// What the view has when it admits: (what, the event, the answer,
+    /// admitted cpuset or refusal, whether the view knows the claim after).
+    type Case = (
+        &'static str,
+        (u64, Option<ClaimAssignment>),
+        Resolution,
+        Result<&'static str, &'static str>,
+        bool,
+    );
+
+    /// An answer read before an event the view has applied since is older
+    /// than the view: an unprepare it has seen does not come back as a
+    /// prepared claim, and a prepare it has seen is not undone by a "not
+    /// prepared". The view stands at revision 5 before the Lookup.
+    #[test]
+    fn an_answer_older_than_the_view_does_not_overrule_it() {
+        let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
+        let answer = |revision| Resolution::Prepared {
+            claim: claim(CLAIM_2, "5", POD_A),
+            revision,
+        };
+        let cases: Vec<Case> = vec![
+            (
+                "unprepared at 6, answer read at 5",
+                (6, None),
+                answer(5),
+                Err("claim-not-prepared"),
+                false,
+            ),
+            (
+                "unprepared at 6, answer read at 6",
+                (6, None),
+                answer(6),
+                Err("claim-not-prepared"),
+                false,
+            ),
+            (
+                "unprepared at 6, prepared again at 7",
+                (6, None),
+                answer(7),
+                Ok("5"),
+                true,
+            ),
+            (
+                "prepared at 6, answer 'not prepared' read at 5",
+                (6, Some(claim(CLAIM_2, "5", POD_A))),
+                Resolution::NotPrepared { revision: 5 },
+                Ok("5"),
+                true,
+            ),
+            (
+                "prepared at 6, unprepared at 7",
+                (6, Some(claim(CLAIM_2, "5", POD_A))),
+                Resolution::NotPrepared { revision: 7 },
+                Err("claim-not-prepared"),
+                // Until the unprepare's event reaches the view.
+                true,
+            ),
+        ];
+        for (what, event, answer, want, known_after) in cases {
+            let mut v = view(false);
+            v.apply_snapshot(NodeSnapshot {
+                revision: 5,
+                allocatable: set("1-7"),
+                reserved: set("0"),
+                mixed_allocation_mode: false,
+                claims: vec![],
+            })
+            .expect("snapshot");
+            let view = Mutex::new(v);
+            let resolver = EventDuringLookup {
+                view: &view,
+                event,
+                answer,
+            };
+            let got = run(admit_container(&view, &info, &resolver));
+            match (&got, want) {
+                (Ok(d), Ok(cpus)) => assert_eq!(d.cpuset, set(cpus), "{what}"),
+                (Err(r), Err(reason)) => assert_eq!(r.reason(), reason, "{what}: {r}"),
+                _ => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+            let known = lock(&view).pool().claim(CLAIM_2).is_some();
+            assert_eq!(known, known_after, "{what}: the view knows the claim");
+        }
+    }
+
     /// A view that knows CLAIM_2 (CPUs 6-7) from its CDI spec alone, as a
     /// restarted nri-plugin does, and a resolver giving `answer` for it.
     fn spec_only_view(answer: Resolution) -> (Mutex<NodeView>, TableResolver) {
@@ -289,12 +428,9 @@ mod tests {
         both.consumer_pods.push(POD_B.to_string());
         // (answer asked for POD_B, expected cpuset or refusal reason)
         let cases: Vec<(Option<Resolution>, Result<&str, &str>)> = vec![
-            (Some(Resolution::Prepared(both)), Ok("2")),
-            (
-                Some(Resolution::Prepared(claim(CLAIM_1, "2", POD_A))),
-                Err("wrong-pod"),
-            ),
-            (Some(Resolution::NotPrepared), Err("wrong-pod")),
+            (Some(prepared(both)), Ok("2")),
+            (Some(prepared(claim(CLAIM_1, "2", POD_A))), Err("wrong-pod")),
+            (Some(not_prepared()), Err("wrong-pod")),
             (
                 Some(Resolution::Unverifiable("down".into())),
                 Err("wrong-pod"),
@@ -356,22 +492,18 @@ mod tests {
         let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
         // (answer, expected Ok cpuset or refusal reason, claim is provisional)
         let cases: Vec<(Resolution, Result<&str, &str>, bool)> = vec![
+            (prepared(claim(CLAIM_2, "5", POD_A)), Ok("5"), false),
             (
-                Resolution::Prepared(claim(CLAIM_2, "5", POD_A)),
-                Ok("5"),
-                false,
-            ),
-            (
-                Resolution::Prepared(claim(CLAIM_2, "5", POD_B)),
+                prepared(claim(CLAIM_2, "5", POD_B)),
                 Err("wrong-pod"),
                 false,
             ),
             (
-                Resolution::Prepared(claim(CLAIM_2, "6", POD_A)),
+                prepared(claim(CLAIM_2, "6", POD_A)),
                 Err("cpus-mismatch"),
                 false,
             ),
-            (Resolution::NotPrepared, Err("claim-not-prepared"), false),
+            (not_prepared(), Err("claim-not-prepared"), false),
             (Resolution::FromCdi(set("5")), Ok("5"), true),
             (Resolution::FromCdi(set("4")), Err("cpus-mismatch"), true),
             (Resolution::FromCdi(set("2")), Err("bad-cdi-claim"), false),
@@ -519,10 +651,7 @@ mod tests {
     fn synchronize_resolves_unknown_claims_first() {
         let view = Mutex::new(view(false));
         let resolver = TableResolver {
-            answers: HashMap::from([(
-                CLAIM_2.to_string(),
-                Resolution::Prepared(claim(CLAIM_2, "6-7", POD_A)),
-            )]),
+            answers: HashMap::from([(CLAIM_2.to_string(), prepared(claim(CLAIM_2, "6-7", POD_A)))]),
             ..Default::default()
         };
         let mut c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
@@ -549,12 +678,8 @@ mod tests {
         // (answer for POD_B, B's update: None when it stays on the claim,
         // demoted)
         let cases: Vec<(Resolution, Option<&str>, bool)> = vec![
-            (Resolution::Prepared(both), None, false),
-            (
-                Resolution::Prepared(claim(CLAIM_1, "2", POD_A)),
-                Some("1,3-7"),
-                true,
-            ),
+            (prepared(both), None, false),
+            (prepared(claim(CLAIM_1, "2", POD_A)), Some("1,3-7"), true),
             (Resolution::Unverifiable("down".into()), Some("1,3-7"), true),
         ];
         for (answer, cpus, demoted) in cases {
@@ -597,8 +722,8 @@ mod tests {
         let mut tuned = claim(CLAIM_2, "6-7", POD_A);
         tuned.tuning.cfs_quota_off = true;
         let cases: Vec<(Resolution, Result<bool, &str>, bool)> = vec![
-            (Resolution::Prepared(tuned), Ok(true), false),
-            (Resolution::NotPrepared, Err("claim-not-prepared"), true),
+            (prepared(tuned), Ok(true), false),
+            (not_prepared(), Err("claim-not-prepared"), true),
             // dra-plugin does not answer: the spec's CPUs stand, untuned.
             (Resolution::Unverifiable("down".into()), Ok(false), true),
             (Resolution::FromCdi(set("6-7")), Ok(false), true),
@@ -634,7 +759,7 @@ mod tests {
         // which says nothing of its pod or its tuning.
         let mut tuned = claim(CLAIM_2, "6-7", POD_A);
         tuned.tuning.load_balancing_off = true;
-        let (view, resolver) = spec_only_view(Resolution::Prepared(tuned));
+        let (view, resolver) = spec_only_view(prepared(tuned));
         let c = container("c", POD_A, &[&env(CLAIM_2, "6-7")], None);
         run(synchronize_containers(&view, &[c], &resolver));
         assert_eq!(*lock_calls(&resolver.calls), vec![CLAIM_2.to_string()]);
@@ -701,7 +826,7 @@ mod tests {
         async fn resolve(&self, claim_uid: &str) -> Resolution {
             self.barrier.wait().await;
             let cpus = if claim_uid == CLAIM_1 { "2" } else { "3" };
-            Resolution::Prepared(claim(claim_uid, cpus, POD_A))
+            prepared(claim(claim_uid, cpus, POD_A))
         }
     }
 

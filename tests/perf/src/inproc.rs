@@ -282,7 +282,7 @@ struct KnownClaimsOnly;
 #[async_trait::async_trait]
 impl ClaimResolver for KnownClaimsOnly {
     async fn resolve(&self, _claim_uid: &str) -> Resolution {
-        Resolution::NotPrepared
+        Resolution::NotPrepared { revision: u64::MAX }
     }
 }
 
