@@ -20,7 +20,7 @@ use crate::kubelet::device_health::HealthTiming;
 use crate::kubelet::dra_service::{ClaimSource, DraService, DraV1, DraV1beta1, KubeClaims};
 use crate::kubelet::registration::Registrar;
 use crate::metrics::Metrics;
-use crate::publisher::{DesiredDevices, FallbackDevices, Publisher};
+use crate::publisher::{DesiredDevices, FallbackBuildError, FallbackDevices, Publisher};
 use crate::slices::device_attributes::{add_tuning_attributes, LeftOutRoots};
 use crate::slices::{devices_with_pcie_roots, ATTR_PCIE_ROOT};
 use crate::tuning::kernel::KernelPaths;
@@ -213,7 +213,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                     // failed its start already.
                     let options = device_options(&config, mode);
                     Some(Arc::new(FallbackDevices::lazy(move || {
-                        build_devices(&options).map_err(|e| format!("{e:#}"))
+                        build_devices(&options).map_err(FallbackBuildError::from)
                     })))
                 }
                 None => None,

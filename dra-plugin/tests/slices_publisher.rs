@@ -568,7 +568,7 @@ async fn fallback_devices_that_cannot_be_built_publish_nothing_and_readiness_say
     let desired = DesiredDevices {
         devices: devices(DeviceMode::Grouped),
         without_consumable_capacity: Some(Arc::new(FallbackDevices::lazy(|| {
-            Err("no online CPUs".to_string())
+            Err(anyhow::anyhow!("no online CPUs").into())
         }))),
     };
     p.sync_desired(&desired).await.unwrap();

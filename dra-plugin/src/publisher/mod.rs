@@ -150,22 +150,28 @@ pub struct DesiredDevices {
     pub without_consumable_capacity: Option<Arc<FallbackDevices>>,
 }
 
-/// Builds the fallback devices; an error is said by readiness.
-type BuildDevices = dyn Fn() -> Result<Vec<Device>, String> + Send + Sync;
+/// The devices of a server without consumable capacity could not be
+/// built; readiness says why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct FallbackBuildError(#[from] pub anyhow::Error);
+
+/// Builds the fallback devices.
+type BuildDevices = dyn Fn() -> Result<Vec<Device>, FallbackBuildError> + Send + Sync;
 
 /// The devices published on a server that drops `allowMultipleAllocations`,
 /// built the first time they are asked for: a server that keeps the field
 /// (1.36 and later by default) never needs them, and on a 1024-CPU node the
 /// individual devices hold about 4 MiB.
 pub struct FallbackDevices {
-    built: OnceLock<Result<Vec<Device>, String>>,
+    built: OnceLock<Result<Vec<Device>, FallbackBuildError>>,
     build: Box<BuildDevices>,
 }
 
 impl FallbackDevices {
     /// Devices `build` makes when first asked for.
     pub fn lazy(
-        build: impl Fn() -> Result<Vec<Device>, String> + Send + Sync + 'static,
+        build: impl Fn() -> Result<Vec<Device>, FallbackBuildError> + Send + Sync + 'static,
     ) -> FallbackDevices {
         FallbackDevices {
             built: OnceLock::new(),
@@ -174,7 +180,7 @@ impl FallbackDevices {
     }
 
     /// The devices, built now if they were not yet.
-    pub fn get(&self) -> Result<&[Device], &str> {
+    pub fn get(&self) -> Result<&[Device], &FallbackBuildError> {
         match self.built.get_or_init(|| (self.build)()) {
             Ok(devices) => Ok(devices),
             Err(reason) => Err(reason),
