@@ -31,8 +31,8 @@ pub mod version;
 
 use self::rest::{handle, lock, Shared};
 use self::store::error::ApiError;
+use self::store::resource_types::Subresource;
 use self::store::resource_types::{DEVICE_CLASSES, NODES, RESOURCE_CLAIMS, RESOURCE_SLICES};
-use self::store::write::Subresource;
 use self::store::Store;
 use self::version::{FeatureGates, KubernetesVersion, UnsupportedVersion};
 use hyper::server::conn::http1;

@@ -4,8 +4,8 @@
 use super::super::selector::{parse_field_selector, parse_label_selector};
 use super::super::store::error::ApiError;
 use super::super::store::events::Filter;
+use super::super::store::resource_types::Subresource;
 use super::super::store::resource_types::{find_type, ResourceType};
-use super::super::store::write::Subresource;
 use super::watch::watch;
 use super::{
     error_response, json_response, lock, result_response, Body, Params, RequestContext, Shared,

@@ -4,7 +4,7 @@ use super::super::patch;
 use super::super::version::undeclared_message;
 use super::error::ApiError;
 use super::resource_types::ResourceType;
-use super::write::Subresource;
+use super::resource_types::Subresource;
 use super::{key, metadata_mut, name_from_url, now_rfc3339, spec_part, Store};
 use serde_json::{json, Map, Value};
 

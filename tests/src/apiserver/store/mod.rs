@@ -255,8 +255,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::resource_types::Subresource;
     use super::resource_types::{NODES, RESOURCE_SLICES};
-    use super::write::Subresource;
     use super::*;
     use crate::apiserver::selector::FieldRequirement;
 

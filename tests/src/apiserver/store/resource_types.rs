@@ -1,5 +1,12 @@
 //! The resource types the server knows.
 
+/// How a write treats the status of resources that have a status subresource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subresource {
+    Main,
+    Status,
+}
+
 /// A resource type the server knows (what discovery lists).
 #[derive(Debug)]
 pub struct ResourceType {

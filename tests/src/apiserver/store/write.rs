@@ -5,17 +5,10 @@ use super::super::patch;
 use super::apply::{managed_entry, set_managed_entry};
 use super::error::ApiError;
 use super::events::EventType;
-use super::resource_types::ResourceType;
+use super::resource_types::{ResourceType, Subresource};
 use super::{key, metadata_mut, name_from_url, name_of, now_rfc3339, spec_part, Key, Store};
 use serde_json::{json, Map, Value};
 use std::hash::BuildHasher;
-
-/// How a write treats the status of resources that have a status subresource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subresource {
-    Main,
-    Status,
-}
 
 impl Store {
     pub fn create(
