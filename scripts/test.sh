@@ -44,17 +44,25 @@ components_pid=$!
 phase "fmt and clippy"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+demo_log="$(mktemp)"
+vm_log="$(mktemp)"
+vm_pid=""
+trap 'rm -f "$demo_log" "$vm_log" "$components_log"; kill -- "-$components_pid" 2>/dev/null || true
+  [ -z "$vm_pid" ] || kill -- "-$vm_pid" 2>/dev/null || true' EXIT
+# The VM node is the longest chain of the run (its scenarios, then the real
+# node inside it), so it starts first, beside the workspace's tests and the
+# real node on the host: its guest keeps the CPUs busy, while those mostly
+# wait on processes, sockets, the scheduler and kubelet. Its log is printed
+# when it ends, after the real node's.
+setsid scripts/vm-node-tests.sh --demo --power-cuts 8 >"$vm_log" 2>&1 &
+vm_pid=$!
+echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --demo --power-cuts 8)" >&2
 phase "cargo test"
 # Every test binary of the workspace, several at once (they mostly wait).
 scripts/test-workspace.sh
 # The node demo as a user runs it: a failure, or output without a cpuset
 # table (header "pod container kind cpuset.cpus Cpus_allowed_list"), fails
 # the run.
-demo_log="$(mktemp)"
-vm_log="$(mktemp)"
-vm_pid=""
-trap 'rm -f "$demo_log" "$vm_log" "$components_log"; kill -- "-$components_pid" 2>/dev/null || true
-  [ -z "$vm_pid" ] || kill -- "-$vm_pid" 2>/dev/null || true' EXIT
 phase "node demo"
 if ! scripts/demo.sh 2>&1 | tee "$demo_log"; then
   echo "test: scripts/demo.sh failed" >&2
@@ -74,12 +82,6 @@ check_demo_tables() {
 check_demo_tables "$demo_log" scripts/demo.sh
 phase "chart check"
 scripts/check-chart.sh
-# The VM node runs beside the real node: its guest keeps the CPUs busy, while
-# the real node's scenarios mostly wait on the scheduler and kubelet. Its log
-# is printed when it ends, after the real node's.
-setsid scripts/vm-node-tests.sh --demo --power-cuts 8 >"$vm_log" 2>&1 &
-vm_pid=$!
-echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --demo --power-cuts 8)" >&2
 # The real node: every scenario on the newest supported pair, the smoke on the
 # oldest (scripts/real-node-matrix.sh runs it on every pair). Its scenarios use the
 # test build of the binaries in the driver's image (no release build).
