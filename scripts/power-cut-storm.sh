@@ -63,7 +63,28 @@ fi
 cargo build --quiet -p dra-plugin --bin dra-plugin
 # Started by every boot's re-pin check (dra-plugin/tests/power_cut.rs).
 cargo build --quiet -p nri-plugin --bin nri-plugin
-nri_plugin="$target_dir/debug/nri-plugin"
+# The guest runs copies: other cargo runs of the workspace (CI runs tests
+# beside this) replace target/debug/<name> with their own builds, unlinking
+# the file first. Retried for the moment between that unlink and the link.
+mkdir -p "$target_dir/power-cut"
+private_copy() {
+  local from="$1" to="$target_dir/power-cut/$2"
+  for _ in 1 2 3 4 5; do
+    if cp "$from" "$to.tmp" 2>/dev/null; then
+      mv -f "$to.tmp" "$to"
+      return 0
+    fi
+    sleep 1
+  done
+  echo "power-cut-storm: cannot copy $from" >&2
+  return 1
+}
+if [ "$control" -eq 0 ]; then
+  private_copy "$plugin" dra-plugin
+  plugin="$target_dir/power-cut/dra-plugin"
+fi
+private_copy "$target_dir/debug/nri-plugin" nri-plugin
+nri_plugin="$target_dir/power-cut/nri-plugin"
 test_bin="$(cargo test --quiet -p dra-plugin --test power_cut --no-run --message-format=json |
   python3 -c '
 import json, sys

@@ -54,9 +54,12 @@ trap 'rm -f "$demo_log" "$vm_log" "$components_log"; kill -- "-$components_pid" 
 # real node on the host: its guest keeps the CPUs busy, while those mostly
 # wait on processes, sockets, the scheduler and kubelet. Its log is printed
 # when it ends, after the real node's.
-setsid scripts/vm-node-tests.sh --demo --power-cuts 8 >"$vm_log" 2>&1 &
+# Built first, in the foreground: its cargo runs would otherwise replace the
+# binaries under target/debug that the workspace's tests are running.
+scripts/vm-node-tests.sh --build-only
+setsid scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8 >"$vm_log" 2>&1 &
 vm_pid=$!
-echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --demo --power-cuts 8)" >&2
+echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8)" >&2
 phase "cargo test"
 # Every test binary of the workspace, several at once (they mostly wait).
 scripts/test-workspace.sh

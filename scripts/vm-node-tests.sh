@@ -6,7 +6,12 @@
 # /usr/bin in a private mount namespace as on the host).
 #
 #   scripts/vm-node-tests.sh [--runtime 1.7|2|both] [--demo] [--e2e] [--power-cuts N] [-- TEST FILTER...]
+#   scripts/vm-node-tests.sh --build-only
 #
+# --build-only builds what the guest runs (with the options given), copies
+# it aside and stops; a later run with --prebuilt (and the same options)
+# runs it without building: CI builds first, then runs the VM node beside
+# the workspace's tests, whose own builds would otherwise meet its builds.
 # --power-cuts N also runs the power-cut storm (scripts/power-cut-storm.sh
 # --cuts N, in a small VM node of its own) after the scenarios.
 # --demo also runs the node demo in the VM first (scripts/demo.sh --vm does
@@ -20,14 +25,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-runtimes=both demo=0 e2e=0 power_cuts=0
+runtimes=both demo=0 e2e=0 power_cuts=0 build_only=0 prebuilt=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runtime) runtimes="$2"; shift 2 ;;
     --demo) demo=1; shift ;;
     --e2e) e2e=1; shift ;;
     --power-cuts) power_cuts="$2"; shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build-only) build_only=1; shift ;;
+    --prebuilt) prebuilt=1; shift ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -36,44 +43,79 @@ case "$runtimes" in 1.7 | 2 | both) ;; *) echo "vm-node-tests: --runtime 1.7, 2 
 [[ "$power_cuts" =~ ^[0-9]+$ ]] || { echo "vm-node-tests: --power-cuts wants a whole number" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "vm-node-tests: must run as root" >&2; exit 1; }
 
-echo "vm-node-tests: building dra-plugin, nri-plugin, node-demo and the VM scenarios"
-cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugin --bin nri-plugin --bin node-demo
-# The executables of the named integration tests of dra-cpu-tests, one a line.
-test_binaries() {
-  local args=() name
-  for name in "$@"; do args+=(--test "$name"); done
-  cargo test --quiet -p dra-cpu-tests "${args[@]}" --no-run --message-format=json |
-    python3 -c '
+target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
+vm_bin="$target_dir/vm-bin"
+mkdir -p "$vm_bin"
+# What a --build-only run built, for a later --prebuilt run.
+built_env="$vm_bin/built.env"
+build() {
+  echo "vm-node-tests: building dra-plugin, nri-plugin, node-demo and the VM scenarios"
+  cargo build --quiet -p dra-plugin -p nri-plugin -p dra-cpu-tests --bin dra-plugin --bin nri-plugin --bin node-demo
+  # The executables of the named integration tests of dra-cpu-tests, one a line.
+  test_binaries() {
+    local args=() name
+    for name in "$@"; do args+=(--test "$name"); done
+    cargo test --quiet -p dra-cpu-tests "${args[@]}" --no-run --message-format=json |
+      python3 -c '
 import json, sys
 wanted = set(sys.argv[1:])
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in wanted:
         print(m["executable"])' "$@"
-}
-test_bin="$(test_binaries vm_node)"
-[ -x "$test_bin" ] || { echo "vm-node-tests: the vm_node test binary was not built" >&2; exit 1; }
-# Claims' tuning across a power cut (dra-plugin/tests/tuning_power_cut.rs):
-# one boot before the cut, one after, on a writable disk.
-tuning_cut_bin="$(cargo test --quiet -p dra-plugin --test tuning_power_cut --no-run --message-format=json |
-  python3 -c '
+  }
+  test_bin="$(test_binaries vm_node)"
+  [ -x "$test_bin" ] || { echo "vm-node-tests: the vm_node test binary was not built" >&2; exit 1; }
+  # Claims' tuning across a power cut (dra-plugin/tests/tuning_power_cut.rs):
+  # one boot before the cut, one after, on a writable disk.
+  tuning_cut_bin="$(cargo test --quiet -p dra-plugin --test tuning_power_cut --no-run --message-format=json |
+    python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "tuning_power_cut":
         print(m["executable"])')"
-[ -x "$tuning_cut_bin" ] || { echo "vm-node-tests: the tuning_power_cut test binary was not built" >&2; exit 1; }
-e2e_bins=()
-if [ "$e2e" -eq 1 ]; then
-  e2e_names=()
-  for file in tests/tests/e2e_*.rs; do e2e_names+=("$(basename "$file" .rs)"); done
-  mapfile -t e2e_bins < <(test_binaries "${e2e_names[@]}")
-  [ ${#e2e_bins[@]} -eq ${#e2e_names[@]} ] || { echo "vm-node-tests: not every e2e test binary was built" >&2; exit 1; }
+  [ -x "$tuning_cut_bin" ] || { echo "vm-node-tests: the tuning_power_cut test binary was not built" >&2; exit 1; }
+  e2e_bins=()
+  if [ "$e2e" -eq 1 ]; then
+    e2e_names=()
+    for file in tests/tests/e2e_*.rs; do e2e_names+=("$(basename "$file" .rs)"); done
+    mapfile -t e2e_bins < <(test_binaries "${e2e_names[@]}")
+    [ ${#e2e_bins[@]} -eq ${#e2e_names[@]} ] || { echo "vm-node-tests: not every e2e test binary was built" >&2; exit 1; }
+  fi
+  # The guest runs copies of the binaries built above. Other cargo runs of the
+  # workspace (CI runs its tests beside this) put their own builds at
+  # target/debug/<name>, unlinking the file there and linking theirs, so a
+  # guest that ran target/debug/<name> could find it missing, or another
+  # build than this script's. The test executables have names of their own.
+  for name in dra-plugin nri-plugin node-demo; do
+    copied=0
+    # Retried: another cargo run may be between its unlink and its link.
+    for _ in 1 2 3 4 5; do
+      if cp "$target_dir/debug/$name" "$vm_bin/$name.tmp" 2>/dev/null; then
+        mv -f "$vm_bin/$name.tmp" "$vm_bin/$name"
+        copied=1
+        break
+      fi
+      sleep 1
+    done
+    [ "$copied" -eq 1 ] || { echo "vm-node-tests: cannot copy $target_dir/debug/$name" >&2; exit 1; }
+  done
+  declare -p test_bin tuning_cut_bin e2e_bins >"$built_env"
+}
+if [ "$prebuilt" -eq 1 ]; then
+  # shellcheck source=/dev/null
+  . "$built_env" || { echo "vm-node-tests: --prebuilt without a --build-only run before it" >&2; exit 1; }
+else
+  build
+fi
+if [ "$build_only" -eq 1 ]; then
+  echo "vm-node-tests: built; the guest's binaries are in $vm_bin"
+  exit 0
 fi
 # Runs every e2e binary, one test at a time; fails when any failed.
 e2e_command=(bash -c 'rc=0; for t in "$@"; do echo "== $t"; "$t" --test-threads=1 --color=never || rc=1; done; exit $rc' e2e "${e2e_bins[@]}")
-target_dir="$(cd "${CARGO_TARGET_DIR:-target}" && pwd)"
-export DRA_PLUGIN_BIN="$target_dir/debug/dra-plugin" NRI_PLUGIN_BIN="$target_dir/debug/nri-plugin"
+export DRA_PLUGIN_BIN="$vm_bin/dra-plugin" NRI_PLUGIN_BIN="$vm_bin/nri-plugin"
 # The scenarios one process each, in the order listed, each one that passes
 # noted in a progress file on the shared target directory: when the
 # emulator's live-patching race kills the guest mid-run, scripts/vm-node.sh
@@ -152,7 +194,7 @@ run() {
 
 if [ "$runtimes" != 2 ]; then
   if [ "$demo" -eq 1 ]; then
-    run "node demo, containerd 1.7" -- "$target_dir/debug/node-demo"
+    run "node demo, containerd 1.7" -- "$vm_bin/node-demo"
   fi
   scenario_command containerd-1.7 "$@"
   run "scenarios, containerd 1.7" -- "${scenarios[@]}"

@@ -60,10 +60,17 @@ fn learn_resolution(
                 .map(|_| ())
                 .map_err(ResolveFailure::Pool)
         }
-        Resolution::FromCdi(cpus) => lock(view)
-            .learn_claim(cdi_claim(claim_uid, cpus), ClaimOrigin::CdiSpec)
-            .map(|_| ())
-            .map_err(ResolveFailure::Cdi),
+        Resolution::FromCdi(cpus) => {
+            let mut view = lock(view);
+            // dra-plugin's event came while its answer did not: the record
+            // it sent stands, and the spec does not make it provisional.
+            if known_to(&view, claim_uid).is_ok() {
+                return Ok(());
+            }
+            view.learn_claim(cdi_claim(claim_uid, cpus), ClaimOrigin::CdiSpec)
+                .map(|_| ())
+                .map_err(ResolveFailure::Cdi)
+        }
         Resolution::NotPrepared { revision } => {
             let view = lock(view);
             if is_behind(&view, revision) {
@@ -370,6 +377,13 @@ mod tests {
                 true,
             ),
             (
+                "prepared at 6, dra-plugin's answer lost, the CDI spec read",
+                (6, Some(claim(CLAIM_2, "5", POD_A))),
+                Resolution::FromCdi(set("5")),
+                Ok("5"),
+                true,
+            ),
+            (
                 "prepared at 6, unprepared at 7",
                 (6, Some(claim(CLAIM_2, "5", POD_A))),
                 Resolution::NotPrepared { revision: 7 },
@@ -402,6 +416,10 @@ mod tests {
             }
             let known = lock(&view).pool().claim(CLAIM_2).is_some();
             assert_eq!(known, known_after, "{what}: the view knows the claim");
+            assert!(
+                !lock(&view).is_provisional(CLAIM_2),
+                "{what}: dra-plugin's record is not replaced by its CDI spec"
+            );
         }
     }
 
