@@ -54,6 +54,7 @@ pub async fn run(
             delays = resubscribe_delays();
         }
         enforcer.health.set_coordination_connected(false);
+        enforcer.view().stop_following();
         match ended {
             Ok(()) => {
                 tracing::warn!(socket = %socket.display(), "dra-plugin ended the watch stream")

@@ -86,8 +86,10 @@ fn learn_resolution(
 /// than what the view has applied from its events: the answer was read
 /// before an event the view has had since (an unprepare, or the prepare the
 /// asking container waited for), so the view, not the answer, is right.
+/// While the view does not follow dra-plugin's stream no event can overtake
+/// an answer, and the answer decides.
 fn is_behind(view: &NodeView, revision: u64) -> bool {
-    view.has_snapshot() && revision <= view.revision()
+    view.follows_dra_plugin() && revision <= view.revision()
 }
 
 /// The view's own word on a claim: prepared when dra-plugin's events put
@@ -420,6 +422,45 @@ mod tests {
                 !lock(&view).is_provisional(CLAIM_2),
                 "{what}: dra-plugin's record is not replaced by its CDI spec"
             );
+        }
+    }
+
+    /// dra-plugin started again on a new store counts its revisions from
+    /// one: while the view does not follow its stream (until the next
+    /// snapshot) its answers decide, whatever their revision.
+    #[test]
+    fn an_answer_decides_while_the_view_does_not_follow_dra_plugin() {
+        let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
+        for following in [true, false] {
+            let mut v = view(false);
+            v.apply_snapshot(NodeSnapshot {
+                revision: 500,
+                allocatable: set("1-7"),
+                reserved: set("0"),
+                mixed_allocation_mode: false,
+                claims: vec![],
+            })
+            .expect("snapshot");
+            if !following {
+                v.stop_following();
+            }
+            let view = Mutex::new(v);
+            let resolver = TableResolver {
+                answers: HashMap::from([(
+                    CLAIM_2.to_string(),
+                    Resolution::Prepared {
+                        claim: claim(CLAIM_2, "5", POD_A),
+                        revision: 3,
+                    },
+                )]),
+                ..Default::default()
+            };
+            let got = run(admit_container(&view, &info, &resolver));
+            match (following, &got) {
+                (true, Err(r)) => assert_eq!(r.reason(), "claim-not-prepared", "{r}"),
+                (false, Ok(d)) => assert_eq!(d.cpuset, set("5")),
+                _ => panic!("following {following}: {got:?}"),
+            }
         }
     }
 

@@ -111,7 +111,7 @@ impl NodeView {
         )?;
         self.provisional.clear();
         self.revision = snapshot.revision;
-        self.has_snapshot = true;
+        self.following = true;
         Ok(updates)
     }
 

@@ -78,8 +78,10 @@ pub struct NodeView {
     provisional: HashSet<String>,
     /// Revision of the last snapshot or delta in the view; 0 before any.
     revision: u64,
-    /// Whether a snapshot from dra-plugin has been applied.
-    has_snapshot: bool,
+    /// Whether the view follows dra-plugin's stream: a snapshot was applied
+    /// and the stream has not ended since. Only then is its revision a
+    /// measure of what dra-plugin has told it.
+    following: bool,
     /// Containers created but not yet started, with the cpuset their
     /// CreateContainer reply gave them.
     starting: HashMap<String, Update>,
@@ -101,7 +103,7 @@ impl NodeView {
             numa,
             provisional: HashSet::new(),
             revision: 0,
-            has_snapshot: false,
+            following: false,
             starting: HashMap::new(),
         }
     }
@@ -114,8 +116,15 @@ impl NodeView {
         self.revision
     }
 
-    pub fn has_snapshot(&self) -> bool {
-        self.has_snapshot
+    pub fn follows_dra_plugin(&self) -> bool {
+        self.following
+    }
+
+    /// dra-plugin's stream ended: until the next snapshot, no event comes,
+    /// and a dra-plugin started again on a new store counts its revisions
+    /// from its own start.
+    pub fn stop_following(&mut self) {
+        self.following = false;
     }
 
     pub fn is_provisional(&self, claim_uid: &str) -> bool {
