@@ -71,6 +71,21 @@ pub fn view(mixed: bool) -> NodeView {
     NodeView::new(set("0-7"), set("0"), mixed, None)
 }
 
+/// A view that follows dra-plugin at `revision`: an empty snapshot of CPUs
+/// 1-7, CPU 0 reserved, applied.
+pub fn view_at(revision: u64) -> NodeView {
+    let mut v = view(false);
+    v.apply_snapshot(shared_state::NodeSnapshot {
+        revision,
+        allocatable: set("1-7"),
+        reserved: set("0"),
+        mixed_allocation_mode: false,
+        claims: vec![],
+    })
+    .expect("an empty snapshot applies");
+    v
+}
+
 pub fn updates(list: &[(&str, &str)]) -> Vec<Update> {
     list.iter()
         .map(|(i, c)| Update::cpuset(*i, set(c)))

@@ -395,15 +395,7 @@ mod tests {
             ),
         ];
         for (what, event, answer, want, known_after) in cases {
-            let mut v = view(false);
-            v.apply_snapshot(NodeSnapshot {
-                revision: 5,
-                allocatable: set("1-7"),
-                reserved: set("0"),
-                mixed_allocation_mode: false,
-                claims: vec![],
-            })
-            .expect("snapshot");
+            let v = view_at(5);
             let view = Mutex::new(v);
             let resolver = EventDuringLookup {
                 view: &view,
@@ -432,15 +424,7 @@ mod tests {
     fn an_answer_decides_while_the_view_does_not_follow_dra_plugin() {
         let info = container("x", POD_A, &[&env(CLAIM_2, "5")], None);
         for following in [true, false] {
-            let mut v = view(false);
-            v.apply_snapshot(NodeSnapshot {
-                revision: 500,
-                allocatable: set("1-7"),
-                reserved: set("0"),
-                mixed_allocation_mode: false,
-                claims: vec![],
-            })
-            .expect("snapshot");
+            let mut v = view_at(500);
             if !following {
                 v.stop_following();
             }

@@ -157,15 +157,7 @@ mod tests {
 
     #[test]
     fn stale_revisions_are_refused() {
-        let mut v = view(false);
-        v.apply_snapshot(NodeSnapshot {
-            revision: 5,
-            allocatable: set("1-7"),
-            reserved: set("0"),
-            mixed_allocation_mode: false,
-            claims: vec![],
-        })
-        .expect("snapshot");
+        let mut v = view_at(5);
         let err = v
             .apply_prepared(5, claim(CLAIM_1, "2", POD_A))
             .expect_err("stale");
