@@ -239,3 +239,57 @@ async fn with_device_metadata_off_the_container_gets_only_its_cpus() {
         .join("plugins/dra.cpu/dra-device-metadata")
         .exists());
 }
+
+/// The longest claim name the API server takes (253 bytes): with the
+/// namespace it passes a file name's 255 bytes on the host, where the
+/// claim's directory is then shortened; inside the container the path has
+/// the whole name, and the container reads its file.
+#[tokio::test]
+async fn a_claim_with_the_longest_name_gets_its_device_metadata() {
+    let mut node = node(NodeOptions::default()).await;
+    let pod = PodIdentity::new("pod-long");
+    let name = format!("{}-cpu", "long".repeat(62));
+    assert_eq!(name.len(), 252);
+    let claim = node
+        .create_claim(&format!("{name}x"), 1, &pod)
+        .await
+        .must("preparing the claim of the longest name");
+    assert_eq!(claim.claim.name.len(), 253);
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let running = node.start_pod(&pod, &[spec]).await.must("starting the pod");
+    let id = running.id("app").to_string();
+    let pinned = node
+        .wait_cpus(&id, &claim.cpus)
+        .await
+        .must("the container pinned to its claim");
+    let text = read_inside(&mut node, &id, &claim.claim.name).await;
+    check_metadata(
+        &text,
+        &claim.claim.uid,
+        &claim.claim.name,
+        &pinned.cgroup.cpus,
+    );
+    let root = node
+        .layout()
+        .kubelet_root()
+        .join("plugins/dra.cpu/dra-device-metadata");
+    let dirs: Vec<String> = std::fs::read_dir(&root)
+        .must("the metadata root")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(
+        dirs[0].len() <= 255 && dirs[0].starts_with(&format!("default_{}", &name[..200])),
+        "{dirs:?}"
+    );
+    node.delete_pod(&running).await.must("deleting the pod");
+    node.unprepare(&claim.claim).await.must("unpreparing");
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .must("the metadata root")
+        .filter_map(|e| e.ok())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "unprepare removes the claim's directory: {left:?}"
+    );
+}
