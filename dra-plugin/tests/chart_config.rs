@@ -88,7 +88,7 @@ fn every_mode_resolves_to_what_its_values_ask_for() {
                 && c.group_by == GroupBy::Machine
                 && c.allocation_policy == Policy::DistributeAcrossNuma
                 && c.mixed_allocation_mode
-                && c.kubeconfig.as_deref() == Some(Path::new("/etc/kubernetes/kubeconfig"))
+                && c.kubeconfig.as_deref() == Some(Path::new("/etc/dra-cpu-kubeconfig/kubeconfig"))
                 && c.coordination_allowed_uids == [0, 1000]
                 && c.coordination_socket == Path::new("/var/lib/cpu-driver/sock/coord.sock")
                 && c.metrics_address.port() == 19440
