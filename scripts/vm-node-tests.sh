@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     --power-cuts) power_cuts="$2"; shift 2 ;;
     --build-only) build_only=1; shift ;;
     --prebuilt) prebuilt=1; shift ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; break ;;
     *) echo "vm-node-tests: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
