@@ -12,9 +12,10 @@ const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
 const FLAG: &str = "cpuset.sched_load_balance";
 
 /// The operator's preparation of a cgroup v1 node (docs/user/tuning.md):
-/// the root cpuset stops balancing, and so does every other top-level
-/// cpuset than the node's cgroup root (on a test host, what other tests
-/// left behind). Put back as it was when dropped.
+/// the root cpuset stops balancing, and so does every other cpuset outside
+/// the node's cgroup root, top-level or below (on a test host, what other
+/// tests left behind, such as the pod cgroups of a killed end-to-end run).
+/// Put back as it was when dropped.
 struct PreparedNode {
     was: Vec<(PathBuf, String)>,
 }
@@ -22,19 +23,31 @@ struct PreparedNode {
 impl PreparedNode {
     fn set(node_cgroup_root: &Path) -> PreparedNode {
         let root = Path::new(CPUSET_ROOT);
+        // Parents before their children, so the walk's order is the
+        // kernel's: a child is looked at only below a parent at 0.
         let mut dirs = vec![root.to_path_buf()];
-        for entry in std::fs::read_dir(root).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() && path != node_cgroup_root {
-                dirs.push(path);
+        let mut next = 0;
+        while next < dirs.len() {
+            let dir = dirs[next].clone();
+            next += 1;
+            // A cgroup removed meanwhile has nothing left to prepare.
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() && path != node_cgroup_root {
+                    dirs.push(path);
+                }
             }
         }
         let mut prepared = PreparedNode { was: Vec::new() };
         for dir in dirs {
             let file = dir.join(FLAG);
-            let was = std::fs::read_to_string(&file).unwrap();
-            if was.trim() != "0" {
-                std::fs::write(&file, "0\n").unwrap();
+            let Ok(was) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            if was.trim() != "0" && std::fs::write(&file, "0\n").is_ok() {
                 prepared.was.push((file, was));
             }
         }
