@@ -49,17 +49,6 @@ vm_log="$(mktemp)"
 vm_pid=""
 trap 'rm -f "$demo_log" "$vm_log" "$components_log"; kill -- "-$components_pid" 2>/dev/null || true
   [ -z "$vm_pid" ] || kill -- "-$vm_pid" 2>/dev/null || true' EXIT
-# The VM node is the longest chain of the run (its scenarios, then the real
-# node inside it), so it starts first, beside the workspace's tests and the
-# real node on the host: its guest keeps the CPUs busy, while those mostly
-# wait on processes, sockets, the scheduler and kubelet. Its log is printed
-# when it ends, after the real node's.
-# Built first, in the foreground: its cargo runs would otherwise replace the
-# binaries under target/debug that the workspace's tests are running.
-scripts/vm-node-tests.sh --build-only
-setsid scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8 >"$vm_log" 2>&1 &
-vm_pid=$!
-echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8)" >&2
 phase "cargo test"
 # Every test binary of the workspace, several at once (they mostly wait).
 scripts/test-workspace.sh
@@ -85,6 +74,17 @@ check_demo_tables() {
 check_demo_tables "$demo_log" scripts/demo.sh
 phase "chart check"
 scripts/check-chart.sh
+# The VM node runs beside the real node: its guest keeps the CPUs busy, while
+# the real node's scenarios mostly wait on the scheduler and kubelet. (Started
+# beside the workspace's tests instead, it made them slower by half, and in
+# one run a containerd restart in tests/tests/nri_client.rs lost its
+# sandbox's task.) Built first, in the foreground, and run from its own
+# copies: the real node's builds replace the binaries under target/debug.
+# Its log is printed when it ends, after the real node's.
+scripts/vm-node-tests.sh --build-only
+setsid scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8 >"$vm_log" 2>&1 &
+vm_pid=$!
+echo "test: the VM node runs in the background (scripts/vm-node-tests.sh --prebuilt --demo --power-cuts 8)" >&2
 # The real node: every scenario on the newest supported pair, the smoke on the
 # oldest (scripts/real-node-matrix.sh runs it on every pair). Its scenarios use the
 # test build of the binaries in the driver's image (no release build).

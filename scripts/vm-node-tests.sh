@@ -11,7 +11,7 @@
 # --build-only builds what the guest runs (with the options given), copies
 # it aside and stops; a later run with --prebuilt (and the same options)
 # runs it without building: CI builds first, then runs the VM node beside
-# the workspace's tests, whose own builds would otherwise meet its builds.
+# the real node, whose own builds would otherwise meet its builds.
 # --power-cuts N also runs the power-cut storm (scripts/power-cut-storm.sh
 # --cuts N, in a small VM node of its own) after the scenarios.
 # --demo also runs the node demo in the VM first (scripts/demo.sh --vm does

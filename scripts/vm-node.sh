@@ -346,7 +346,7 @@ while :; do
   echo "vm-node: booting $cpus CPUs (${sockets} sockets x ${cores} cores x ${threads} threads), $numa_nodes NUMA nodes, ${memory} MiB, accel $accel"
   started=$(date +%s.%N)
   set +e
-  timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
+  timeout --foreground --kill-after=10 "$timeout_s" qemu-system-x86_64 \
     "${accel_args[@]}" -m "$memory" \
     -smp "$cpus,sockets=$sockets,cores=$cores,threads=$threads" "${numa[@]}" \
     -kernel "$image_dir/vmlinuz" -initrd "$image_dir/initrd.img" \
