@@ -13,8 +13,9 @@ mod e2e_common;
 
 use dra_cpu_tests::cri::spec::ContainerSpec;
 use dra_cpu_tests::must::Must;
+use dra_cpu_tests::node::claims::PreparedClaim;
 use dra_cpu_tests::node::layout::NodeOptions;
-use dra_cpu_tests::node::pods::PodIdentity;
+use dra_cpu_tests::node::pods::{PodIdentity, RunningPod};
 use dra_cpu_tests::node::Node;
 use e2e_common::{claim_env, node};
 use serde_json::Value;
@@ -89,6 +90,46 @@ fn check_metadata(text: &str, claim_uid: &str, claim_name: &str, cgroup_cpus: &C
     }
 }
 
+/// A pod started by `start_and_read_metadata`.
+struct MetadataPod {
+    running: RunningPod,
+    /// The container `app`.
+    id: String,
+    /// Its cgroup cpuset once pinned.
+    cpus: CpuSet,
+    /// The metadata file it read.
+    text: String,
+}
+
+/// Starts `pod` with one container `app` on `claim`, waits until it is
+/// pinned to the claim's CPUs, and checks the metadata file it reads.
+async fn start_and_read_metadata(
+    node: &mut Node,
+    pod: &PodIdentity,
+    claim: &PreparedClaim,
+) -> MetadataPod {
+    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
+    let running = node.start_pod(pod, &[spec]).await.must("starting the pod");
+    let id = running.id("app").to_string();
+    let pinned = node
+        .wait_cpus(&id, &claim.cpus)
+        .await
+        .must("the container pinned to its claim");
+    let text = read_inside(node, &id, &claim.claim.name).await;
+    check_metadata(
+        &text,
+        &claim.claim.uid,
+        &claim.claim.name,
+        &pinned.cgroup.cpus,
+    );
+    MetadataPod {
+        running,
+        id,
+        cpus: pinned.cgroup.cpus,
+        text,
+    }
+}
+
 #[tokio::test]
 async fn a_claim_container_reads_its_device_metadata_and_a_reboot_rebuilds_it() {
     let mut node = node(NodeOptions::default()).await;
@@ -97,26 +138,15 @@ async fn a_claim_container_reads_its_device_metadata_and_a_reboot_rebuilds_it() 
         .create_claim("meta-cpu", 1, &pod)
         .await
         .must("preparing the claim");
-    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
-    let running = node
-        .start_pod(&pod, std::slice::from_ref(&spec))
-        .await
-        .must("starting the pod");
-    let id = running.id("app").to_string();
-    let pinned = node
-        .wait_cpus(&id, &claim.cpus)
-        .await
-        .must("the container pinned to its claim");
-    let text = read_inside(&mut node, &id, &claim.claim.name).await;
-    check_metadata(
-        &text,
-        &claim.claim.uid,
-        &claim.claim.name,
-        &pinned.cgroup.cpus,
-    );
+    let MetadataPod {
+        running,
+        id,
+        cpus,
+        text,
+    } = start_and_read_metadata(&mut node, &pod, &claim).await;
     assert_eq!(
         claim_env(&mut node, &id, &claim.claim.uid).await,
-        Some(pinned.cgroup.cpus.clone()),
+        Some(cpus),
         "the env and the metadata agree"
     );
     // Read-only inside the container.
@@ -172,7 +202,10 @@ async fn a_claim_container_reads_its_device_metadata_and_a_reboot_rebuilds_it() 
         .must("removing the container");
     let again = node
         .cri
-        .run_container(&running.sandbox, &spec)
+        .run_container(
+            &running.sandbox,
+            &ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device),
+        )
         .await
         .must("creating the container again");
     let pinned = node
@@ -255,20 +288,9 @@ async fn a_claim_with_the_longest_name_gets_its_device_metadata() {
         .await
         .must("preparing the claim of the longest name");
     assert_eq!(claim.claim.name.len(), 253);
-    let spec = ContainerSpec::sleeper("app").with_cdi_device(&claim.cdi_device);
-    let running = node.start_pod(&pod, &[spec]).await.must("starting the pod");
-    let id = running.id("app").to_string();
-    let pinned = node
-        .wait_cpus(&id, &claim.cpus)
+    let running = start_and_read_metadata(&mut node, &pod, &claim)
         .await
-        .must("the container pinned to its claim");
-    let text = read_inside(&mut node, &id, &claim.claim.name).await;
-    check_metadata(
-        &text,
-        &claim.claim.uid,
-        &claim.claim.name,
-        &pinned.cgroup.cpus,
-    );
+        .running;
     let root = node
         .layout()
         .kubelet_root()
