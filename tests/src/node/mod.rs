@@ -106,13 +106,14 @@ pub enum NodeError {
     Unprepare { claim: String, error: String },
     #[error("claim object {name}: {reason}")]
     ClaimObject { name: String, reason: String },
-    #[error("container {id}: cpuset still {got} (cgroup) / {got_inside} (inside), want {want}, after {waited:?}")]
+    #[error("container {id}: cpuset still {got} (cgroup) / {got_inside} (inside), want {want}, after {waited:?}; nri-plugin's last log lines:\n{nri_log_tail}")]
     Cpus {
         id: String,
         want: CpuSet,
         got: CpuSet,
         got_inside: CpuSet,
         waited: Duration,
+        nri_log_tail: String,
     },
     #[error("{0} did not happen within {1:?}")]
     Timeout(String, Duration),

@@ -154,6 +154,7 @@ impl Node {
                     got: now.cgroup.cpus,
                     got_inside: now.allowed_inside,
                     waited: started.elapsed(),
+                    nri_log_tail: super::process::log_tail(&self.layout.nri_log()),
                 });
             }
             tokio::time::sleep(POLL).await;
