@@ -106,19 +106,25 @@ pub enum NodeError {
     Unprepare { claim: String, error: String },
     #[error("claim object {name}: {reason}")]
     ClaimObject { name: String, reason: String },
-    #[error("container {id}: cpuset still {got} (cgroup) / {got_inside} (inside), want {want}, after {waited:?}; nri-plugin's last log lines:\n{nri_log_tail}")]
-    Cpus {
-        id: String,
-        want: CpuSet,
-        got: CpuSet,
-        got_inside: CpuSet,
-        waited: Duration,
-        nri_log_tail: String,
-    },
+    #[error("{0}")]
+    Cpus(Box<CpusNotReached>),
     #[error("{0} did not happen within {1:?}")]
     Timeout(String, Duration),
     #[error("reading dra-plugin's claims on its coordination socket: {0}")]
     Coordination(String),
+}
+
+/// A container whose cpuset did not reach the wanted one in time: what its
+/// cgroup and its inside said last, and nri-plugin's last log lines.
+#[derive(Debug, thiserror::Error)]
+#[error("container {id}: cpuset still {got} (cgroup) / {got_inside} (inside), want {want}, after {waited:?}; nri-plugin's last log lines:\n{nri_log_tail}")]
+pub struct CpusNotReached {
+    pub id: String,
+    pub want: CpuSet,
+    pub got: CpuSet,
+    pub got_inside: CpuSet,
+    pub waited: Duration,
+    pub nri_log_tail: String,
 }
 
 /// A running node. Dropping it stops both processes and containerd and

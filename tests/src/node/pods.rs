@@ -2,7 +2,7 @@
 //! cpusets and the processes' logs.
 
 use super::read_back::log_messages_with;
-use super::{Node, NodeError, NAMESPACE, POLL, SETTLE};
+use super::{CpusNotReached, Node, NodeError, NAMESPACE, POLL, SETTLE};
 use crate::cgroup;
 use crate::cgroup::container::ContainerCpus;
 use crate::cri::new_uid;
@@ -148,14 +148,14 @@ impl Node {
                 return Ok(now);
             }
             if started.elapsed() > SETTLE {
-                return Err(NodeError::Cpus {
+                return Err(NodeError::Cpus(Box::new(CpusNotReached {
                     id: id.to_string(),
                     want: want.clone(),
                     got: now.cgroup.cpus,
                     got_inside: now.allowed_inside,
                     waited: started.elapsed(),
                     nri_log_tail: super::process::log_tail(&self.layout.nri_log()),
-                });
+                })));
             }
             tokio::time::sleep(POLL).await;
         }
