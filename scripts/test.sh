@@ -12,7 +12,8 @@
 # containerd 1.7 and 2.x, and 8 power cuts of the power-cut storm
 # (scripts/power-cut-storm.sh) in a 2-vCPU guest; then the real node's
 # scenarios that need more CPUs, on the real node inside the VM node
-# (scripts/real-node-tests.sh --vm).
+# (scripts/real-node-tests.sh --vm; under CI=true only while the run can
+# still end within 75 minutes).
 # The first run builds the real node's components (scripts/build-components.sh,
 # tens of minutes on 2 cores); later runs find them cached.
 set -euo pipefail

@@ -106,7 +106,7 @@ pub enum NodeError {
     Unprepare { claim: String, error: String },
     #[error("claim object {name}: {reason}")]
     ClaimObject { name: String, reason: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Cpus(Box<CpusNotReached>),
     #[error("{0} did not happen within {1:?}")]
     Timeout(String, Duration),
