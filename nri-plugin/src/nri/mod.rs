@@ -78,8 +78,9 @@ impl DraCpuPlugin {
             if container.state.value() != api::ContainerState::CONTAINER_RUNNING as i32 {
                 continue;
             }
-            if self.enforcer.view().is_claim_container(&container.id) {
-                keeper.note_running(&container.id, &cgroups_path(container));
+            let claim_cpus = self.enforcer.view().claim_cpus(&container.id);
+            if let Some(claim_cpus) = claim_cpus {
+                keeper.note_running(&container.id, &cgroups_path(container), claim_cpus);
             }
         }
         self.enforcer.reconcile_partitions();
@@ -332,18 +333,18 @@ impl NriPlugin for DraCpuPlugin {
     ) -> Result<(), PluginError> {
         let started = Instant::now();
         let cgroups_path = cgroups_path(&container);
-        let (cpus, of_claims) = {
+        let (cpus, claim_cpus) = {
             let view = self.enforcer.view();
             (
                 view.isolated_cpus(&container.id),
-                view.is_claim_container(&container.id),
+                view.claim_cpus(&container.id),
             )
         };
         let Some(cpus) = cpus else {
             // Its claim may turn out to ask for a partition once dra-plugin
             // tells more than the CDI spec did.
-            if let (true, Some(keeper)) = (of_claims, &self.enforcer.partitions) {
-                keeper.note_running(&container.id, &cgroups_path);
+            if let (Some(claim_cpus), Some(keeper)) = (claim_cpus, &self.enforcer.partitions) {
+                keeper.note_running(&container.id, &cgroups_path, claim_cpus);
             }
             // On cgroup v1 its pod's cgroups, new, balance every CPU.
             self.enforcer.refresh_v1_load_balancing();

@@ -23,11 +23,19 @@ struct Held {
     cpus: CpuSet,
 }
 
+/// A running claim container: its OCI `linux.cgroupsPath` and the CPUs of
+/// its claims (for a mixed container, fewer than its cpuset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Running {
+    cgroups_path: String,
+    claim_cpus: CpuSet,
+}
+
 #[derive(Debug, Default)]
 struct Containers {
-    /// Running containers (seen at Synchronize or StartContainer) and
-    /// their OCI `linux.cgroupsPath`, until they stop.
-    running: HashMap<String, String>,
+    /// Running claim containers (seen at Synchronize or StartContainer),
+    /// until they stop.
+    running: HashMap<String, Running>,
     /// Containers holding a partition of these CPUs.
     held: HashMap<String, Held>,
     /// Running containers whose partition the kernel refused, with the
@@ -79,32 +87,38 @@ impl PartitionKeeper {
     }
 
     /// The CPUs held isolated now, but `except`'s: those of the containers
-    /// holding them, and on cgroup v1 also those of running claim
+    /// holding them, and on cgroup v1 also the claim CPUs of running claim
     /// containers whose own cgroup does not balance though no record says
     /// why (a restarted nri-plugin, before dra-plugin tells their tuning):
     /// on v1 the flags are the only record, so they are kept until the
-    /// claim is known.
+    /// claim is known. Only the claims' CPUs: a mixed container's cpuset
+    /// also holds the shared pool, which only claim CPUs ever take out of
+    /// balancing.
     fn isolated_now(&self, containers: &Containers, except: Option<&str>) -> CpuSet {
         let mut isolated = held_cpus(&containers.held, except);
         if self.partitions.is_v1() {
-            for (id, path) in &containers.running {
+            for (id, running) in &containers.running {
                 if Some(id.as_str()) == except || containers.held.contains_key(id) {
                     continue;
                 }
-                if let Some(cpus) = self.partitions.v1_unbalanced_cpus(path) {
-                    isolated = isolated.union(&cpus);
+                if let Some(cpus) = self.partitions.v1_unbalanced_cpus(&running.cgroups_path) {
+                    isolated = isolated.union(&cpus.intersection(&running.claim_cpus));
                 }
             }
         }
         isolated
     }
 
-    /// A running container, so that a partition its claim asks for later
-    /// is made when the claim is known.
-    pub fn note_running(&self, container_id: &str, cgroups_path: &str) {
-        self.lock()
-            .running
-            .insert(container_id.to_string(), cgroups_path.to_string());
+    /// A running claim container and the CPUs of its claims, so that a
+    /// partition its claim asks for later is made when the claim is known.
+    pub fn note_running(&self, container_id: &str, cgroups_path: &str, claim_cpus: CpuSet) {
+        self.lock().running.insert(
+            container_id.to_string(),
+            Running {
+                cgroups_path: cgroups_path.to_string(),
+                claim_cpus,
+            },
+        );
     }
 
     /// Makes the partition of a container about to start (its claim asks
@@ -120,9 +134,13 @@ impl PartitionKeeper {
         // reconcile makes a partition of its cgroup.
         let others = self.isolated_now(&containers, Some(container_id));
         let isolated = self.partitions.isolate(cgroups_path, cpus, &others)?;
-        containers
-            .running
-            .insert(container_id.to_string(), cgroups_path.to_string());
+        containers.running.insert(
+            container_id.to_string(),
+            Running {
+                cgroups_path: cgroups_path.to_string(),
+                claim_cpus: cpus.clone(),
+            },
+        );
         containers.refused.remove(container_id);
         containers.held.insert(
             container_id.to_string(),
@@ -142,7 +160,9 @@ impl PartitionKeeper {
             .running
             .iter()
             .filter(|(id, _)| !containers.held.contains_key(*id))
-            .filter_map(|(id, path)| wanted(id).map(|cpus| (id.clone(), path.clone(), cpus)))
+            .filter_map(|(id, running)| {
+                wanted(id).map(|cpus| (id.clone(), running.cgroups_path.clone(), cpus))
+            })
             .collect();
         // Every container due is kept out of balancing while each is made
         // (cgroup v1 brings the whole tree to one rule at each).
@@ -297,7 +317,7 @@ impl PartitionKeeper {
             .held
             .values()
             .map(|h| h.cgroups_path.as_str())
-            .chain(containers.running.values().map(String::as_str))
+            .chain(containers.running.values().map(|r| r.cgroups_path.as_str()))
             .collect();
         self.partitions.sweep_stale_exclusive(paths, &isolated)
     }
@@ -332,8 +352,8 @@ mod tests {
     #[test]
     fn a_running_container_gets_its_partition_once_its_claim_asks_for_one() {
         let (dir, keeper) = tree(&["kubepods", "kubepods/p", "kubepods/p/c", "kubepods/p/s"]);
-        keeper.note_running("c", "/kubepods/p/c");
-        keeper.note_running("s", "/kubepods/p/s");
+        keeper.note_running("c", "/kubepods/p/c", set("2-3"));
+        keeper.note_running("s", "/kubepods/p/s", set("5"));
         // The claim is not known to ask for it yet: nothing is written.
         assert!(keeper.reconcile(|_| None).is_empty());
         assert_eq!(read(&dir, "kubepods/p/c/cpuset.cpus.partition"), "member");
@@ -367,7 +387,7 @@ mod tests {
         let c = dir.path().join("kubepods/p/c");
         std::fs::create_dir_all(c.join(EXCLUSIVE)).expect("mkdir");
         std::fs::write(c.join(PARTITION), "member\n").expect("partition");
-        keeper.note_running("c", "/kubepods/p/c");
+        keeper.note_running("c", "/kubepods/p/c", set("4"));
         let wanted = |_: &str| Some(set("4"));
         let firsts: Vec<bool> = (0..2)
             .flat_map(|_| keeper.reconcile(wanted))
@@ -395,7 +415,7 @@ mod tests {
         keeper
             .isolate("a", "/kubepods/p/a", &set("2-3"))
             .expect("a isolated");
-        keeper.note_running("b", "/kubepods/p/b");
+        keeper.note_running("b", "/kubepods/p/b", set("4"));
         // a stopped and went while its events were missed: its cgroup too.
         std::fs::remove_dir_all(dir.path().join("kubepods/p/a")).expect("a's cgroup gone");
         let running = std::collections::HashSet::from(["b"]);
@@ -424,7 +444,7 @@ mod tests {
         keeper
             .isolate("a", "/kubepods/p/a", &set("2-3"))
             .expect("a isolated");
-        keeper.note_running("b", "/kubepods/p/b");
+        keeper.note_running("b", "/kubepods/p/b", set("2-3"));
         assert!(keeper.reconcile(|_| Some(set("2-3"))).is_empty());
         assert_eq!(read(&dir, "kubepods/p/b/cpuset.cpus.partition"), "member");
         // b's stop gives nothing back: a holds them.
@@ -543,8 +563,8 @@ mod tests {
             .expect("left by the nri-plugin before");
         }
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
-        keeper.note_running("a", "/kubepods/pa/a");
-        keeper.note_running("b", "/kubepods/pb/b");
+        keeper.note_running("a", "/kubepods/pa/a", set("2-3"));
+        keeper.note_running("b", "/kubepods/pb/b", set("4"));
         let swept = keeper
             .sweep_stale_exclusive(["/kubepods/pa/a", "/kubepods/pb/b"])
             .expect("sweep");
@@ -576,5 +596,56 @@ mod tests {
             .expect("sweep")
             .is_empty());
         assert_eq!(flag(&plain, "kubepods/pb"), "0");
+    }
+
+    /// cgroup v1 after a restart of nri-plugin, before dra-plugin tells the
+    /// claims' tuning: a running mixed container (its cpuset is its claim's
+    /// CPU 2 and the shared pool 4-7) whose cgroup does not balance keeps
+    /// only its claim's CPU out. A shared container on the pool, and the
+    /// pod cgroup above it, are brought back to balancing by the sweep.
+    /// Control: had the mixed container's whole cpuset been taken for
+    /// isolated, the shared container (4-7) would have been turned off.
+    #[test]
+    fn on_cgroup_v1_a_restart_keeps_out_only_a_mixed_containers_claim_cpus() {
+        use super::super::v1::fake_tree::{flag, make};
+        let dir = make(
+            "0",
+            &[
+                ("kubepods", "0-7"),
+                ("kubepods/pm", "0-7"),
+                ("kubepods/pm/m", "2,4-7"),
+                ("kubepods/ps", "0-7"),
+                ("kubepods/ps/s", "4-7"),
+            ],
+        );
+        for d in [
+            "kubepods",
+            "kubepods/pm",
+            "kubepods/pm/m",
+            "kubepods/ps",
+            "kubepods/ps/s",
+        ] {
+            std::fs::write(
+                dir.path()
+                    .join("cpuset")
+                    .join(d)
+                    .join("cpuset.sched_load_balance"),
+                "0\n",
+            )
+            .expect("left by the nri-plugin before");
+        }
+        let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
+        keeper.note_running("m", "/kubepods/pm/m", set("2"));
+        keeper
+            .sweep_stale_exclusive(["/kubepods/pm/m", "/kubepods/ps/s"])
+            .expect("sweep");
+        for d in ["kubepods", "kubepods/pm", "kubepods/pm/m", "kubepods/ps"] {
+            assert_eq!(flag(&dir, d), "0", "{d}: the claim's CPU 2 stays out");
+        }
+        assert_eq!(
+            flag(&dir, "kubepods/ps/s"),
+            "1",
+            "the shared container balances the pool"
+        );
     }
 }

@@ -131,12 +131,9 @@ impl NodeView {
             .is_some_and(|entry| entry.wants_no_cfs_quota)
     }
 
-    /// Whether the container runs on claims (exclusive or mixed), whose
-    /// tuning may ask for more than its cpuset.
-    pub fn is_claim_container(&self, container_id: &str) -> bool {
-        self.pool
-            .container(container_id)
-            .is_some_and(|entry| !entry.claims.is_empty())
+    /// The CPUs of the container's claims (`None`: it runs on none).
+    pub fn claim_cpus(&self, container_id: &str) -> Option<CpuSet> {
+        self.pool.claim_cpus(container_id)
     }
 
     /// A container stopped: it leaves the view (its claim stays prepared, so

@@ -425,6 +425,14 @@ impl PoolState {
         })
     }
 
+    /// The CPUs of the container's claims, exclusive to it (`None`: the
+    /// container runs on no claim). A mixed container's cpuset holds the
+    /// shared pool besides.
+    pub fn claim_cpus(&self, container_id: &str) -> Option<CpuSet> {
+        let entry = self.containers.get(container_id)?;
+        (!entry.claims.is_empty()).then(|| self.claims_cpus(&entry.claims))
+    }
+
     /// The CPUs of the container's claims when one of them asks for an
     /// isolated partition (`tuning.loadBalancing: off`): all of them go in
     /// it, since the container runs on them alone.
