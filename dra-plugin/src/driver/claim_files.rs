@@ -2,6 +2,8 @@
 //! metadata files, written and removed in the order the runtime needs, and
 //! the worker threads that write a batch's files at once.
 
+use std::path::Path;
+
 use super::Driver;
 use crate::cdi::CdiError;
 use crate::device_metadata::{ClaimMetadata, MetadataError};
@@ -12,6 +14,29 @@ use shared_state::ClaimAssignment;
 /// Most threads writing or removing the CDI specs of one batch at once:
 /// their fsyncs overlap instead of queueing one behind another.
 const CDI_WORKERS: usize = 16;
+
+/// How many threads write or remove one batch's claim files. On tmpfs (a
+/// node's `/var/run/cdi`, and the chart's metadata directory under
+/// `/var/run`) an fsync waits for nothing, so the committing thread writes
+/// them itself: a thread per file would only add its start, and after a
+/// burst of prepares its allocator cache left as holes in the heap.
+pub(super) fn claim_file_workers(dirs: &[&Path]) -> usize {
+    if dirs.iter().all(|dir| on_tmpfs(dir)) {
+        1
+    } else {
+        CDI_WORKERS
+    }
+}
+
+/// Whether `path`, or its nearest existing ancestor (a directory made at
+/// the first write), is on a tmpfs. Unknown counts as not.
+fn on_tmpfs(path: &Path) -> bool {
+    let Some(existing) = path.ancestors().find(|p| p.exists()) else {
+        return false;
+    };
+    nix::sys::statfs::statfs(existing)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
 
 /// Why a claim's files could not be written or removed.
 #[derive(Debug, thiserror::Error)]
@@ -73,13 +98,17 @@ impl Driver {
     }
 }
 
-/// `f` over `items` on up to [`CDI_WORKERS`] threads, results in order. A
-/// panic in a worker is re-raised here.
-pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    if items.len() <= 1 {
+/// `f` over `items` on up to `workers` threads, results in order. A panic
+/// in a worker is re-raised here.
+pub(super) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    if items.len() <= 1 || workers <= 1 {
         return items.iter().map(f).collect();
     }
-    let chunk = items.len().div_ceil(items.len().min(CDI_WORKERS));
+    let chunk = items.len().div_ceil(items.len().min(workers));
     let f = &f;
     std::thread::scope(|scope| {
         let workers: Vec<_> = items
@@ -95,4 +124,36 @@ pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + S
             })
             .collect()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On tmpfs (a directory not made yet counts by its parent) the
+    /// committing thread writes the files; anywhere else, or when one of
+    /// the directories is elsewhere, the fsyncs overlap on worker threads.
+    #[test]
+    fn claim_files_are_written_in_parallel_only_off_tmpfs() {
+        let disk = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).expect("tempdir");
+        assert_eq!(claim_file_workers(&[disk.path()]), CDI_WORKERS);
+        assert_eq!(claim_file_workers(&[Path::new("/proc/self")]), CDI_WORKERS);
+        let shm = Path::new("/dev/shm");
+        if !on_tmpfs(shm) {
+            eprintln!("/dev/shm is not a tmpfs here: the tmpfs cases are not checked");
+            return;
+        }
+        let not_made = shm.join("dra-cpu-test-not-made/cdi");
+        assert_eq!(claim_file_workers(&[shm, &not_made]), 1);
+        assert_eq!(claim_file_workers(&[shm, disk.path()]), CDI_WORKERS);
+    }
+
+    #[test]
+    fn in_parallel_keeps_the_order_with_any_number_of_workers() {
+        let items: Vec<u32> = (0..37).collect();
+        for workers in [0, 1, 2, 16, 64] {
+            let doubled = in_parallel(&items, workers, |i| i * 2);
+            assert_eq!(doubled, items.iter().map(|i| i * 2).collect::<Vec<_>>());
+        }
+    }
 }

@@ -39,7 +39,9 @@ impl Driver {
         let removals: Vec<usize> = (0..batch.len())
             .filter(|&i| matches!(batch[i].change, Change::Unprepare))
             .collect();
-        let removed = in_parallel(&removals, |&i| self.remove_claim_files(&batch[i].claim));
+        let removed = in_parallel(&removals, self.claim_file_workers, |&i| {
+            self.remove_claim_files(&batch[i].claim)
+        });
         for (&i, result) in removals.iter().zip(removed) {
             if let Err(error) = result {
                 settled[i] = Some(Settled::Failed(PrepareError::Cdi {
@@ -120,7 +122,9 @@ impl Driver {
                 )),
             }
         }
-        let written = in_parallel(&to_write, |(_, a, _)| self.write_claim(a));
+        let written = in_parallel(&to_write, self.claim_file_workers, |(_, a, _)| {
+            self.write_claim(a)
+        });
         for ((i, _, revision), result) in to_write.iter().zip(written) {
             // A put always changes the store, so it always has a revision.
             let revision = revision.unwrap_or_default();

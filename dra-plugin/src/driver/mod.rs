@@ -175,6 +175,9 @@ pub struct Driver {
     /// KEP-5304 device metadata files, written with each CDI spec; `None`
     /// when turned off.
     metadata: Option<DeviceMetadata>,
+    /// Threads writing one batch's claim files (see
+    /// [`claim_files::claim_file_workers`]).
+    claim_file_workers: usize,
     state: GroupCommit<State>,
     events: broadcast::Sender<StateEvent>,
     metrics: Arc<Metrics>,
@@ -239,6 +242,7 @@ impl Driver {
             }
         }
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let claim_file_workers = claim_files::claim_file_workers(&[cdi.path()]);
         let driver = Driver {
             options,
             catalog,
@@ -246,6 +250,7 @@ impl Driver {
             store,
             cdi,
             metadata: None,
+            claim_file_workers,
             state: GroupCommit::new(State {
                 claims,
                 revision,
@@ -271,6 +276,9 @@ impl Driver {
     /// Write device metadata for every prepared claim (see
     /// [`crate::device_metadata`]).
     pub fn with_device_metadata(mut self, metadata: Option<DeviceMetadata>) -> Driver {
+        let mut dirs = vec![self.cdi.path()];
+        dirs.extend(metadata.as_ref().map(DeviceMetadata::host_root));
+        self.claim_file_workers = claim_files::claim_file_workers(&dirs);
         self.metadata = metadata;
         self
     }
