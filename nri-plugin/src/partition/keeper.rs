@@ -542,7 +542,7 @@ mod tests {
     /// is held; a node whose root balances is left alone by the sweep.
     #[test]
     fn on_cgroup_v1_a_restart_keeps_what_the_flags_say_until_the_claims_are_known() {
-        use super::super::v1::fake_tree::{flag, make};
+        use super::super::v1::fake_tree::{flag, make, unbalance};
         let tree = [
             ("kubepods", "0-7"),
             ("kubepods/pa", "0-7"),
@@ -553,14 +553,7 @@ mod tests {
         ];
         let dir = make("0", &tree);
         for d in ["kubepods", "kubepods/pa", "kubepods/pa/a", "kubepods/pb"] {
-            std::fs::write(
-                dir.path()
-                    .join("cpuset")
-                    .join(d)
-                    .join("cpuset.sched_load_balance"),
-                "0\n",
-            )
-            .expect("left by the nri-plugin before");
+            unbalance(&dir, d);
         }
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
         keeper.note_running("a", "/kubepods/pa/a", set("2-3"));
@@ -583,13 +576,7 @@ mod tests {
 
         // The control: a node whose root balances keeps every flag as it is.
         let plain = make("1", &tree);
-        std::fs::write(
-            plain
-                .path()
-                .join("cpuset/kubepods/pb/cpuset.sched_load_balance"),
-            "0\n",
-        )
-        .expect("someone's 0");
+        unbalance(&plain, "kubepods/pb");
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(plain.path()));
         assert!(keeper
             .sweep_stale_exclusive(["/kubepods/pb/b"])
@@ -607,7 +594,7 @@ mod tests {
     /// isolated, the shared container (4-7) would have been turned off.
     #[test]
     fn on_cgroup_v1_a_restart_keeps_out_only_a_mixed_containers_claim_cpus() {
-        use super::super::v1::fake_tree::{flag, make};
+        use super::super::v1::fake_tree::{flag, make, unbalance};
         let dir = make(
             "0",
             &[
@@ -625,14 +612,7 @@ mod tests {
             "kubepods/ps",
             "kubepods/ps/s",
         ] {
-            std::fs::write(
-                dir.path()
-                    .join("cpuset")
-                    .join(d)
-                    .join("cpuset.sched_load_balance"),
-                "0\n",
-            )
-            .expect("left by the nri-plugin before");
+            unbalance(&dir, d);
         }
         let keeper = PartitionKeeper::new(IsolatedPartitions::new(dir.path()));
         keeper.note_running("m", "/kubepods/pm/m", set("2"));

@@ -271,6 +271,12 @@ pub(crate) mod fake_tree {
         std::fs::write(path.join(LOAD_BALANCE), "1\n").expect("flag");
     }
 
+    /// Turns a cgroup's flag off, as an nri-plugin before this one left it.
+    pub fn unbalance(dir: &tempfile::TempDir, path: &str) {
+        let file = dir.path().join("cpuset").join(path).join(LOAD_BALANCE);
+        std::fs::write(file, "0\n").expect("flag");
+    }
+
     /// The flag of a cgroup of the tree.
     pub fn flag(dir: &tempfile::TempDir, path: &str) -> String {
         crate::partition::fake_tree::read(dir, &format!("cpuset/{path}/{LOAD_BALANCE}"))
