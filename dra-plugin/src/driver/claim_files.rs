@@ -18,8 +18,7 @@ const CDI_WORKERS: usize = 16;
 /// How many threads write or remove one batch's claim files. On tmpfs (a
 /// node's `/var/run/cdi`, and the chart's metadata directory under
 /// `/var/run`) an fsync waits for nothing, so the committing thread writes
-/// them itself: a thread per file would only add its start, and after a
-/// burst of prepares its allocator cache left as holes in the heap.
+/// them itself: a thread started per batch would only add its start.
 pub(super) fn claim_file_workers(dirs: &[&Path]) -> usize {
     if dirs.iter().all(|dir| on_tmpfs(dir)) {
         1

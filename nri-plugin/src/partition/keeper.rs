@@ -16,28 +16,22 @@ use shared_state::CpuSet;
 
 use super::{Isolated, IsolatedPartitions, PartitionError};
 
-/// A partition made or found for one container.
+/// A claim container: its OCI `linux.cgroupsPath` and the CPUs of its
+/// claims (for a mixed container, fewer than its cpuset), which are the
+/// CPUs of its partition when it holds one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Held {
+struct ClaimContainer {
     cgroups_path: String,
     cpus: CpuSet,
-}
-
-/// A running claim container: its OCI `linux.cgroupsPath` and the CPUs of
-/// its claims (for a mixed container, fewer than its cpuset).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Running {
-    cgroups_path: String,
-    claim_cpus: CpuSet,
 }
 
 #[derive(Debug, Default)]
 struct Containers {
     /// Running claim containers (seen at Synchronize or StartContainer),
     /// until they stop.
-    running: HashMap<String, Running>,
+    running: HashMap<String, ClaimContainer>,
     /// Containers holding a partition of these CPUs.
-    held: HashMap<String, Held>,
+    held: HashMap<String, ClaimContainer>,
     /// Running containers whose partition the kernel refused, with the
     /// CPUs refused: logged once, tried again at each reconcile.
     refused: HashMap<String, CpuSet>,
@@ -68,7 +62,7 @@ pub struct PartitionKeeper {
 }
 
 /// The CPUs the containers of `held` hold isolated, but `except`'s.
-fn held_cpus(held: &HashMap<String, Held>, except: Option<&str>) -> CpuSet {
+fn held_cpus(held: &HashMap<String, ClaimContainer>, except: Option<&str>) -> CpuSet {
     held.iter()
         .filter(|(id, _)| Some(id.as_str()) != except)
         .fold(CpuSet::new(), |all, (_, h)| all.union(&h.cpus))
@@ -102,7 +96,7 @@ impl PartitionKeeper {
                     continue;
                 }
                 if let Some(cpus) = self.partitions.v1_unbalanced_cpus(&running.cgroups_path) {
-                    isolated = isolated.union(&cpus.intersection(&running.claim_cpus));
+                    isolated = isolated.union(&cpus.intersection(&running.cpus));
                 }
             }
         }
@@ -114,9 +108,9 @@ impl PartitionKeeper {
     pub fn note_running(&self, container_id: &str, cgroups_path: &str, claim_cpus: CpuSet) {
         self.lock().running.insert(
             container_id.to_string(),
-            Running {
+            ClaimContainer {
                 cgroups_path: cgroups_path.to_string(),
-                claim_cpus,
+                cpus: claim_cpus,
             },
         );
     }
@@ -136,15 +130,15 @@ impl PartitionKeeper {
         let isolated = self.partitions.isolate(cgroups_path, cpus, &others)?;
         containers.running.insert(
             container_id.to_string(),
-            Running {
+            ClaimContainer {
                 cgroups_path: cgroups_path.to_string(),
-                claim_cpus: cpus.clone(),
+                cpus: cpus.clone(),
             },
         );
         containers.refused.remove(container_id);
         containers.held.insert(
             container_id.to_string(),
-            Held {
+            ClaimContainer {
                 cgroups_path: cgroups_path.to_string(),
                 cpus: cpus.clone(),
             },
@@ -182,7 +176,7 @@ impl PartitionKeeper {
                     containers.refused.remove(&id);
                     containers.held.insert(
                         id.clone(),
-                        Held {
+                        ClaimContainer {
                             cgroups_path,
                             cpus: cpus.clone(),
                         },
@@ -222,7 +216,7 @@ impl PartitionKeeper {
         containers.refused.remove(container_id);
         let recorded = containers.held.remove(container_id);
         let Some(held) = recorded.or_else(|| {
-            view_cpus.map(|cpus| Held {
+            view_cpus.map(|cpus| ClaimContainer {
                 cgroups_path: cgroups_path.to_string(),
                 cpus,
             })

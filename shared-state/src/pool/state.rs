@@ -425,9 +425,8 @@ impl PoolState {
         })
     }
 
-    /// The CPUs of the container's claims, exclusive to it (`None`: the
-    /// container runs on no claim). A mixed container's cpuset holds the
-    /// shared pool besides.
+    /// The CPUs of the container's claims (`None`: the container runs on no
+    /// claim). A mixed container's cpuset holds the shared pool besides.
     pub fn claim_cpus(&self, container_id: &str) -> Option<CpuSet> {
         let entry = self.containers.get(container_id)?;
         (!entry.claims.is_empty()).then(|| self.claims_cpus(&entry.claims))
@@ -608,6 +607,11 @@ mod tests {
         assert_eq!(b.placement.kind, ContainerKind::Mixed);
         assert_eq!(s.isolated_cpus("c-mixed"), None);
         assert_eq!(s.isolated_cpus("unknown"), None);
+        // A mixed container's claim CPUs are its claim's, not its cpuset.
+        assert_ne!(b.placement.cpuset, set("5"));
+        assert_eq!(s.claim_cpus("c-mixed"), Some(set("5")));
+        assert_eq!(s.claim_cpus("c-iso"), Some(set("2-3")));
+        assert_eq!(s.claim_cpus("unknown"), None);
         // A fresh snapshot keeps the rule.
         s.resync(
             set("1-7"),
