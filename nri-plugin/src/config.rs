@@ -13,6 +13,7 @@ use serde::Deserialize;
 use shared_state::CpuSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_NRI_SOCKET: &str = dra_cpu_nri::client::DEFAULT_NRI_SOCKET;
 pub const DEFAULT_PLUGIN_NAME: &str = "dra_cpu";
@@ -24,6 +25,9 @@ pub const DEFAULT_SYSFS_ROOT: &str = "/";
 pub const DEFAULT_METRICS_ADDRESS: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED), 9441);
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// How often containers' cpusets are read back: a drift is repaired within
+/// two of these.
+pub const DEFAULT_CPUSET_CHECK_SECONDS: u64 = 10;
 /// Lost at reboot, as the cgroups it describes are.
 pub const DEFAULT_STATE_DIR: &str = "/run/dra-cpu/nri-plugin";
 
@@ -90,6 +94,10 @@ dra_cpu_daemon::layered_settings! {
         pub cgroup_root: Option<PathBuf>,
         /// nri-plugin's own state (the host cgroups it manages).
         pub state_dir: Option<PathBuf>,
+        /// Seconds between read-backs of every running container's cgroup
+        /// cpuset; one found twice on another cpuset than the one applied
+        /// gets it again (0: no read-back).
+        pub cpuset_check_seconds: Option<u64>,
     }
 }
 
@@ -121,6 +129,8 @@ pub struct Config {
     pub host_cgroups: Vec<String>,
     pub cgroup_root: PathBuf,
     pub state_dir: PathBuf,
+    /// `None`: containers' cpusets are not read back.
+    pub cpuset_check: Option<Duration>,
 }
 
 /// Parse a config file's text.
@@ -179,6 +189,13 @@ impl Settings {
             state_dir: self
                 .state_dir
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            cpuset_check: match self
+                .cpuset_check_seconds
+                .unwrap_or(DEFAULT_CPUSET_CHECK_SECONDS)
+            {
+                0 => None,
+                seconds => Some(Duration::from_secs(seconds)),
+            },
         })
     }
 }
@@ -203,6 +220,24 @@ mod tests {
         assert_eq!(c.metrics_address.to_string(), "[::]:9441");
         assert!(c.host_cgroups.is_empty(), "off by default");
         assert_eq!(c.cgroup_root, PathBuf::from("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn cpuset_check_every_ten_seconds_unless_set_or_off() {
+        let every = |s: Settings| s.resolve().expect("resolve").cpuset_check;
+        assert_eq!(every(Settings::default()), Some(Duration::from_secs(10)));
+        assert_eq!(
+            every(flags(&["--cpuset-check-seconds", "3"])),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            every(flags(&["--cpuset-check-seconds", "0"])),
+            None,
+            "0 turns it off"
+        );
+        let file = parse_file(Path::new("f.yaml"), "cpuset-check-seconds: 0\n").expect("file");
+        assert_eq!(every(Settings::default().or(file)), None);
+        assert!(parse_flags::<Settings>(&["--cpuset-check-seconds", "-1"]).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use shared_state::pool::Update;
 use shared_state::{ClaimAssignment, NodeSnapshot};
 
 use crate::config::UnsolicitedUpdates;
+use crate::cpuset_check::{CpusetReadBack, Verdict};
 use crate::health::Health;
 use crate::host_cgroups::cpusets::host_cpuset;
 use crate::host_cgroups::HostCgroups;
@@ -54,6 +55,8 @@ pub struct Enforcer {
     /// Signalled when an unsolicited update failed, so that
     /// [`Enforcer::resend_failed_updates`] sends what is still due again.
     update_failed: Notify,
+    /// The read-back of containers' cpusets; `None`: not checked.
+    pub(crate) cpuset_check: Option<CpusetReadBack>,
 }
 
 /// What became of a pool change's updates.
@@ -105,6 +108,7 @@ impl Enforcer {
             host_cgroups_starved: AtomicBool::new(false),
             partitions: None,
             update_failed: Notify::new(),
+            cpuset_check: None,
         }
     }
 
@@ -165,6 +169,58 @@ impl Enforcer {
                 error = %e,
                 "cgroup v1: bringing load balancing in step with the isolated CPUs failed"
             ),
+        }
+    }
+
+    /// Reads containers' cpusets back from their cgroups (see
+    /// [`Enforcer::check_container_cpusets`]).
+    pub fn with_cpuset_check(mut self, check: CpusetReadBack) -> Self {
+        self.cpuset_check = Some(check);
+        self
+    }
+
+    /// Reads back every running container's cgroup cpuset and sends again
+    /// the cpuset of those found drifted (see [`crate::cpuset_check`]):
+    /// now where the runtime takes unsolicited updates, else with the next
+    /// event reply. Called on a timer; never fails.
+    pub async fn check_container_cpusets(&self) {
+        let Some(check) = &self.cpuset_check else {
+            return;
+        };
+        let applied = self.view().applied_cpusets();
+        // The cgroups are read without the view's lock.
+        let verdicts = check.check(applied);
+        if verdicts.is_empty() {
+            return;
+        }
+        let mut repairs = 0;
+        let updates = {
+            let mut view = self.view();
+            for verdict in &verdicts {
+                match verdict {
+                    Verdict::Repair(r) => {
+                        if view.note_found(&r.container_id, &r.applied, &r.found) {
+                            repairs += 1;
+                            self.metrics.cpuset_drift("repaired");
+                            tracing::warn!(
+                                container = %r.container_id, applied = %r.applied, found = %r.found,
+                                "a container's cgroup holds another cpuset than the one applied to it; sending it again"
+                            );
+                        }
+                    }
+                    Verdict::GiveUp(r) => {
+                        self.metrics.cpuset_drift("given_up");
+                        tracing::error!(
+                            container = %r.container_id, applied = %r.applied, found = %r.found,
+                            "a container's cpuset was sent again and changed back each time: something else writes its cgroup; it is left as it is"
+                        );
+                    }
+                }
+            }
+            view.pending_updates()
+        };
+        if repairs > 0 {
+            self.after_pool_change(updates, "cpuset drift").await;
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod coordination;
+pub mod cpuset_check;
 pub mod enforcer;
 pub mod health;
 pub mod host_cgroups;

@@ -49,6 +49,9 @@ pub struct Metrics {
     refused: LabelledCounter,
     /// result (ok, failed) → writes of a host cgroup's cpuset.cpus.
     host_cgroup_writes: LabelledCounter,
+    /// verdict (repaired, given_up) → containers whose cgroup was found
+    /// holding another cpuset than the one applied.
+    cpuset_drifts: LabelledCounter,
     pub applied_revision: AtomicGauge,
     pub view_revision: AtomicGauge,
     pub shared_cpus: AtomicGauge,
@@ -98,6 +101,7 @@ impl Metrics {
             pool_changes: Declared::default(),
             refused: Declared::default(),
             host_cgroup_writes: Declared::default(),
+            cpuset_drifts: Declared::default(),
             applied_revision: AtomicGauge::default(),
             view_revision: AtomicGauge::default(),
             shared_cpus: AtomicGauge::default(),
@@ -134,6 +138,7 @@ impl Metrics {
             ("nri_plugin_pool_changes_total", "Pool changes from claims, by how they reached containers (unsolicited now, or deferred to the next event reply).", &self.pool_changes),
             ("nri_plugin_refused_containers_total", "Containers refused at creation, by reason.", &self.refused),
             ("nri_plugin_host_cgroup_writes_total", "Writes of a host cgroup's cpuset.cpus (--host-cgroups), by result (ok, failed).", &self.host_cgroup_writes),
+            ("nri_plugin_cpuset_drifts_total", "Containers whose cgroup was found holding another cpuset than the one applied, by verdict (repaired: sent again; given_up: its repairs did not hold).", &self.cpuset_drifts),
         ] {
             register(r, name, help, family.clone());
         }
@@ -229,6 +234,16 @@ impl Metrics {
         }
     }
 
+    pub fn cpuset_drift(&self, verdict: &'static str) {
+        self.cpuset_drifts
+            .get_or_create(&[("verdict", verdict)])
+            .inc();
+    }
+
+    pub fn cpuset_drift_count(&self, verdict: &'static str) -> u64 {
+        count(&self.cpuset_drifts, "verdict", verdict)
+    }
+
     pub fn host_cgroup_write_count(&self, result: &'static str) -> u64 {
         count(&self.host_cgroup_writes, "result", result)
     }
@@ -260,6 +275,7 @@ mod tests {
         m.pool_change("deferred");
         m.refused("cpus-mismatch");
         m.host_cgroup_writes(1, 1);
+        m.cpuset_drift("repaired");
         m.upstream
             .record_synchronize(OpResult::Success, Duration::from_micros(50));
         for callback in [

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::coordination;
+use crate::cpuset_check::{CgroupCpusets, CpusetReadBack};
 use crate::enforcer::Enforcer;
 use crate::health::{follow_registration, Health};
 use crate::host_cgroups::HostCgroups;
@@ -85,10 +86,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     )
     .with_health(health.clone())
     .with_isolated_partitions(IsolatedPartitions::new(&config.cgroup_root));
-    let enforcer = Arc::new(if host_cgroups.paths().is_empty() {
+    let enforcer = if host_cgroups.paths().is_empty() {
         enforcer
     } else {
         enforcer.with_host_cgroups(host_cgroups)
+    };
+    let cpuset_check = config
+        .cpuset_check
+        .and_then(|every| Some((every, CgroupCpusets::find(&config.cgroup_root)?)));
+    let enforcer = Arc::new(match &cpuset_check {
+        Some((every, cgroups)) => {
+            tracing::info!(every = ?every, cgroup_root = %config.cgroup_root.display(), "containers' cpusets are read back from their cgroups");
+            enforcer.with_cpuset_check(CpusetReadBack::new(cgroups.clone()))
+        }
+        None => {
+            if config.cpuset_check.is_some() {
+                tracing::warn!(
+                    cgroup_root = %config.cgroup_root.display(),
+                    "no cgroup hierarchy at the cgroup root: containers' cpusets are not read back"
+                );
+            }
+            enforcer
+        }
     });
     enforcer.sync_host_cgroups();
     let resolver = Arc::new(CoordinationResolver::new(
@@ -125,6 +144,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             }
         })
     };
+    // An update the runtime dropped while reporting success, or a cpuset
+    // someone else wrote, is found in the cgroup and sent again.
+    let read_back = cpuset_check.map(|(every, _)| {
+        let enforcer = enforcer.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                enforcer.check_container_cpusets().await;
+            }
+        })
+    });
     // An unsolicited update the runtime refused or did not answer in time
     // goes again, without waiting for an event that may not come.
     let resend = {
@@ -148,6 +180,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             monitor.abort();
             host_repair.abort();
             resend.abort();
+            if let Some(task) = &read_back {
+                task.abort();
+            }
             enforcer.restore_host_cgroups();
             ended.context("NRI task")?.context("NRI connection")?;
             return Ok(());
@@ -157,6 +192,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // wait on the coordination stream.
     host_repair.abort();
     resend.abort();
+    if let Some(task) = &read_back {
+        task.abort();
+    }
     enforcer.restore_host_cgroups();
     stop.cancel();
     let _ = subscription.await;

@@ -137,7 +137,7 @@ fn every_mode_with_nri_resolves_and_agrees_with_dra_plugin() {
 }
 
 #[test]
-fn host_cgroups_are_off_by_default_and_mounted_writable_when_listed() {
+fn host_cgroups_are_off_by_default_and_the_cgroup_root_writable_only_when_listed() {
     let default = nri_plugin(None);
     assert!(default.config.host_cgroups.is_empty());
     let everything = nri_plugin(Some("everything-set-values.yaml"));
@@ -158,12 +158,19 @@ fn host_cgroups_are_off_by_default_and_mounted_writable_when_listed() {
             "{values}: {:?}",
             r.mounts
         );
+        // Mounted always (containers' cpusets are read back), writable
+        // only with host cgroups listed.
         assert_eq!(
-            mount(&c.cgroup_root).is_some_and(|(_, ro)| !ro),
-            cgroup_mounted,
+            mount(&c.cgroup_root).map(|(_, ro)| !ro),
+            Some(cgroup_mounted),
             "{values}: cgroup root {} in {:?}",
             c.cgroup_root.display(),
             r.mounts
+        );
+        assert_eq!(
+            c.cpuset_check,
+            Some(std::time::Duration::from_secs(10)),
+            "{values}"
         );
     }
 }

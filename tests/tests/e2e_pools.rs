@@ -248,3 +248,73 @@ async fn a_first_available_claim_pins_the_container_naming_its_request() {
         .await
         .must("the shared container grows back");
 }
+
+/// A cpuset written into a container's cgroup behind the runtime's back (as
+/// an update the runtime dropped while reporting success would leave it) is
+/// found by nri-plugin's read-back and sent again: a shared container put
+/// on a claim's CPU leaves it, the claim container moved off its CPU gets it
+/// back. The control is the same node with the read-back off, where neither
+/// an event nor time brings them back.
+#[tokio::test]
+async fn a_cpuset_written_behind_the_runtimes_back_is_found_and_sent_again() {
+    let mut node = node(NodeOptions {
+        cpuset_check_seconds: Some(0),
+        ..Default::default()
+    })
+    .await;
+    let all = node.allocatable().must("online CPUs");
+    let (_pod_a, a) = shared_pod(&mut node, "pod-a", 500).await;
+    let (claim, _pod_b, b) = claim_pod(&mut node, "pod-b", None).await;
+    let pool = all.difference(&claim.cpus);
+    node.wait_cpus(&a, &pool).await.must("A on the shared pool");
+    node.wait_cpus(&b, &claim.cpus).await.must("B on its claim");
+    let off_claim: shared_state::CpuSet = pool.iter().take(1).collect();
+    node.write_cgroup_cpus(&a, &all)
+        .await
+        .must("A written onto every CPU");
+    node.write_cgroup_cpus(&b, &off_claim)
+        .await
+        .must("B written off its claim");
+
+    // Control: read-back off.
+    node.nudge().await.must("an event");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        node.cpus(&a).await.must("A").cgroup.cpus,
+        all,
+        "control: without the read-back A stays on the claim's CPU"
+    );
+    assert_eq!(
+        node.cpus(&b).await.must("B").cgroup.cpus,
+        off_claim,
+        "control: without the read-back B stays off its claim"
+    );
+
+    // The runtime's own record still holds what nri-plugin sent, so a
+    // restart alone (its Synchronize) plans nothing: the read-back finds it.
+    node.stop_nri_plugin();
+    node.start_nri_plugin_with_cpuset_check(1)
+        .await
+        .must("nri-plugin with the read-back every second");
+    node.wait_log(true, "holds another cpuset than the one applied")
+        .await
+        .must("the drift found");
+    if node.unsolicited_updates_safe() != Some(true) {
+        node.nudge().await.must("an event to carry the repair");
+    }
+    node.wait_cpus(&a, &pool)
+        .await
+        .must("A back on the shared pool");
+    node.wait_cpus(&b, &claim.cpus)
+        .await
+        .must("B back on its claim");
+    let metrics = node.nri_metrics().await.expect("nri-plugin answers /metrics");
+    assert_eq!(
+        dra_cpu_tests::node::read_back::metric_value(
+            &metrics,
+            "nri_plugin_cpuset_drifts_total{verdict=\"repaired\"}"
+        ),
+        Some(2.0),
+        "both containers counted once"
+    );
+}

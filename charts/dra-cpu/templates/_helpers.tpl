@@ -127,6 +127,7 @@ state-dir: {{ $n.stateDir | quote }}
 mounted, cgroups a previous run managed are kept for a later restore, not
 looked up in the container's own cgroup namespace. */}}
 cgroup-root: /host-cgroup
+cpuset-check-seconds: {{ int $n.cpusetCheckSeconds }}
 {{- with $n.hostCgroups }}
 host-cgroups: {{ toJson . }}
 {{- end }}

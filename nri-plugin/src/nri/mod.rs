@@ -122,6 +122,13 @@ impl DraCpuPlugin {
         }
     }
 
+    /// A container stopped or removed: its cgroup is no longer read back.
+    fn forget_cgroup(&self, container_id: &str) {
+        if let Some(check) = &self.enforcer.cpuset_check {
+            check.forget(container_id);
+        }
+    }
+
     fn finish(&self, event: &'static str, result: &'static str, started: Instant) {
         self.enforcer
             .metrics
@@ -246,6 +253,13 @@ impl NriPlugin for DraCpuPlugin {
             }
         }
         self.isolate_running(&containers);
+        if let Some(check) = &self.enforcer.cpuset_check {
+            let paths: Vec<(&str, String)> = containers
+                .iter()
+                .map(|c| (c.id.as_str(), cgroups_path(c)))
+                .collect();
+            check.replace_all(paths.iter().map(|(id, path)| (*id, path.as_str())));
+        }
         self.enforcer
             .metrics
             .updates_sent("synchronize", outcome.updates.len());
@@ -290,6 +304,9 @@ impl NriPlugin for DraCpuPlugin {
                     cpuset: decision.cpuset.clone(),
                     cfs_quota_off: decision.cfs_quota_off,
                 });
+                if let Some(check) = &self.enforcer.cpuset_check {
+                    check.note(&info.id, &cgroups_path(&container));
+                }
                 span.in_scope(|| {
                     tracing::info!(
                         kind = %decision.kind, cpuset = %decision.cpuset,
@@ -464,6 +481,7 @@ impl NriPlugin for DraCpuPlugin {
             (view.stop_container(&container.id), isolated)
         };
         self.release_partition(&container, isolated);
+        self.forget_cgroup(&container.id);
         self.send_in_reply(&updates);
         tracing::debug!(container = %container.id, updates = updates.len(), "container stopped");
         self.finish("StopContainer", "ok", started);
@@ -489,6 +507,7 @@ impl NriPlugin for DraCpuPlugin {
         self.enforcer.refresh(&view);
         drop(view);
         self.release_partition(&container, isolated);
+        self.forget_cgroup(&container.id);
         self.finish("RemoveContainer", "ok", started);
         self.upstream_container(
             NriCallback::RemoveContainer,

@@ -185,6 +185,25 @@ impl NodeView {
         self.pool.planned_update(container_id)
     }
 
+    /// Every running container with the cpuset last applied to it, for the
+    /// read-back of their cgroups; containers still starting are left out
+    /// (their cgroup may not hold the CreateContainer reply's cpuset yet),
+    /// as are those given nothing yet.
+    pub fn applied_cpusets(&self) -> Vec<(String, CpuSet)> {
+        self.pool
+            .containers()
+            .iter()
+            .filter(|(id, entry)| !entry.cpuset.is_empty() && !self.starting.contains_key(*id))
+            .map(|(id, entry)| (id.clone(), entry.cpuset.clone()))
+            .collect()
+    }
+
+    /// A container's cgroup was found holding `found`, not the `applied`
+    /// cpuset: it is planned again (see [`PoolState::note_found`]).
+    pub fn note_found(&mut self, container_id: &str, applied: &CpuSet, found: &CpuSet) -> bool {
+        self.pool.note_found(container_id, applied, found)
+    }
+
     /// The container stopped or is gone before it started.
     pub fn forget_starting(&mut self, container_id: &str) {
         self.starting.remove(container_id);

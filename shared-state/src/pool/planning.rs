@@ -160,6 +160,22 @@ impl PoolState {
         }
     }
 
+    /// Records the cpuset a container's cgroup was found holding, when the
+    /// cpuset last applied to it is still `applied` and the cgroup holds
+    /// another: someone else wrote it, or the runtime reported an update as
+    /// done that never reached the cgroup. The next plan then sends the
+    /// correct cpuset again. `false` (nothing recorded) for an unknown
+    /// container, one updated since `applied` was read, or one that holds it.
+    pub fn note_found(&mut self, container_id: &str, applied: &CpuSet, found: &CpuSet) -> bool {
+        match self.containers.get_mut(container_id) {
+            Some(entry) if entry.cpuset == *applied && entry.cpuset != *found => {
+                entry.cpuset = found.clone();
+                true
+            }
+            _ => false,
+        }
+    }
+
     #[inline(always)]
     fn target<'s>(entry: &'s ContainerEntry, shared: &'s CpuSet) -> Option<Cow<'s, CpuSet>> {
         let own = &entry.claim_cpus;
@@ -224,6 +240,50 @@ mod tests {
         // Unprepared before anything was sent: c1 already has the right set.
         let up = s.remove_claim("aa");
         assert_eq!(up, updates(&[("c2", "1-7")]));
+    }
+
+    #[test]
+    fn a_cpuset_found_other_than_applied_is_planned_again() {
+        let mut s = node(true);
+        s.add_claim(claim("aa", "7", "q")).expect("claim");
+        s.admit("shared", "p", "app", &[], None).expect("shared");
+        let mixed = s
+            .admit("mixed", "q", "app", &[cref("aa", "7")], Some(512))
+            .expect("mixed");
+        assert_eq!(mixed.placement.kind, ContainerKind::Mixed);
+        s.mark_applied(&[
+            Update::cpuset("mixed", mixed.placement.cpuset),
+            Update::cpuset("shared", set("1-6")),
+        ]);
+        assert!(s.plan_updates().is_empty(), "settled");
+        let (shared, mixed) = (set("1-6"), set("1-7"));
+        assert_eq!(s.container("shared").map(|e| &e.cpuset), Some(&shared));
+        assert_eq!(s.container("mixed").map(|e| &e.cpuset), Some(&mixed));
+
+        let cases: [(&str, &CpuSet, &str, bool); 5] = [
+            // What was applied: nothing to do.
+            ("shared", &shared, "1-6", false),
+            // Updated since the cgroup was read: the reading is stale.
+            ("shared", &mixed, "1-3", false),
+            ("gone", &shared, "1-3", false),
+            ("shared", &shared, "1-3", true),
+            // A mixed container's union is judged as a whole.
+            ("mixed", &mixed, "7", true),
+        ];
+        for (id, applied, found, noted) in cases {
+            assert_eq!(
+                s.note_found(id, applied, &set(found)),
+                noted,
+                "{id} found {found}"
+            );
+        }
+        assert_eq!(
+            s.plan_updates(),
+            updates(&[("mixed", "1-7"), ("shared", "1-6")]),
+            "both get their correct cpuset again"
+        );
+        s.mark_applied(&s.plan_updates());
+        assert!(!s.has_pending());
     }
 
     // ---- property test: every step agrees with a from-scratch computation.

@@ -244,6 +244,17 @@ impl Node {
         self.start_nri_plugin().await
     }
 
+    /// Starts nri-plugin again with `--cpuset-check-seconds` set to
+    /// `seconds`, every other flag as before.
+    pub async fn start_nri_plugin_with_cpuset_check(
+        &mut self,
+        seconds: u64,
+    ) -> Result<(), NodeError> {
+        self.options.cpuset_check_seconds = Some(seconds);
+        self.nri.args = nri_plugin_args(&self.layout, &self.options);
+        self.start_nri_plugin().await
+    }
+
     /// kill -9 of nri-plugin, then a fresh start.
     pub async fn restart_nri_plugin(&mut self) -> Result<(), NodeError> {
         self.kill_nri_plugin();

@@ -37,6 +37,8 @@ pub struct NodeOptions {
     pub min_shared_cpus: Option<u32>,
     /// `--host-cgroups` of nri-plugin (none when empty).
     pub host_cgroups: Vec<String>,
+    /// `--cpuset-check-seconds` of nri-plugin (its default when `None`).
+    pub cpuset_check_seconds: Option<u64>,
     /// KEP-5304 device metadata (off: `--disable-device-metadata`).
     pub device_metadata: bool,
     /// `--low-latency-tuning` of dra-plugin: claims' tuning is honoured on
@@ -61,6 +63,7 @@ impl Default for NodeOptions {
             group_by: None,
             min_shared_cpus: None,
             host_cgroups: Vec::new(),
+            cpuset_check_seconds: None,
             device_metadata: true,
             low_latency_tuning: false,
         }
@@ -195,6 +198,9 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     args.extend(["--state-dir".to_string(), path(&layout.nri_state_dir())]);
     if !options.host_cgroups.is_empty() {
         args.extend(["--host-cgroups".to_string(), options.host_cgroups.join(",")]);
+    }
+    if let Some(seconds) = options.cpuset_check_seconds {
+        args.extend(["--cpuset-check-seconds".to_string(), seconds.to_string()]);
     }
     args
 }

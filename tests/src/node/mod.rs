@@ -110,6 +110,11 @@ pub enum NodeError {
     Cpus(Box<CpusNotReached>),
     #[error("{0} did not happen within {1:?}")]
     Timeout(String, Duration),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading dra-plugin's claims on its coordination socket: {0}")]
     Coordination(String),
 }

@@ -138,6 +138,14 @@ impl Node {
         Ok(cgroup::container::container_cpus(&mut self.cri, id).await?)
     }
 
+    /// Writes `cpus` into container `id`'s cgroup `cpuset.cpus` behind the
+    /// runtime's back, as an operator or another agent could.
+    pub async fn write_cgroup_cpus(&mut self, id: &str, cpus: &CpuSet) -> Result<(), NodeError> {
+        let pid = self.cri.container_pid(id).await?;
+        let path = cgroup::hierarchy::cpuset_dir_of(pid)?.join("cpuset.cpus");
+        std::fs::write(&path, cpus.to_cpulist()).map_err(|source| NodeError::Write { path, source })
+    }
+
     /// Waits until both the cgroup and the inside of container `id` say
     /// `want`; the error names what they said last.
     pub async fn wait_cpus(&mut self, id: &str, want: &CpuSet) -> Result<ContainerCpus, NodeError> {
