@@ -45,6 +45,7 @@ pub enum ReadBackError {
 #[derive(Debug, Clone)]
 pub struct CgroupCpusets {
     cpuset_root: PathBuf,
+    v1: bool,
 }
 
 impl CgroupCpusets {
@@ -55,12 +56,37 @@ impl CgroupCpusets {
         if cgroup_root.join("cgroup.controllers").is_file() {
             return Some(CgroupCpusets {
                 cpuset_root: cgroup_root.to_path_buf(),
+                v1: false,
             });
         }
         [cgroup_root.join("cpuset"), cgroup_root.to_path_buf()]
             .into_iter()
             .find(|dir| dir.join("cpuset.cpus").is_file())
-            .map(|cpuset_root| CgroupCpusets { cpuset_root })
+            .map(|cpuset_root| CgroupCpusets {
+                cpuset_root,
+                v1: true,
+            })
+    }
+
+    /// What a cgroup given `applied` holds on this kernel: on cgroup v1 the
+    /// kernel takes a CPU that goes offline out of every cpuset (the root's
+    /// is the online CPUs), so a claim container on a CPU gone offline is
+    /// not drifted; cgroup v2 keeps `cpuset.cpus` as written.
+    fn as_held(&self, applied: &CpuSet, v1_online: Option<&CpuSet>) -> CpuSet {
+        match v1_online {
+            Some(online) if self.v1 => applied.intersection(online),
+            _ => applied.clone(),
+        }
+    }
+
+    /// cgroup v1: the root cpuset's CPUs (the online ones); `None` on cgroup
+    /// v2 or when unreadable.
+    fn v1_online(&self) -> Option<CpuSet> {
+        if !self.v1 {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.cpuset_root.join("cpuset.cpus")).ok()?;
+        CpuSet::parse_cpulist(text.trim()).ok()
     }
 
     /// The cpuset a container's cgroup holds. `None` when its cgroup or the
@@ -207,9 +233,17 @@ impl CpusetReadBack {
                 .filter_map(|(id, cpus)| known.get(&id).cloned().map(|p| (id, cpus, p)))
                 .collect()
         };
+        let v1_online = self.cgroups.v1_online();
         let mut readings = Vec::with_capacity(paths.len());
         for (container_id, applied, cgroups_path) in paths {
             match self.cgroups.read(&cgroups_path) {
+                Ok(Some(found)) if found == self.cgroups.as_held(&applied, v1_online.as_ref()) => {
+                    readings.push(Reading {
+                        container_id,
+                        found: applied.clone(),
+                        applied,
+                    })
+                }
                 Ok(Some(found)) => readings.push(Reading {
                     container_id,
                     applied,
@@ -364,6 +398,28 @@ mod tests {
             Err(ReadBackError::Parse { .. })
         ));
         assert!(CgroupCpusets::find(&dir.path().join("none")).is_none());
+    }
+
+    #[test]
+    fn on_cgroup_v1_a_cpu_gone_offline_is_no_drift() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cpuset = dir.path().join("cpuset");
+        for (rel, cpus) in [("", "0-2,4-7"), ("c", "3-4"), ("d", "4")] {
+            std::fs::create_dir_all(cpuset.join(rel)).expect("mkdir");
+            std::fs::write(cpuset.join(rel).join("cpuset.cpus"), cpus).expect("cpus");
+        }
+        let check = CpusetReadBack::new(CgroupCpusets::find(dir.path()).expect("v1"));
+        check.replace_all([("c", "/c"), ("d", "/d")]);
+        // c was given 3-4 and holds it although 3 is offline (as written
+        // here); d was given 3-4 and the kernel took the offline 3 out.
+        let applied = vec![("c".to_string(), set("3-4")), ("d".to_string(), set("3-4"))];
+        check.check(applied.clone());
+        assert!(check.check(applied).is_empty(), "neither drifted");
+        // Control: with 3 online again, d's cgroup lacks it.
+        std::fs::write(cpuset.join("cpuset.cpus"), "0-7").expect("online");
+        let applied = vec![("d".to_string(), set("3-4"))];
+        check.check(applied.clone());
+        assert_eq!(repairs(&check.check(applied)), vec!["d"]);
     }
 
     #[test]

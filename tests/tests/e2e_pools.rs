@@ -308,7 +308,10 @@ async fn a_cpuset_written_behind_the_runtimes_back_is_found_and_sent_again() {
     node.wait_cpus(&b, &claim.cpus)
         .await
         .must("B back on its claim");
-    let metrics = node.nri_metrics().await.expect("nri-plugin answers /metrics");
+    let metrics = node
+        .nri_metrics()
+        .await
+        .expect("nri-plugin answers /metrics");
     assert_eq!(
         dra_cpu_tests::node::read_back::metric_value(
             &metrics,
