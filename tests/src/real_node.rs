@@ -534,6 +534,24 @@ impl RealNode {
         Ok(PodCpus { cgroup, inside })
     }
 
+    /// Writes `cpus` into a container's cgroup `cpuset.cpus` behind the
+    /// runtime's back, as another agent on the node could.
+    pub fn write_cgroup_cpus(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+        cpus: &CpuSet,
+    ) -> Result<()> {
+        let id = self.container_id(namespace, pod, container)?;
+        let pid = self.container_pid(&id)?;
+        let file = cpuset_dir_of(pid)
+            .map_err(|e| RealNodeError::Unexpected(e.to_string()))?
+            .join("cpuset.cpus");
+        std::fs::write(&file, cpus.to_cpulist())
+            .map_err(|e| RealNodeError::Unexpected(format!("writing {}: {e}", file.display())))
+    }
+
     /// Starts recording a running container's `cpuset.cpus`
     /// ([`CpusetRecorder`]).
     pub fn record_cpus(

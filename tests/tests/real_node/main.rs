@@ -965,6 +965,70 @@ fn an_init_container_and_the_app_container_use_one_claim_in_turn() {
     }
 }
 
+/// nri-plugin's count of containers whose cpuset it found drifted and sent
+/// again.
+fn drift_repairs(node: &RealNode) -> f64 {
+    let text = node
+        .pod_http(
+            DRIVER_NAMESPACE,
+            &driver_pod(node),
+            NRI_PLUGIN_HTTP,
+            "/metrics",
+        )
+        .unwrap();
+    metric_value(
+        &text,
+        "nri_plugin_cpuset_drifts_total{verdict=\"repaired\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+#[test]
+#[ignore = "needs the real node: scripts/real-node-tests.sh"]
+fn a_cpuset_written_behind_the_runtimes_back_is_found_and_sent_again() {
+    let (_guard, node) = node();
+    let ns = TestNamespace::new(&node, "drift").unwrap();
+    let online = online_cpus().unwrap();
+    ns.start_shared_and_claim_pods("pinned", None, POD_START)
+        .unwrap();
+    let claim = claim_cpus(&node, &ns.name, "pinned");
+    let pool = online.difference(&claim);
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "pinned", "app", &claim, CPUSET_CHANGE)
+        .unwrap();
+    let repairs_before = drift_repairs(&node);
+
+    // The shared pod onto the claim's CPU, the claim's pod off it, written
+    // into their cgroups as an agent on the node could; the runtime's record
+    // still holds what nri-plugin sent.
+    let off_claim: CpuSet = pool.iter().take(1).collect();
+    node.write_cgroup_cpus(&ns.name, "shared", "app", &online)
+        .unwrap();
+    node.write_cgroup_cpus(&ns.name, "pinned", "app", &off_claim)
+        .unwrap();
+    // Found within two of the chart's 10 s read-backs.
+    node.wait("the drifts found", CPUSET_CHANGE, || {
+        let repairs = drift_repairs(&node) - repairs_before;
+        Ok(if repairs >= 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{repairs} repaired"))
+        })
+    })
+    .unwrap();
+    if !node.runtime_takes_unsolicited_updates() {
+        // The repair rides on the next event's reply.
+        node.apply(&pod_yaml(&ns.name, "nudge", Some("100m"), &[]))
+            .unwrap();
+        node.wait_running(&ns.name, "nudge", POD_START).unwrap();
+    }
+    node.wait_cpus(&ns.name, "shared", "app", &pool, CPUSET_CHANGE)
+        .unwrap();
+    node.wait_cpus(&ns.name, "pinned", "app", &claim, CPUSET_CHANGE)
+        .unwrap();
+}
+
 /// The upstream gauges of dra-plugin's /metrics: (allocated, available,
 /// reserved, active claims).
 fn gauges(node: &RealNode) -> (f64, f64, f64, f64) {
