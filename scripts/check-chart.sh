@@ -165,7 +165,7 @@ for mode in ["default", "individual", "group-by-socket", "mixed", "no-node-alloc
         check(mode, nri_mounts["host-cgroup"]["mountPath"] == nri["cgroup-root"] and volumes["host-cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup", "nri-plugin's cgroup-root is not the host's /sys/fs/cgroup")
         check(mode, nri["cpuset-check-seconds"] == 10, f"nri-plugin's cpuset-check-seconds = {nri.get('cpuset-check-seconds')!r}, want 10")
         if not dra["low-latency-tuning"] and not nri.get("host-cgroups"):
-            check(mode, nri_mounts["host-cgroup"].get("readOnly") is True, "nri-plugin can write the host cgroups without lowLatencyTuning or hostCgroups")
+            check(mode, nri_mounts["host-cgroup"].get("readOnly") is True and nri_mounts["host-cgroup"].get("recursiveReadOnly") == "IfPossible", "nri-plugin can write the host cgroups without lowLatencyTuning or hostCgroups")
         if dra["low-latency-tuning"]:
             # loadBalancing off: dra-plugin reads the hierarchy nri-plugin writes.
             check(mode, mounts["host-cgroup"]["mountPath"] == dra["cgroup-root"] and mounts["host-cgroup"].get("readOnly") is True, "dra-plugin's cgroup-root is not its read-only host cgroup mount")

@@ -84,8 +84,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         updater.clone(),
         config.unsolicited_updates,
     )
-    .with_health(health.clone())
-    .with_isolated_partitions(IsolatedPartitions::new(&config.cgroup_root));
+    .with_health(health.clone());
+    let enforcer = match IsolatedPartitions::writable(&config.cgroup_root) {
+        Some(partitions) => enforcer.with_isolated_partitions(partitions),
+        None => {
+            tracing::info!(
+                cgroup_root = %config.cgroup_root.display(),
+                "the cgroup root is not writable: no isolated partitions (tuning.loadBalancing off) are made, and a container of a claim asking for one is refused"
+            );
+            enforcer
+        }
+    };
     let enforcer = if host_cgroups.paths().is_empty() {
         enforcer
     } else {

@@ -291,11 +291,15 @@ async fn a_cpuset_written_behind_the_runtimes_back_is_found_and_sent_again() {
     );
 
     // The runtime's own record still holds what nri-plugin sent, so a
-    // restart alone (its Synchronize) plans nothing: the read-back finds it.
+    // restart alone (its Synchronize) plans nothing: the read-back finds it,
+    // through a read-only mount of the cgroups as the chart gives it.
     node.stop_nri_plugin();
-    node.start_nri_plugin_with_cpuset_check(1)
+    node.start_nri_plugin_with_cpuset_check_on_read_only_cgroups(1)
         .await
         .must("nri-plugin with the read-back every second");
+    node.wait_log(true, "the cgroup root is not writable")
+        .await
+        .must("no partitions on a read-only cgroup root");
     node.wait_log(true, "holds another cpuset than the one applied")
         .await
         .must("the drift found");

@@ -21,7 +21,6 @@ use shared_state::pool::Update;
 use shared_state::CpuSet;
 
 use crate::enforcer::Enforcer;
-use crate::partition::keeper::PartitionKeeper;
 use crate::partition::Isolated;
 use crate::resolve::ClaimResolver;
 use crate::view::admission::{admit_container, synchronize_containers};
@@ -166,21 +165,20 @@ impl NriPlugin for DraCpuPlugin {
     fn events(&self) -> EventMask {
         let mut events = vec![
             Event::CREATE_CONTAINER,
-            Event::START_CONTAINER,
             Event::POST_START_CONTAINER,
             Event::UPDATE_CONTAINER,
             Event::STOP_CONTAINER,
             Event::REMOVE_CONTAINER,
         ];
-        // cgroup v1: a new pod's cgroups balance every CPU from their
-        // making, the sandbox's too; the earliest event is its start.
-        if self
-            .enforcer
-            .partitions
-            .as_ref()
-            .is_some_and(PartitionKeeper::is_v1)
-        {
-            events.push(Event::RUN_POD_SANDBOX);
+        // Each event asked for is a round trip in every container's (or
+        // pod's) start: these serve isolated partitions alone.
+        if let Some(keeper) = &self.enforcer.partitions {
+            events.push(Event::START_CONTAINER);
+            // cgroup v1: a new pod's cgroups balance every CPU from their
+            // making, the sandbox's too; the earliest event is its start.
+            if keeper.is_v1() {
+                events.push(Event::RUN_POD_SANDBOX);
+            }
         }
         EventMask::of(&events)
     }
@@ -292,7 +290,17 @@ impl NriPlugin for DraCpuPlugin {
             "create_container", container = %info.id, container_name = %info.name,
             pod = %info.pod_name, namespace = %info.pod_namespace, pod_uid = %info.pod_uid
         );
-        match admit_container(&self.enforcer.view, &info, self.resolver.as_ref()).await {
+        let mut admitted =
+            admit_container(&self.enforcer.view, &info, self.resolver.as_ref()).await;
+        // Without isolated partitions (a read-only cgroup root) StartContainer
+        // is not asked for: a container of a claim asking for one is refused
+        // now instead.
+        if admitted.is_ok() && self.enforcer.partitions.is_none() {
+            if let Err(refusal) = self.enforcer.view().refuse_unisolable(&info) {
+                admitted = Err(refusal);
+            }
+        }
+        match admitted {
             Ok(decision) => {
                 // A claim learned just now (its Lookup answer) shrank the
                 // pool: host daemons leave its CPUs before the reply.

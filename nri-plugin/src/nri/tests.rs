@@ -303,7 +303,10 @@ fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back
     assert_eq!(read("kubepods/podq/c/cpuset.cpus.partition"), "member");
     run(plugin.remove_container(pod.clone(), c)).expect("remove");
 
-    // A plugin without partitions refuses the start, by name.
+    // A plugin without partitions (a read-only cgroup root) does not ask
+    // for StartContainer, and refuses the creation instead, by name; the
+    // container leaves its view.
+    assert!(plugin.events().contains(Event::START_CONTAINER));
     let bare_enforcer = Arc::new(Enforcer::new(
         NodeView::new(set("0-3"), CpuSet::new(), true, None),
         Arc::new(Metrics::new()),
@@ -313,14 +316,35 @@ fn a_claim_asking_load_balancing_off_gets_a_partition_at_start_and_gives_it_back
     let mut isolated = claim(uid, "2-3", "q");
     isolated.tuning.load_balancing_off = true;
     run(bare_enforcer.apply_prepared(1, isolated)).expect("prepare");
-    let bare = DraCpuPlugin::new(bare_enforcer, Arc::new(NoClaims));
+    let bare = DraCpuPlugin::new(bare_enforcer.clone(), Arc::new(NoClaims));
+    assert!(!bare.events().contains(Event::START_CONTAINER));
+    assert!(!bare.events().contains(Event::RUN_POD_SANDBOX));
     let again = with_path("c2", &env, "/kubepods/podq/c");
-    run(bare.create_container(pod.clone(), again.clone())).expect("created again");
-    let err = run(bare.start_container(pod, again)).expect_err("no partitions");
+    let err = run(bare.create_container(pod.clone(), again)).expect_err("no partitions");
     assert!(
         err.to_string().contains("tuning.loadBalancing off"),
         "{err}"
     );
+    assert!(bare_enforcer.view().pool().container("c2").is_none());
+    assert_eq!(bare_enforcer.metrics.refused_count("isolated-partition"), 1);
+    // A claim that asks nothing of the kind is placed as ever.
+    let shared = with_path("s2", &[], "/kubepods/podq/s2");
+    run(bare.create_container(pod, shared)).expect("a shared container");
+}
+
+/// A cgroup root this process may not write makes no partitions; a
+/// writable one does.
+#[test]
+fn partitions_only_under_a_writable_cgroup_root() {
+    let dir = tempfile::tempdir().expect("tmp");
+    assert!(crate::partition::IsolatedPartitions::writable(dir.path()).is_some());
+    assert!(crate::partition::IsolatedPartitions::writable(&dir.path().join("missing")).is_none());
+    // On cgroup v1 the partitions' writes go to the cpuset mount below the
+    // root. (A read-only mount, the chart's, is what e2e_pools runs
+    // nri-plugin on: root ignores permission bits.)
+    std::fs::create_dir_all(dir.path().join("cpuset")).expect("cpuset dir");
+    std::fs::write(dir.path().join("cpuset/cpuset.sched_load_balance"), "1\n").expect("v1");
+    assert!(crate::partition::IsolatedPartitions::writable(dir.path()).is_some_and(|p| p.is_v1()));
 }
 
 /// An enforcer making isolated partitions under `root`.

@@ -113,6 +113,19 @@ impl IsolatedPartitions {
         }
     }
 
+    /// Partitions under `root` where this process may write the cpuset
+    /// hierarchy (the root on cgroup v2, its v1 cpuset mount); `None` on a
+    /// read-only cgroup mount (the chart's without low-latency tuning),
+    /// where no partition can be made: the container events that only
+    /// serve them are then not asked for.
+    pub fn writable(root: &Path) -> Option<Self> {
+        let partitions = Self::new(root);
+        let written = partitions.v1.as_ref().map_or(root, SchedLoadBalance::root);
+        nix::unistd::access(written, nix::unistd::AccessFlags::W_OK)
+            .is_ok()
+            .then_some(partitions)
+    }
+
     /// Whether this is cgroup v1, where kubelet's whole tree is kept to
     /// the rule (a pod created since a claim's container started needs its
     /// flags turned off too; see [`v1`]).

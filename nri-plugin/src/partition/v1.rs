@@ -92,6 +92,11 @@ impl SchedLoadBalance {
             .map(|root| SchedLoadBalance { root })
     }
 
+    /// The v1 cpuset hierarchy's mount: where this writes.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn file(&self, dir: &Path, name: &str) -> PathBuf {
         self.root.join(dir).join(name)
     }

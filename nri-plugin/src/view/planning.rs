@@ -123,6 +123,21 @@ impl NodeView {
         self.pool.isolated_cpus(container_id)
     }
 
+    /// For a node that makes no isolated partitions: a placed container
+    /// whose claim asks for one leaves the view again and is refused.
+    pub fn refuse_unisolable(&mut self, info: &ContainerInfo) -> Result<(), Refusal> {
+        let Some(cpus) = self.isolated_cpus(&info.id) else {
+            return Ok(());
+        };
+        self.remove_container(&info.id);
+        Err(Refusal::Unisolable {
+            container: info.id.clone(),
+            name: info.name.clone(),
+            pod_uid: info.pod_uid.clone(),
+            cpus,
+        })
+    }
+
     /// Whether one of the container's claims, prepared now, asks for no
     /// CFS quota (`tuning.cfsQuota: off`).
     pub fn cfs_quota_off(&self, container_id: &str) -> bool {

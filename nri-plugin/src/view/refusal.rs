@@ -3,6 +3,7 @@
 
 use shared_state::claim_env::ClaimEnvError;
 use shared_state::pool::PoolError;
+use shared_state::CpuSet;
 
 /// Why a container is refused at creation. The text reaches the user through
 /// the runtime's CreateContainer error.
@@ -38,6 +39,13 @@ pub enum Refusal {
         claim_uid: String,
         reason: String,
     },
+    #[error("dra-cpu refuses container {container} ({name} in pod {pod_uid}): its claim asks tuning.loadBalancing off for CPUs {cpus}, and this nri-plugin makes no isolated partitions (its cgroup root is not writable: the chart mounts it so with draPlugin.lowLatencyTuning)")]
+    Unisolable {
+        container: String,
+        name: String,
+        pod_uid: String,
+        cpus: CpuSet,
+    },
     #[error("dra-cpu refuses container {container} ({name} in pod {pod_uid}): claim {claim_uid} from its CDI spec: {source}")]
     BadCdiClaim {
         container: String,
@@ -57,6 +65,7 @@ impl Refusal {
             Refusal::NotPrepared { .. } => "claim-not-prepared",
             Refusal::Unverifiable { .. } => "claim-unverifiable",
             Refusal::BadCdiClaim { .. } => "bad-cdi-claim",
+            Refusal::Unisolable { .. } => "isolated-partition",
             Refusal::Pool { source, .. } => pool_reason(source),
         }
     }

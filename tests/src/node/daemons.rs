@@ -5,6 +5,7 @@ use super::layout::nri_plugin_args;
 use super::process::{http_get, log_tail};
 use super::read_back::metric_value;
 use super::{Node, NodeError, DRIVER_NAME, POLL, SETTLE};
+use crate::cgroup::hierarchy::CpusetHierarchy;
 use crate::kubelet_dra::plugin_watcher::RegistrySnapshot;
 use crate::kubelet_dra::KubeletDra;
 use serde_json::Value;
@@ -245,12 +246,21 @@ impl Node {
     }
 
     /// Starts nri-plugin again with `--cpuset-check-seconds` set to
-    /// `seconds`, every other flag as before.
-    pub async fn start_nri_plugin_with_cpuset_check(
+    /// `seconds` and, as the chart runs it without low-latency tuning, the
+    /// host's cpuset hierarchy mounted read-only as its `--cgroup-root`;
+    /// every other flag as before.
+    pub async fn start_nri_plugin_with_cpuset_check_on_read_only_cgroups(
         &mut self,
         seconds: u64,
     ) -> Result<(), NodeError> {
+        let root = self.layout.dir.join("cgroup-ro");
+        let (source, target) = match crate::cgroup::hierarchy::cpuset_hierarchy()? {
+            CpusetHierarchy::V1 { mount_point } => (mount_point, root.join("cpuset")),
+            CpusetHierarchy::V2 { mount_point } => (mount_point, root.clone()),
+        };
+        self.nri.read_only_bind = Some((source, target));
         self.options.cpuset_check_seconds = Some(seconds);
+        self.options.cgroup_root = Some(root);
         self.nri.args = nri_plugin_args(&self.layout, &self.options);
         self.start_nri_plugin().await
     }

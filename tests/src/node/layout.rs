@@ -39,6 +39,8 @@ pub struct NodeOptions {
     pub host_cgroups: Vec<String>,
     /// `--cpuset-check-seconds` of nri-plugin (its default when `None`).
     pub cpuset_check_seconds: Option<u64>,
+    /// `--cgroup-root` of nri-plugin (its default when `None`).
+    pub cgroup_root: Option<PathBuf>,
     /// KEP-5304 device metadata (off: `--disable-device-metadata`).
     pub device_metadata: bool,
     /// `--low-latency-tuning` of dra-plugin: claims' tuning is honoured on
@@ -64,6 +66,7 @@ impl Default for NodeOptions {
             min_shared_cpus: None,
             host_cgroups: Vec::new(),
             cpuset_check_seconds: None,
+            cgroup_root: None,
             device_metadata: true,
             low_latency_tuning: false,
         }
@@ -201,6 +204,9 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     }
     if let Some(seconds) = options.cpuset_check_seconds {
         args.extend(["--cpuset-check-seconds".to_string(), seconds.to_string()]);
+    }
+    if let Some(root) = &options.cgroup_root {
+        args.extend(["--cgroup-root".to_string(), path(root)]);
     }
     args
 }

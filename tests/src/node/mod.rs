@@ -196,6 +196,7 @@ impl Node {
             args: dra_plugin_args(&layout, &options),
             log: layout.dra_log(),
             env: Vec::new(),
+            read_only_bind: None,
             child: None,
         };
         let nri = Process {
@@ -204,6 +205,7 @@ impl Node {
             args: nri_plugin_args(&layout, &options),
             log: layout.nri_log(),
             env: Vec::new(),
+            read_only_bind: None,
             child: None,
         };
         let mut node = Node {

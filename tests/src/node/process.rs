@@ -16,8 +16,15 @@ pub(super) struct Process {
     pub(super) log: PathBuf,
     /// Set for its next starts (a crash point, for crash tests).
     pub(super) env: Vec<(String, String)>,
+    /// Runs it in a mount namespace of its own where the directory `.1`
+    /// is a read-only bind of `.0` (the host's cgroups as the chart mounts
+    /// them into nri-plugin); the mount goes with the process.
+    pub(super) read_only_bind: Option<(PathBuf, PathBuf)>,
     pub(super) child: Option<Child>,
 }
+
+/// Binds `$1` read-only onto `$2`, then runs the rest of the arguments.
+const READ_ONLY_BIND: &str = "mount --bind -o ro \"$1\" \"$2\" && shift 2 && exec \"$@\"";
 
 impl Process {
     pub(super) fn spawn(&mut self) -> Result<(), NodeError> {
@@ -32,7 +39,24 @@ impl Process {
                 })
         };
         let (out, err) = (open()?, open()?);
-        let child = Command::new(&self.bin)
+        let mut command = match &self.read_only_bind {
+            None => Command::new(&self.bin),
+            Some((source, target)) => {
+                std::fs::create_dir_all(target).map_err(|source| NodeError::Dir {
+                    path: target.clone(),
+                    source,
+                })?;
+                let mut wrapped = Command::new("unshare");
+                wrapped
+                    .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+                    .args([READ_ONLY_BIND, "sh"])
+                    .arg(source)
+                    .arg(target)
+                    .arg(&self.bin);
+                wrapped
+            }
+        };
+        let child = command
             .args(&self.args)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
