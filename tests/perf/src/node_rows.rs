@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CREATE_WHAT: &str = "container create+start through containerd, nri-plugin registered";
+const CREATE_WHAT: &str = "container create+start through containerd, nri-plugin registered as the chart runs it (host cgroups read-only)";
 const CONVERGE_WHAT: &str =
     "NodeUnprepareResources return → shared container cgroup shows the grown pool";
 const GO_WHAT: &str =
@@ -307,6 +307,8 @@ pub async fn rows(runtime: &Runtime, samples: usize) -> Vec<Row> {
     let [create, go, converge] = runtime.rows();
     let mut options = NodeOptions::default();
     options.containerd.bin_dir = runtime.bin_dir.clone();
+    // The chart's default: no isolated partitions, so no StartContainer.
+    options.read_only_cgroups = true;
     let mut node = match Node::start(options).await {
         Ok(n) => n,
         Err(e) => {

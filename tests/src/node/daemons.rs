@@ -1,7 +1,7 @@
 //! Starting, stopping and restarting the node's processes and containerd,
 //! and waiting until they are ready.
 
-use super::layout::nri_plugin_args;
+use super::layout::{nri_plugin_args, NodeLayout};
 use super::process::{http_get, log_tail};
 use super::read_back::metric_value;
 use super::{Node, NodeError, DRIVER_NAME, POLL, SETTLE};
@@ -10,6 +10,7 @@ use crate::kubelet_dra::plugin_watcher::RegistrySnapshot;
 use crate::kubelet_dra::KubeletDra;
 use serde_json::Value;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// dra-plugin's crash point variable (`dra_plugin::driver::crash_points`),
@@ -247,20 +248,14 @@ impl Node {
 
     /// Starts nri-plugin again with `--cpuset-check-seconds` set to
     /// `seconds` and, as the chart runs it without low-latency tuning, the
-    /// host's cpuset hierarchy mounted read-only as its `--cgroup-root`;
-    /// every other flag as before.
+    /// host's cpuset hierarchy read-only; every other flag as before.
     pub async fn start_nri_plugin_with_cpuset_check_on_read_only_cgroups(
         &mut self,
         seconds: u64,
     ) -> Result<(), NodeError> {
-        let root = self.layout.dir.join("cgroup-ro");
-        let (source, target) = match crate::cgroup::hierarchy::cpuset_hierarchy()? {
-            CpusetHierarchy::V1 { mount_point } => (mount_point, root.join("cpuset")),
-            CpusetHierarchy::V2 { mount_point } => (mount_point, root.clone()),
-        };
-        self.nri.read_only_bind = Some((source, target));
         self.options.cpuset_check_seconds = Some(seconds);
-        self.options.cgroup_root = Some(root);
+        self.options.read_only_cgroups = true;
+        self.nri.read_only_bind = Some(read_only_bind(&self.layout)?);
         self.nri.args = nri_plugin_args(&self.layout, &self.options);
         self.start_nri_plugin().await
     }
@@ -320,4 +315,17 @@ pub fn process_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name in parentheses may hold spaces: the state follows its end.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The bind [`NodeOptions::read_only_cgroups`] makes for nri-plugin: the
+/// host's cpuset hierarchy (on cgroup v1 a mount of its own, at `cpuset/`
+/// of the root, as below a host's `/sys/fs/cgroup`).
+///
+/// [`NodeOptions::read_only_cgroups`]: super::layout::NodeOptions::read_only_cgroups
+pub(super) fn read_only_bind(layout: &NodeLayout) -> Result<(PathBuf, PathBuf), NodeError> {
+    let root = layout.read_only_cgroup_root();
+    Ok(match crate::cgroup::hierarchy::cpuset_hierarchy()? {
+        CpusetHierarchy::V1 { mount_point } => (mount_point, root.join("cpuset")),
+        CpusetHierarchy::V2 { mount_point } => (mount_point, root),
+    })
 }

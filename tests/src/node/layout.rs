@@ -39,8 +39,10 @@ pub struct NodeOptions {
     pub host_cgroups: Vec<String>,
     /// `--cpuset-check-seconds` of nri-plugin (its default when `None`).
     pub cpuset_check_seconds: Option<u64>,
-    /// `--cgroup-root` of nri-plugin (its default when `None`).
-    pub cgroup_root: Option<PathBuf>,
+    /// nri-plugin sees the host's cpuset hierarchy read-only, as the chart
+    /// mounts it without low-latency tuning (its `--cgroup-root` a
+    /// read-only bind in a mount namespace of its own).
+    pub read_only_cgroups: bool,
     /// KEP-5304 device metadata (off: `--disable-device-metadata`).
     pub device_metadata: bool,
     /// `--low-latency-tuning` of dra-plugin: claims' tuning is honoured on
@@ -66,7 +68,7 @@ impl Default for NodeOptions {
             min_shared_cpus: None,
             host_cgroups: Vec::new(),
             cpuset_check_seconds: None,
-            cgroup_root: None,
+            read_only_cgroups: false,
             device_metadata: true,
             low_latency_tuning: false,
         }
@@ -103,6 +105,10 @@ impl NodeLayout {
     }
     pub fn nri_log(&self) -> PathBuf {
         self.dir.join("nri-plugin.log")
+    }
+    /// nri-plugin's `--cgroup-root` with [`NodeOptions::read_only_cgroups`].
+    pub fn read_only_cgroup_root(&self) -> PathBuf {
+        self.dir.join("cgroup-ro")
     }
     /// nri-plugin's `--state-dir`, the node's own so that no run sees
     /// another's host cgroups.
@@ -205,8 +211,11 @@ pub fn nri_plugin_args(layout: &NodeLayout, options: &NodeOptions) -> Vec<String
     if let Some(seconds) = options.cpuset_check_seconds {
         args.extend(["--cpuset-check-seconds".to_string(), seconds.to_string()]);
     }
-    if let Some(root) = &options.cgroup_root {
-        args.extend(["--cgroup-root".to_string(), path(root)]);
+    if options.read_only_cgroups {
+        args.extend([
+            "--cgroup-root".to_string(),
+            path(&layout.read_only_cgroup_root()),
+        ]);
     }
     args
 }

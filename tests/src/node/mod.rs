@@ -205,7 +205,11 @@ impl Node {
             args: nri_plugin_args(&layout, &options),
             log: layout.nri_log(),
             env: Vec::new(),
-            read_only_bind: None,
+            read_only_bind: if options.read_only_cgroups {
+                Some(daemons::read_only_bind(&layout)?)
+            } else {
+                None
+            },
             child: None,
         };
         let mut node = Node {
