@@ -344,6 +344,14 @@ fn partitions_only_under_a_writable_cgroup_root() {
     // nri-plugin on: root ignores permission bits.)
     std::fs::create_dir_all(dir.path().join("cpuset")).expect("cpuset dir");
     std::fs::write(dir.path().join("cpuset/cpuset.sched_load_balance"), "1\n").expect("v1");
+    // A v1 hierarchy's root reads r-x for everyone: the mount's flag
+    // decides, not the mode.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        dir.path().join("cpuset"),
+        std::fs::Permissions::from_mode(0o555),
+    )
+    .expect("chmod");
     assert!(crate::partition::IsolatedPartitions::writable(dir.path()).is_some_and(|p| p.is_v1()));
 }
 

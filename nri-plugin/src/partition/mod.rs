@@ -113,17 +113,21 @@ impl IsolatedPartitions {
         }
     }
 
-    /// Partitions under `root` where this process may write the cpuset
-    /// hierarchy (the root on cgroup v2, its v1 cpuset mount); `None` on a
-    /// read-only cgroup mount (the chart's without low-latency tuning),
-    /// where no partition can be made: the container events that only
-    /// serve them are then not asked for.
+    /// Partitions under `root` unless the cpuset hierarchy (the root on
+    /// cgroup v2, its v1 cpuset mount) is mounted read-only, as the chart
+    /// mounts it without low-latency tuning: no partition can be made there,
+    /// and the container events that only serve them are not asked for.
+    /// The mount's flag decides, not the directory's mode: a v1 hierarchy's
+    /// root reads `r-x` for everyone, and root writes its files without
+    /// `CAP_DAC_OVERRIDE`.
     pub fn writable(root: &Path) -> Option<Self> {
         let partitions = Self::new(root);
         let written = partitions.v1.as_ref().map_or(root, SchedLoadBalance::root);
-        nix::unistd::access(written, nix::unistd::AccessFlags::W_OK)
-            .is_ok()
-            .then_some(partitions)
+        let mount = nix::sys::statvfs::statvfs(written).ok()?;
+        (!mount
+            .flags()
+            .contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+        .then_some(partitions)
     }
 
     /// Whether this is cgroup v1, where kubelet's whole tree is kept to
