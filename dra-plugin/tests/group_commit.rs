@@ -356,3 +356,117 @@ fn only_claims_that_are_not_prepared_need_their_api_object() {
         "unprepared claim"
     );
 }
+
+/// Spin until `done`, or fail the test after a minute: a change left in the
+/// queue with nobody to commit it never gets there.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A runtime with a single blocking thread: a prepare that parked a thread
+/// while its change waits could not queue behind a held commit.
+fn one_blocking_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn async_prepares_queue_behind_a_held_commit_without_a_thread_each() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = gated_store(Arc::new(MemoryStore::new()), true);
+    let cdi = CdiDir::new(dir.path().join("cdi"));
+    let driver = driver(store.clone(), cdi.clone());
+    let claims: Vec<_> = (0..32).map(|n| claim(n, n % 2, 1)).collect();
+    let runtime = one_blocking_thread();
+    let (first, rest) = claims.split_first().expect("claims");
+    let leader = runtime.spawn(
+        driver
+            .clone()
+            .prepare_async(first.0.clone(), first.1.clone()),
+    );
+    // The leader's commit holds the only blocking thread.
+    store.wait_held();
+    let followers: Vec<_> = rest
+        .iter()
+        .map(|(r, o)| runtime.spawn(driver.clone().prepare_async(r.clone(), o.clone())))
+        .collect();
+    wait_until("31 prepares queued", || driver.queued() == rest.len());
+    store.release();
+    let answers: Vec<_> = runtime.block_on(async {
+        let mut answers = vec![leader.await.expect("leader")];
+        for follower in followers {
+            answers.push(follower.await.expect("follower"));
+        }
+        answers
+    });
+    assert_eq!(store.batches(), vec![1, 31], "one commit for the 31 queued");
+    let mut union = CpuSet::new();
+    for (answer, (reference, _)) in answers.iter().zip(&claims) {
+        let prepared = answer.as_ref().expect("prepared");
+        assert!(union.intersection(&prepared.assignment.cpus).is_empty());
+        union = union.union(&prepared.assignment.cpus);
+        assert_eq!(
+            cdi.read_cpus(&reference.uid),
+            Some(prepared.assignment.cpus.clone())
+        );
+    }
+    assert_eq!(driver.revision(), 32);
+    // Unprepared the same way, all of them answered and gone.
+    let unprepares: Vec<_> = claims
+        .iter()
+        .map(|(r, _)| runtime.spawn(driver.clone().unprepare_async(r.clone())))
+        .collect();
+    runtime.block_on(async {
+        for unprepare in unprepares {
+            unprepare.await.expect("task").expect("unprepared");
+        }
+    });
+    assert!(driver.snapshot().claims.is_empty());
+    assert!(claims.iter().all(|(r, _)| cdi.read_cpus(&r.uid).is_none()));
+}
+
+/// A blocking caller that commits goes on committing what queued meanwhile:
+/// async waiters have no thread that would commit their changes.
+#[test]
+fn a_blocking_committer_also_commits_async_changes_queued_behind_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = gated_store(Arc::new(MemoryStore::new()), true);
+    let cdi = CdiDir::new(dir.path().join("cdi"));
+    let driver = driver(store.clone(), cdi.clone());
+    let claims: Vec<_> = (0..8).map(|n| claim(n, n % 2, 1)).collect();
+    let runtime = one_blocking_thread();
+    let (first, rest) = claims.split_first().expect("claims");
+    std::thread::scope(|scope| {
+        let leader = scope.spawn(|| driver.prepare(&first.0, &first.1));
+        store.wait_held();
+        let followers: Vec<_> = rest
+            .iter()
+            .map(|(r, o)| runtime.spawn(driver.clone().prepare_async(r.clone(), o.clone())))
+            .collect();
+        wait_until("7 prepares queued", || driver.queued() == rest.len());
+        store.release();
+        leader.join().expect("leader").expect("leader prepared");
+        let answered = runtime.block_on(async {
+            let answers = async {
+                for follower in followers {
+                    follower.await.expect("task").expect("prepared");
+                }
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(60), answers).await
+        });
+        answered.expect("the queued prepares were never committed");
+    });
+    assert_eq!(store.batches(), vec![1, 7]);
+    assert_eq!(driver.snapshot().claims.len(), 8);
+}

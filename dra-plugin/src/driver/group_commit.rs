@@ -1,7 +1,11 @@
-//! The group commit: concurrent changes queue under one mutex, and whichever
-//! waiter finds no commit running takes the whole queue and commits it as one
-//! batch outside the mutex, then settles every change of the batch under the
-//! mutex and wakes all waiters, each of whom collects its own answer.
+//! The group commit: concurrent changes queue under one mutex, and whoever
+//! queues a change while no commit runs becomes the committer: it takes the
+//! whole queue and commits it as one batch outside the mutex, settles every
+//! change of the batch under the mutex, wakes all waiters (each collects its
+//! own answer), and goes on with whatever queued meanwhile until the queue is
+//! empty. So a change is never left in the queue without a committer, and a
+//! waiter needs no thread of its own: an async caller waits on a
+//! notification, a blocking caller on a condition variable.
 //!
 //! The engine knows nothing of claims or stores: the caller's state holds a
 //! [`CommitQueue`], and the caller gives the commit (I/O, without the mutex)
@@ -11,6 +15,8 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 
 /// A change waiting for the next group commit, with the ticket its caller
 /// collects the answer by.
@@ -74,12 +80,22 @@ impl<T, O> CommitQueue<T, O> {
     }
 }
 
-/// A state guarded by a mutex whose changes are group-committed, and the
-/// condition variable signalled whenever a group commit ends.
+/// A state guarded by a mutex whose changes are group-committed, and what
+/// its waiters wait on: a condition variable for blocking threads and a
+/// notification for async tasks, both signalled whenever a group commit ends.
 #[derive(Debug)]
 pub(crate) struct GroupCommit<S> {
     state: Mutex<S>,
     settled: Condvar,
+    settled_async: Notify,
+}
+
+/// A change queued by [`GroupCommit::enqueue`]: its ticket, and the batch to
+/// commit when the caller became the committer.
+#[derive(Debug)]
+pub(crate) struct Enqueued<T> {
+    pub ticket: u64,
+    pub batch: Option<Vec<Queued<T>>>,
 }
 
 impl<S> GroupCommit<S> {
@@ -87,6 +103,7 @@ impl<S> GroupCommit<S> {
         GroupCommit {
             state: Mutex::new(state),
             settled: Condvar::new(),
+            settled_async: Notify::new(),
         }
     }
 
@@ -101,11 +118,74 @@ impl<S> GroupCommit<S> {
         self.settled.wait(state).unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The end of the next group commit, for an async waiter. Enable it (or
+    /// poll it once) before looking at the state, so that a commit ending
+    /// between the look and the wait is not missed.
+    pub fn settled(&self) -> Notified<'_> {
+        self.settled_async.notified()
+    }
+
+    /// Queue `change`. When no commit is running the caller becomes the
+    /// committer and must hand the returned batch to [`GroupCommit::drain`]
+    /// (from a thread that may block): until it does, nothing queued is
+    /// committed.
+    pub fn enqueue<T, O>(
+        &self,
+        state: &mut S,
+        queue: impl Fn(&mut S) -> &mut CommitQueue<T, O>,
+        change: T,
+    ) -> Enqueued<T> {
+        let queue = queue(state);
+        let ticket = queue.push(change);
+        Enqueued {
+            ticket,
+            batch: queue.start_batch(),
+        }
+    }
+
+    /// The answer of `ticket`, if its group commit has settled it.
+    pub fn take_answer<T, O>(
+        &self,
+        state: &mut S,
+        queue: impl Fn(&mut S) -> &mut CommitQueue<T, O>,
+        ticket: u64,
+    ) -> Option<O> {
+        queue(state).answers.remove(&ticket)
+    }
+
+    /// Commit `batch` and then every change queued meanwhile, a batch at a
+    /// time, until the queue is empty: `commit` runs without the mutex (a
+    /// panic in it is caught and handed to `settle`), then `settle` runs
+    /// under the mutex and answers each ticket of the batch. Blocks on the
+    /// commits' I/O.
+    pub fn drain<T, O, C>(
+        &self,
+        batch: Vec<Queued<T>>,
+        queue: impl Fn(&mut S) -> &mut CommitQueue<T, O>,
+        commit: impl Fn(&[Queued<T>]) -> C,
+        settle: impl Fn(&mut S, Vec<Queued<T>>, std::thread::Result<C>) -> Vec<(u64, O)>,
+    ) {
+        let mut batch = batch;
+        loop {
+            let committed = catch_unwind(AssertUnwindSafe(|| commit(&batch)));
+            let mut state = self.lock();
+            let answers = settle(&mut state, batch, committed);
+            let queue = queue(&mut state);
+            queue.finish_batch(answers);
+            let next = queue.start_batch();
+            drop(state);
+            self.settled.notify_all();
+            self.settled_async.notify_waiters();
+            match next {
+                Some(next) => batch = next,
+                None => return,
+            }
+        }
+    }
+
     /// Queue `change` and return its answer once a group commit has settled
-    /// it. Whoever finds the queue non-empty and no commit running commits
-    /// the whole queue: `commit` runs without the mutex (a panic in it is
-    /// caught and handed to `settle`), then `settle` runs under the mutex
-    /// and answers each ticket of the batch.
+    /// it, committing (see [`GroupCommit::drain`]) when no commit is running.
+    /// Blocks.
     pub fn submit<'a, T, O, C>(
         &'a self,
         mut state: MutexGuard<'a, S>,
@@ -114,19 +194,15 @@ impl<S> GroupCommit<S> {
         commit: impl Fn(&[Queued<T>]) -> C,
         settle: impl Fn(&mut S, Vec<Queued<T>>, std::thread::Result<C>) -> Vec<(u64, O)>,
     ) -> O {
-        let ticket = queue(&mut state).push(change);
+        let Enqueued { ticket, batch } = self.enqueue(&mut state, &queue, change);
+        if let Some(batch) = batch {
+            drop(state);
+            self.drain(batch, &queue, commit, settle);
+            state = self.lock();
+        }
         loop {
-            if let Some(answer) = queue(&mut state).answers.remove(&ticket) {
+            if let Some(answer) = self.take_answer(&mut state, &queue, ticket) {
                 return answer;
-            }
-            if let Some(batch) = queue(&mut state).start_batch() {
-                drop(state);
-                let committed = catch_unwind(AssertUnwindSafe(|| commit(&batch)));
-                state = self.lock();
-                let answers = settle(&mut state, batch, committed);
-                queue(&mut state).finish_batch(answers);
-                self.settled.notify_all();
-                continue;
             }
             state = self.wait(state);
         }

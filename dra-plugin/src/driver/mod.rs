@@ -4,11 +4,13 @@
 //! Concurrent changes are group-committed. A prepare picks its CPUs under
 //! the state mutex against every committed claim and every claim still being
 //! committed, so two prepares never pick the same CPU; it then queues its
-//! store op and waits. Whichever waiter finds no commit running takes the
-//! whole queue and commits it in one store transaction and one fsync, each op
-//! with its own revision; then writes the CDI specs (each fsynced); then,
-//! under the mutex, applies the changes and tells subscribers in revision
-//! order; then wakes the waiters. Nobody is answered before their change is
+//! store op and waits (an async prepare on a notification, without a thread
+//! of its own). Whoever queues a change while no commit runs becomes the
+//! committer, on a blocking thread: it takes the whole queue and commits it
+//! in one store transaction and one fsync, each op with its own revision;
+//! then writes the CDI specs (each fsynced); then, under the mutex, applies
+//! the changes and tells subscribers in revision order; then wakes the
+//! waiters, and goes on with whatever queued meanwhile. Nobody is answered before their change is
 //! on disk, and a batch that fails fails each of its changes and leaves
 //! nothing behind. The store is the source of truth; the in-memory map
 //! mirrors it so that a decision does not read the disk.
@@ -46,7 +48,8 @@ pub mod crash_points;
 mod group_commit;
 pub mod reconcile;
 
-use group_commit::{CommitQueue, GroupCommit};
+use commit::Settled;
+use group_commit::{CommitQueue, Enqueued, GroupCommit, Queued};
 
 /// Events a subscriber lags behind by before it is sent a fresh snapshot
 /// instead of the deltas it missed.
@@ -577,7 +580,8 @@ impl Driver {
     /// Prepare a claim read from the API server: pick CPUs, commit, write
     /// the CDI spec, notify. A repeat returns the recorded CPUs. On error
     /// nothing of the claim is left in the store or the CDI directory.
-    /// Blocks on fsync: call from a blocking thread.
+    /// Blocks on fsync: call from a blocking thread (or use
+    /// [`Driver::prepare_async`]).
     pub fn prepare(
         &self,
         claim: &ClaimRef,
@@ -585,12 +589,32 @@ impl Driver {
     ) -> Result<Prepared, PrepareError> {
         let started = Instant::now();
         let result = self.prepare_inner(claim, object);
+        self.record_prepare(started, &result);
+        result
+    }
+
+    /// [`Driver::prepare`] without a thread of its own while it waits: the
+    /// decision runs on the calling task, the group commit on a blocking
+    /// thread only when no commit is running already, and the task waits for
+    /// its answer. Whatever becomes of the returned future, a change once
+    /// queued is committed and settled.
+    pub async fn prepare_async(
+        self: Arc<Self>,
+        claim: ClaimRef,
+        object: ResourceClaim,
+    ) -> Result<Prepared, PrepareError> {
+        let started = Instant::now();
+        let result = self.prepare_async_inner(&claim, &object).await;
+        self.record_prepare(started, &result);
+        result
+    }
+
+    fn record_prepare(&self, started: Instant, result: &Result<Prepared, PrepareError>) {
         self.metrics.prepare_latency.observe(started.elapsed());
         self.metrics.prepares.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
+        if let Err(e) = result {
             self.metrics.error("prepare", e.reason());
         }
-        result
     }
 
     fn prepare_inner(
@@ -601,14 +625,87 @@ impl Driver {
         // Read before the lock: concurrent prepares wait for nothing slower.
         let reading = self.read_offline();
         let mut state = self.lock_idle(&claim.uid);
+        match self.decide_prepare(&mut state, claim, object, reading)? {
+            Decided::Known(assignment) => {
+                let answer = self.ensure_cdi(claim, assignment);
+                drop(state);
+                answer
+            }
+            Decided::New(assignment) => {
+                self.submit(state, claim, Change::Prepare(Box::new(assignment.clone())))?;
+                Ok(self.prepared_new(claim, assignment))
+            }
+        }
+    }
+
+    async fn prepare_async_inner(
+        self: &Arc<Self>,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+    ) -> Result<Prepared, PrepareError> {
+        let mut reading = self.read_offline();
+        loop {
+            let settled = self.state.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let queued = {
+                let mut state = self.lock();
+                if state.in_flight.contains_key(&claim.uid) {
+                    // A change of this claim is being committed: wait for it.
+                    None
+                } else {
+                    Some(
+                        match self.decide_prepare(&mut state, claim, object, reading.take())? {
+                            Decided::Known(_) => Err(()),
+                            Decided::New(assignment) => {
+                                let change = Change::Prepare(Box::new(assignment.clone()));
+                                Ok((self.enqueue(&mut state, claim, change), assignment))
+                            }
+                        },
+                    )
+                }
+            };
+            match queued {
+                None => settled.await,
+                // Prepared by a concurrent call: answered as a retry is, off
+                // the async workers (its spec may be rewritten).
+                Some(Err(_)) => {
+                    let (driver, task_claim) = (self.clone(), claim.clone());
+                    let known =
+                        tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
+                            .await
+                            .unwrap_or_else(|e| Some(Err(task_failed(claim, &e))));
+                    if let Some(answer) = known {
+                        return answer;
+                    }
+                    // Changed again meanwhile: decide anew.
+                }
+                Some(Ok((enqueued, assignment))) => {
+                    self.wait_committed(enqueued).await?;
+                    return Ok(self.prepared_new(claim, assignment));
+                }
+            }
+        }
+    }
+
+    /// Under the state lock, with no change of the claim in flight: the
+    /// claim's recorded assignment, or the CPUs picked for it now (then the
+    /// claim is marked in flight with them and the caller must queue it).
+    fn decide_prepare(
+        &self,
+        state: &mut State,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+        reading: Option<OfflineReading>,
+    ) -> Result<Decided, PrepareError> {
         if let Some(assignment) = state.claims.get(&claim.uid).cloned() {
-            return self.ensure_cdi(claim, assignment);
+            return Ok(Decided::Known(assignment));
         }
         // A change is told to subscribers before this claim's event, so
         // nri-plugin never learns a claim on a CPU its pool does not know
         // yet. Unreadable, or older than one recorded, the last stands.
         if let Some(reading) = reading {
-            self.note_offline(&mut state, reading);
+            self.note_offline(state, reading);
         }
         let offline = state.offline.clone();
         let parsed = parse_claim(
@@ -679,7 +776,11 @@ impl Driver {
         state
             .in_flight
             .insert(claim.uid.clone(), assignment.cpus.clone());
-        self.submit(state, claim, Change::Prepare(Box::new(assignment.clone())))?;
+        Ok(Decided::New(assignment))
+    }
+
+    /// A new claim's answer once its change is committed.
+    fn prepared_new(&self, claim: &ClaimRef, assignment: ClaimAssignment) -> Prepared {
         self.metrics
             .upstream
             .record_claim_allocated_cpus(assignment.cpus.len());
@@ -687,10 +788,10 @@ impl Driver {
             claim = %claim, cpus = %assignment.cpus, pods = ?assignment.consumer_pods,
             "claim prepared"
         );
-        Ok(Prepared {
+        Prepared {
             cdi_device_id: device_id(&claim.uid),
             assignment,
-        })
+        }
     }
 
     /// Record the consumer pods of a prepared claim again. Kubelet prepares
@@ -741,31 +842,88 @@ impl Driver {
     }
 
     /// Unprepare a claim: remove its CDI spec, release its CPUs, notify.
-    /// Unknown claims succeed. Blocks on fsync.
+    /// Unknown claims succeed. Blocks on fsync (or use
+    /// [`Driver::unprepare_async`]).
     pub fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         let started = Instant::now();
         let result = self.unprepare_inner(claim);
+        self.record_unprepare(started, &result);
+        result
+    }
+
+    /// [`Driver::unprepare`] without a thread of its own while it waits (see
+    /// [`Driver::prepare_async`]).
+    pub async fn unprepare_async(self: Arc<Self>, claim: ClaimRef) -> Result<(), PrepareError> {
+        let started = Instant::now();
+        let result = self.unprepare_async_inner(&claim).await;
+        self.record_unprepare(started, &result);
+        result
+    }
+
+    fn record_unprepare(&self, started: Instant, result: &Result<(), PrepareError>) {
         self.metrics.unprepare_latency.observe(started.elapsed());
         self.metrics.unprepares.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &result {
+        if let Err(e) = result {
             self.metrics.error("unprepare", e.reason());
         }
-        result
     }
 
     fn unprepare_inner(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         let mut state = self.lock_idle(&claim.uid);
         if !state.claims.contains_key(&claim.uid) {
-            // Also clears files left by a crash between removal steps.
-            return self
-                .remove_claim_files(claim)
-                .map_err(|error| PrepareError::Cdi {
-                    claim: claim.to_string(),
-                    reason: error.to_string(),
-                });
+            return self.remove_unknown_claim_files(claim);
         }
         state.in_flight.insert(claim.uid.clone(), CpuSet::new());
         self.submit(state, claim, Change::Unprepare)
+    }
+
+    async fn unprepare_async_inner(self: &Arc<Self>, claim: &ClaimRef) -> Result<(), PrepareError> {
+        loop {
+            let settled = self.state.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let enqueued = {
+                let mut state = self.lock();
+                if state.in_flight.contains_key(&claim.uid) {
+                    None
+                } else if !state.claims.contains_key(&claim.uid) {
+                    Some(None)
+                } else {
+                    state.in_flight.insert(claim.uid.clone(), CpuSet::new());
+                    Some(Some(self.enqueue(&mut state, claim, Change::Unprepare)))
+                }
+            };
+            match enqueued {
+                None => settled.await,
+                Some(Some(enqueued)) => return self.wait_committed(enqueued).await,
+                Some(None) => {
+                    let (driver, task_claim) = (self.clone(), claim.clone());
+                    return tokio::task::spawn_blocking(move || {
+                        // Under the lock, as the blocking path: a prepare of
+                        // the claim cannot begin between the check and the
+                        // removal.
+                        let state = driver.lock_idle(&task_claim.uid);
+                        if state.claims.contains_key(&task_claim.uid) {
+                            drop(state);
+                            return driver.unprepare_inner(&task_claim);
+                        }
+                        driver.remove_unknown_claim_files(&task_claim)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(task_failed(claim, &e)));
+                }
+            }
+        }
+    }
+
+    /// Files of a claim the driver does not hold, left by a crash between
+    /// removal steps.
+    fn remove_unknown_claim_files(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        self.remove_claim_files(claim)
+            .map_err(|error| PrepareError::Cdi {
+                claim: claim.to_string(),
+                reason: error.to_string(),
+            })
     }
 
     /// Queue a change and return its answer once it is committed. The
@@ -778,20 +936,100 @@ impl Driver {
     ) -> Result<(), PrepareError> {
         self.state.submit(
             state,
-            |state: &mut State| &mut state.commits,
+            commits_of,
             Pending {
                 claim: claim.clone(),
                 change,
             },
             |batch| self.commit_batch(batch),
-            |state, batch, committed| {
-                let answers = match committed {
-                    Ok((settled, undone)) => self.apply_settled(state, batch, settled, undone),
-                    Err(_) => self.recover_from_panic(state, batch),
-                };
-                self.update_gauges(state);
-                answers
+            |state, batch, committed| self.settle(state, batch, committed),
+        )
+    }
+
+    /// Queue a change for an async waiter. The caller has marked the claim
+    /// in flight and must hand the result to [`Driver::wait_committed`].
+    fn enqueue(&self, state: &mut State, claim: &ClaimRef, change: Change) -> Enqueued<Pending> {
+        self.state.enqueue(
+            state,
+            commits_of,
+            Pending {
+                claim: claim.clone(),
+                change,
             },
         )
+    }
+
+    /// Commit what `enqueue` made this caller the committer of (on a
+    /// blocking thread, detached: the commit ends whatever becomes of the
+    /// waiter), then wait for the change's answer.
+    async fn wait_committed(
+        self: &Arc<Self>,
+        enqueued: Enqueued<Pending>,
+    ) -> Result<(), PrepareError> {
+        let Enqueued { ticket, mut batch } = enqueued;
+        loop {
+            let settled = self.state.settled();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if let Some(answer) = self.state.take_answer(&mut self.lock(), commits_of, ticket) {
+                return answer;
+            }
+            if let Some(batch) = batch.take() {
+                let driver = self.clone();
+                // What the commit logs goes in the span of the change that
+                // started it, as a blocking committer's does.
+                let span = tracing::Span::current();
+                let committer = tokio::task::spawn_blocking(move || {
+                    span.in_scope(|| {
+                        driver.state.drain(
+                            batch,
+                            commits_of,
+                            |batch| driver.commit_batch(batch),
+                            |state, batch, committed| driver.settle(state, batch, committed),
+                        )
+                    })
+                });
+                // Detached: the commit ends whatever becomes of this waiter.
+                // It is dropped unrun only when the runtime shuts down, and
+                // then the process ends with nothing of the batch written.
+                drop(committer);
+            }
+            settled.await;
+        }
+    }
+
+    fn settle(
+        &self,
+        state: &mut State,
+        batch: Vec<Queued<Pending>>,
+        committed: std::thread::Result<(Vec<Settled>, Option<u64>)>,
+    ) -> Vec<(u64, Result<(), PrepareError>)> {
+        let answers = match committed {
+            Ok((settled, undone)) => self.apply_settled(state, batch, settled, undone),
+            Err(_) => self.recover_from_panic(state, batch),
+        };
+        self.update_gauges(state);
+        answers
+    }
+}
+
+/// The queue of the driver's group commit.
+fn commits_of(state: &mut State) -> &mut CommitQueue<Pending, Result<(), PrepareError>> {
+    &mut state.commits
+}
+
+/// What a prepare found under the state lock.
+#[derive(Debug)]
+enum Decided {
+    /// The claim is prepared already: its record.
+    Known(ClaimAssignment),
+    /// CPUs picked now; the claim is marked in flight and must be queued.
+    New(ClaimAssignment),
+}
+
+fn task_failed(claim: &ClaimRef, error: &tokio::task::JoinError) -> PrepareError {
+    PrepareError::Internal {
+        claim: claim.to_string(),
+        reason: format!("prepare task failed: {error}"),
     }
 }

@@ -163,13 +163,14 @@ impl DraService {
                 }
             };
             let results = results_of(&object, &self.driver.options().driver_name);
-            let driver = self.driver.clone();
-            let claim_for_task = claim.clone();
-            // What the prepare logs carries the claim, off the async workers too.
-            let task_span = span.clone();
-            let prepared = tokio::task::spawn_blocking(move || {
-                task_span.in_scope(|| driver.prepare(&claim_for_task, &object))
-            })
+            // Its own task: a prepare kubelet gives up on still ends, and no
+            // thread waits for the group commit.
+            let prepared = tokio::spawn(
+                self.driver
+                    .clone()
+                    .prepare_async(claim.clone(), object)
+                    .instrument(span.clone()),
+            )
             .await
             .unwrap_or_else(|e| {
                 Err(PrepareError::Internal {
@@ -256,13 +257,12 @@ impl DraService {
     pub async fn unprepare_one(&self, claim: ClaimRef) -> Result<(), PrepareError> {
         let span = tracing::info_span!("unprepare", claim_uid = %claim.uid, namespace = %claim.namespace, claim_name = %claim.name);
         let started = std::time::Instant::now();
-        let driver = self.driver.clone();
-        let task_claim = claim.clone();
-        let task_span = span.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            task_span.in_scope(|| driver.unprepare(&task_claim))
-        })
-        .instrument(span.clone())
+        let result = tokio::spawn(
+            self.driver
+                .clone()
+                .unprepare_async(claim.clone())
+                .instrument(span.clone()),
+        )
         .await
         .unwrap_or_else(|e| {
             Err(PrepareError::Internal {
