@@ -15,7 +15,6 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 /// A change waiting for the next group commit, with the ticket its caller
@@ -118,11 +117,20 @@ impl<S> GroupCommit<S> {
         self.settled.wait(state).unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The end of the next group commit, for an async waiter. Enable it (or
-    /// poll it once) before looking at the state, so that a commit ending
-    /// between the look and the wait is not missed.
-    pub fn settled(&self) -> Notified<'_> {
-        self.settled_async.notified()
+    /// Wait, without a thread, until `check` (called under the mutex now and
+    /// after every group commit) answers something.
+    pub async fn until<R>(&self, mut check: impl FnMut(&mut S) -> Option<R>) -> R {
+        loop {
+            // Registered before the look, so that a commit ending between
+            // the look and the wait is not missed.
+            let settled = self.settled_async.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if let Some(answer) = check(&mut self.lock()) {
+                return answer;
+            }
+            settled.await;
+        }
     }
 
     /// Queue `change`. When no commit is running the caller becomes the

@@ -645,46 +645,41 @@ impl Driver {
     ) -> Result<Prepared, PrepareError> {
         let mut reading = self.read_offline();
         loop {
-            let settled = self.state.settled();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            let queued = {
-                let mut state = self.lock();
-                if state.in_flight.contains_key(&claim.uid) {
-                    // A change of this claim is being committed: wait for it.
-                    None
-                } else {
+            // Once no change of this claim is being committed.
+            let decided = self
+                .state
+                .until(|state| {
+                    if state.in_flight.contains_key(&claim.uid) {
+                        return None;
+                    }
                     Some(
-                        match self.decide_prepare(&mut state, claim, object, reading.take())? {
-                            Decided::Known(_) => Err(()),
-                            Decided::New(assignment) => {
-                                let change = Change::Prepare(Box::new(assignment.clone()));
-                                Ok((self.enqueue(&mut state, claim, change), assignment))
-                            }
-                        },
+                        self.decide_prepare(state, claim, object, reading.take())
+                            .map(|decided| match decided {
+                                Decided::Known(_) => None,
+                                Decided::New(assignment) => {
+                                    let change = Change::Prepare(Box::new(assignment.clone()));
+                                    Some((self.enqueue(state, claim, change), assignment))
+                                }
+                            }),
                     )
-                }
-            };
-            match queued {
-                None => settled.await,
+                })
+                .await?;
+            let Some((enqueued, assignment)) = decided else {
                 // Prepared by a concurrent call: answered as a retry is, off
                 // the async workers (its spec may be rewritten).
-                Some(Err(_)) => {
-                    let (driver, task_claim) = (self.clone(), claim.clone());
-                    let known =
-                        tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
-                            .await
-                            .unwrap_or_else(|e| Some(Err(task_failed(claim, &e))));
-                    if let Some(answer) = known {
-                        return answer;
-                    }
+                let (driver, task_claim) = (self.clone(), claim.clone());
+                let known =
+                    tokio::task::spawn_blocking(move || driver.already_prepared(&task_claim))
+                        .await
+                        .unwrap_or_else(|e| Some(Err(task_failed(claim, &e))));
+                match known {
+                    Some(answer) => return answer,
                     // Changed again meanwhile: decide anew.
+                    None => continue,
                 }
-                Some(Ok((enqueued, assignment))) => {
-                    self.wait_committed(enqueued).await?;
-                    return Ok(self.prepared_new(claim, assignment));
-                }
-            }
+            };
+            self.wait_committed(enqueued).await?;
+            return Ok(self.prepared_new(claim, assignment));
         }
     }
 
@@ -878,42 +873,36 @@ impl Driver {
     }
 
     async fn unprepare_async_inner(self: &Arc<Self>, claim: &ClaimRef) -> Result<(), PrepareError> {
-        loop {
-            let settled = self.state.settled();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            let enqueued = {
-                let mut state = self.lock();
+        // Once no change of this claim is being committed.
+        let enqueued = self
+            .state
+            .until(|state| {
                 if state.in_flight.contains_key(&claim.uid) {
-                    None
-                } else if !state.claims.contains_key(&claim.uid) {
-                    Some(None)
-                } else {
-                    state.in_flight.insert(claim.uid.clone(), CpuSet::new());
-                    Some(Some(self.enqueue(&mut state, claim, Change::Unprepare)))
+                    return None;
                 }
-            };
-            match enqueued {
-                None => settled.await,
-                Some(Some(enqueued)) => return self.wait_committed(enqueued).await,
-                Some(None) => {
-                    let (driver, task_claim) = (self.clone(), claim.clone());
-                    return tokio::task::spawn_blocking(move || {
-                        // Under the lock, as the blocking path: a prepare of
-                        // the claim cannot begin between the check and the
-                        // removal.
-                        let state = driver.lock_idle(&task_claim.uid);
-                        if state.claims.contains_key(&task_claim.uid) {
-                            drop(state);
-                            return driver.unprepare_inner(&task_claim);
-                        }
-                        driver.remove_unknown_claim_files(&task_claim)
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(task_failed(claim, &e)));
+                if !state.claims.contains_key(&claim.uid) {
+                    return Some(None);
                 }
-            }
+                state.in_flight.insert(claim.uid.clone(), CpuSet::new());
+                Some(Some(self.enqueue(state, claim, Change::Unprepare)))
+            })
+            .await;
+        if let Some(enqueued) = enqueued {
+            return self.wait_committed(enqueued).await;
         }
+        let (driver, task_claim) = (self.clone(), claim.clone());
+        tokio::task::spawn_blocking(move || {
+            // Under the lock, as the blocking path: a prepare of the claim
+            // cannot begin between the check and the removal.
+            let state = driver.lock_idle(&task_claim.uid);
+            if state.claims.contains_key(&task_claim.uid) {
+                drop(state);
+                return driver.unprepare_inner(&task_claim);
+            }
+            driver.remove_unknown_claim_files(&task_claim)
+        })
+        .await
+        .unwrap_or_else(|e| Err(task_failed(claim, &e)))
     }
 
     /// Files of a claim the driver does not hold, left by a crash between
@@ -966,36 +955,30 @@ impl Driver {
         self: &Arc<Self>,
         enqueued: Enqueued<Pending>,
     ) -> Result<(), PrepareError> {
-        let Enqueued { ticket, mut batch } = enqueued;
-        loop {
-            let settled = self.state.settled();
-            tokio::pin!(settled);
-            settled.as_mut().enable();
-            if let Some(answer) = self.state.take_answer(&mut self.lock(), commits_of, ticket) {
-                return answer;
-            }
-            if let Some(batch) = batch.take() {
-                let driver = self.clone();
-                // What the commit logs goes in the span of the change that
-                // started it, as a blocking committer's does.
-                let span = tracing::Span::current();
-                let committer = tokio::task::spawn_blocking(move || {
-                    span.in_scope(|| {
-                        driver.state.drain(
-                            batch,
-                            commits_of,
-                            |batch| driver.commit_batch(batch),
-                            |state, batch, committed| driver.settle(state, batch, committed),
-                        )
-                    })
-                });
-                // Detached: the commit ends whatever becomes of this waiter.
-                // It is dropped unrun only when the runtime shuts down, and
-                // then the process ends with nothing of the batch written.
-                drop(committer);
-            }
-            settled.await;
+        let Enqueued { ticket, batch } = enqueued;
+        if let Some(batch) = batch {
+            let driver = self.clone();
+            // What the commit logs goes in the span of the change that
+            // started it, as a blocking committer's does.
+            let span = tracing::Span::current();
+            let committer = tokio::task::spawn_blocking(move || {
+                span.in_scope(|| {
+                    driver.state.drain(
+                        batch,
+                        commits_of,
+                        |batch| driver.commit_batch(batch),
+                        |state, batch, committed| driver.settle(state, batch, committed),
+                    )
+                })
+            });
+            // Detached: the commit ends whatever becomes of this waiter. It
+            // is dropped unrun only when the runtime shuts down, and then the
+            // process ends with nothing of the batch written.
+            drop(committer);
         }
+        self.state
+            .until(|state| self.state.take_answer(state, commits_of, ticket))
+            .await
     }
 
     fn settle(
