@@ -10,10 +10,10 @@
 //! in one store transaction and one fsync, each op with its own revision;
 //! then writes the CDI specs (each fsynced); then, under the mutex, applies
 //! the changes and tells subscribers in revision order; then wakes the
-//! waiters, and goes on with whatever queued meanwhile. Nobody is answered before their change is
-//! on disk, and a batch that fails fails each of its changes and leaves
-//! nothing behind. The store is the source of truth; the in-memory map
-//! mirrors it so that a decision does not read the disk.
+//! waiters, and goes on with whatever queued meanwhile. Nobody is answered
+//! before their change is on disk, and a batch that fails fails each of its
+//! changes and leaves nothing behind. The store is the source of truth; the
+//! in-memory map mirrors it so that a decision does not read the disk.
 
 use crate::cdi::CdiDir;
 use crate::device_metadata::DeviceMetadata;
@@ -1010,9 +1010,10 @@ enum Decided {
     New(ClaimAssignment),
 }
 
+/// A blocking task of a prepare or unprepare that panicked or was cancelled.
 fn task_failed(claim: &ClaimRef, error: &tokio::task::JoinError) -> PrepareError {
     PrepareError::Internal {
         claim: claim.to_string(),
-        reason: format!("prepare task failed: {error}"),
+        reason: format!("the claim's task failed: {error}"),
     }
 }
