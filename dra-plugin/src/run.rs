@@ -85,11 +85,13 @@ fn discover_pcie_roots(config: &Config, topology: &Topology) -> anyhow::Result<P
 }
 
 /// At most this many glibc malloc arenas (glibc's default is 8 per CPU).
-/// Every thread that allocates gets an arena of its own up to that limit, and
-/// a burst of prepares runs on up to 32 blocking threads: each left an arena
-/// holding freed memory behind (on the benchmark's node 1 MiB of resident
-/// size idle, 1.7 MiB with 1000 claims, against the default of 16 arenas
-/// there). Two arenas keep two threads allocating at once.
+/// Every thread that allocates gets an arena of its own up to that limit:
+/// the async workers, the group commit's committer and the blocking threads
+/// of retried prepares and start-up. Each arena holds freed memory behind
+/// (measured when every prepare ran on a blocking thread of its own: on the
+/// benchmark's node 1 MiB of resident size idle, 1.7 MiB with 1000 claims,
+/// against the default of 16 arenas there). Two arenas keep two threads
+/// allocating at once.
 pub const MALLOC_ARENAS: i32 = 2;
 
 /// Caps glibc's malloc arenas at [`MALLOC_ARENAS`]; call before any thread
