@@ -25,8 +25,13 @@ pub struct DaemonSetRef {
     pub name: String,
 }
 
+/// A `--daemonset` value (flag or config file) that is not `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not namespace/name of a DaemonSet (a DNS label, a slash, a DNS subdomain)")]
+pub struct NotADaemonSetRef(pub String);
+
 impl std::str::FromStr for DaemonSetRef {
-    type Err = String;
+    type Err = NotADaemonSetRef;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text.split_once('/') {
@@ -39,15 +44,13 @@ impl std::str::FromStr for DaemonSetRef {
                     name: name.to_string(),
                 })
             }
-            _ => Err(format!(
-                "{text:?} is not namespace/name of a DaemonSet (a DNS label, a slash, a DNS subdomain)"
-            )),
+            _ => Err(NotADaemonSetRef(text.to_string())),
         }
     }
 }
 
 impl TryFrom<String> for DaemonSetRef {
-    type Error = String;
+    type Error = NotADaemonSetRef;
 
     fn try_from(text: String) -> Result<Self, Self::Error> {
         text.parse()
@@ -152,8 +155,9 @@ mod tests {
         let ok: DaemonSetRef = "dra-cpu/dra-cpu".parse().expect("parses");
         assert_eq!(ok.to_string(), "dra-cpu/dra-cpu");
         for bad in ["dra-cpu", "/x", "x/", "Bad/x", "a/b/c"] {
-            let error = bad.parse::<DaemonSetRef>().expect_err(bad);
+            let error = bad.parse::<DaemonSetRef>().expect_err(bad).to_string();
             assert!(error.contains("not namespace/name"), "{error}");
+            assert!(error.contains(&format!("{bad:?}")), "{error}");
         }
     }
 }
